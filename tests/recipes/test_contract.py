@@ -1,0 +1,76 @@
+"""The contract every registered recipe keeps: pure, config round trip, clear errors, trainable result.
+
+Runs over the registry, so a new recipe is held to it as soon as it is registered. A recipe that needs
+arguments to be constructed, or a setting to feed the bad-config check, says so in the tables below.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_cnn, make_images
+from tfopt import registry
+from tfopt.builder import build
+from tfopt.errors import RecipeConfigError
+from tfopt.plan import make_plan
+
+# A setting each recipe must reject, with the words its message must contain.
+BAD_SETTINGS = {
+    "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction"),
+    "mixed_precision": ({"policy": "fp16"}, "Expected one of"),
+    "xla": ({"jit_compile": "yes"}, "Expected 'auto'"),
+}
+
+
+def all_recipe_names():
+    return registry.names()
+
+
+@pytest.fixture
+def baseline(cpu_hardware):
+    return make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+
+
+@pytest.mark.parametrize("name", all_recipe_names())
+def test_config_round_trips(name):
+    recipe = registry.get(name)()
+    config = recipe.get_config()
+    assert type(recipe)(**config) == recipe
+    assert registry.from_item({name: config}) == recipe
+
+
+@pytest.mark.parametrize("name", all_recipe_names())
+def test_recipe_is_pure(name, baseline):
+    before = {f.name: getattr(baseline, f.name) for f in dataclasses.fields(baseline)}
+    result = registry.get(name)()(baseline)
+    after = {f.name: getattr(baseline, f.name) for f in dataclasses.fields(baseline)}
+    assert after == before, "the recipe changed the plan it was given"
+    assert result is not baseline
+    assert len(result.applied) == len(baseline.applied) + 1
+    assert result.applied[-1].recipe == name
+
+
+@pytest.mark.parametrize("name", all_recipe_names())
+def test_bad_setting_raises_clear_error(name):
+    assert name in BAD_SETTINGS, f"add a bad setting for the new recipe {name!r} to BAD_SETTINGS"
+    settings, words = BAD_SETTINGS[name]
+    with pytest.raises(RecipeConfigError) as error:
+        registry.from_item({name: settings})
+    assert name in str(error.value) and words in str(error.value)
+
+
+@pytest.mark.parametrize("name", all_recipe_names())
+def test_unknown_setting_names_the_closest(name):
+    field = dataclasses.fields(registry.get(name))[0].name
+    with pytest.raises(RecipeConfigError, match=f"Did you mean '{field}'"):
+        registry.from_item({name: {field + "x": 1}})
+
+
+@pytest.mark.parametrize("name", all_recipe_names())
+def test_two_training_steps_after_recipe(name, baseline):
+    plan = registry.get(name)()(baseline)
+    built = build(plan)
+    history = built.model.fit(built.dataset, steps_per_epoch=2, epochs=1, verbose=0)
+    losses = history.history["loss"]
+    assert len(losses) == 1 and np.isfinite(losses[0])

@@ -1,0 +1,122 @@
+"""The tuned pipeline yields exactly the same elements; cache only where valid; options really set."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import make_cnn, make_images
+from tfopt.errors import RecipeConfigError
+from tfopt.plan import make_plan
+from tfopt.recipes.data_pipeline import DataPipeline, tune_pipeline
+
+BUDGET = 2**30
+
+
+def elements(dataset):
+    return [tuple(np.asarray(part) for part in element) for element in dataset.as_numpy_iterator()]
+
+
+def assert_same_elements(first, second):
+    a, b = elements(first), elements(second)
+    assert len(a) == len(b)
+    for left, right in zip(a, b):
+        for x, y in zip(left, right):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+
+
+def decoded_pipeline():
+    """A map-heavy pipeline, the kind the recipe parallelizes."""
+    data = tf.data.Dataset.range(40)
+    data = data.map(lambda i: (tf.fill([4], tf.cast(i, tf.float32)) * 2.0, i % 3))
+    return data.batch(6)
+
+
+def test_same_elements_in_the_same_order():
+    pipeline = decoded_pipeline()
+    tuned = tune_pipeline(pipeline, ram_budget_bytes=BUDGET)
+    assert_same_elements(pipeline, tuned)
+    # A cached pipeline replays the same elements in the second epoch.
+    assert_same_elements(pipeline, tuned)
+
+
+def test_options_are_set():
+    options = tune_pipeline(decoded_pipeline(), ram_budget_bytes=BUDGET, deterministic=False).options()
+    assert options.autotune.enabled is True
+    assert options.autotune.ram_budget == BUDGET
+    assert options.experimental_optimization.map_parallelization is True
+    assert options.experimental_optimization.parallel_batch is True
+    assert options.deterministic is False
+
+
+def test_non_deterministic_keeps_the_multiset():
+    pipeline = decoded_pipeline().unbatch()
+    tuned = tune_pipeline(pipeline, deterministic=False, ram_budget_bytes=BUDGET)
+    key = lambda element: (float(element[0][0]), int(element[1]))  # noqa: E731
+    assert sorted(map(key, elements(pipeline))) == sorted(map(key, elements(tuned)))
+
+
+def recorded(dataset, **settings):
+    plan = make_plan(make_cnn(), dataset, hardware=_hardware())
+    return DataPipeline(**settings)(plan)
+
+
+def _hardware():
+    from tests.conftest import FAKE_HARDWARE
+
+    return FAKE_HARDWARE["cpu_bf16"]
+
+
+def has_cache(dataset):
+    from tfopt.recipes.data_pipeline import _pipeline_ops
+
+    return any("Cache" in op for op in _pipeline_ops(dataset))
+
+
+def test_deterministic_finite_pipeline_is_cached():
+    plan = recorded(make_images())
+    assert has_cache(plan.dataset)
+    assert "cached in memory" in plan.applied[-1].detail
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: make_images().map(lambda x, y: (tf.image.random_flip_left_right(x), y)), "random op"),
+    (lambda: make_images().unbatch().shuffle(16).batch(8), "shuffle"),
+    (lambda: make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)), "py_function"),
+])
+def test_cache_refused_where_it_would_change_later_epochs(make, reason):
+    plan = recorded(make())
+    assert not has_cache(plan.dataset)
+    assert f"no cache: the pipeline contains {reason}" in plan.applied[-1].detail or reason in plan.applied[-1].detail
+
+
+def test_cache_refused_for_infinite_pipeline():
+    plan = recorded(make_images().repeat())
+    assert not has_cache(plan.dataset) and "repeats forever" in plan.applied[-1].detail
+
+
+def test_cache_refused_over_budget():
+    plan = recorded(make_images(), ram_budget_fraction=1e-9)
+    assert not has_cache(plan.dataset) and "exceeds the RAM budget" in plan.applied[-1].detail
+
+
+def test_file_cache_and_none(tmp_path):
+    prefix = str(tmp_path / "cache")
+    plan = recorded(make_images(), cache=prefix)
+    assert_same_elements(make_images(), plan.dataset)
+    assert list(tmp_path.glob("cache*")), "the on-disk cache was not written"
+    assert not has_cache(recorded(make_images(), cache="none").dataset)
+
+
+def test_file_cache_in_missing_directory_fails_early(tmp_path):
+    plan = make_plan(make_cnn(), make_images(), hardware=_hardware())
+    with pytest.raises(RecipeConfigError, match="does not exist"):
+        DataPipeline(cache=str(tmp_path / "missing" / "cache")).check(plan)
+
+
+def test_original_dataset_untouched():
+    original = make_images()
+    options_before = original.options()
+    recorded(original)
+    assert original.options() == options_before
+    assert not has_cache(original)

@@ -1,0 +1,107 @@
+"""Policy choice on every faked machine, and the dtypes a mixed-precision build really has."""
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
+from tfopt.builder import build
+from tfopt.errors import RecipeConfigError
+from tfopt.plan import make_plan
+from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, policy_scope
+
+EXPECTED_POLICY = {
+    "v100": "mixed_float16",
+    "t4": "mixed_float16",
+    "a100": "mixed_bfloat16",
+    "h100": "mixed_bfloat16",
+    "k80": "float32",
+    "tpu": "mixed_bfloat16",
+    "cpu_bf16": "mixed_bfloat16",
+    "cpu_plain": "float32",
+}
+
+
+@pytest.mark.parametrize("machine", sorted(FAKE_HARDWARE))
+def test_auto_policy_for_each_machine(machine):
+    policy, reason = choose_policy(FAKE_HARDWARE[machine])
+    assert policy == EXPECTED_POLICY[machine]
+    assert reason
+
+
+@pytest.mark.parametrize("machine", ["cpu_bf16", "cpu_plain"])
+def test_auto_never_picks_float16_on_a_cpu(machine):
+    # Measured on this project's CPU: fp16 compute is about 6x slower than float32.
+    assert choose_policy(FAKE_HARDWARE[machine])[0] != "mixed_float16"
+
+
+def test_reason_names_the_compute_capability():
+    assert "8.0" in choose_policy(FAKE_HARDWARE["a100"])[1]
+    assert "7.0" in choose_policy(FAKE_HARDWARE["v100"])[1]
+
+
+@pytest.mark.parametrize("policy, compute, variable", [
+    ("mixed_bfloat16", "bfloat16", "float32"),
+    ("mixed_float16", "float16", "float32"),
+    ("float32", "float32", "float32"),
+])
+def test_built_model_dtypes(policy, compute, variable, cpu_hardware):
+    user_model = make_cnn()
+    plan = MixedPrecision(policy=policy)(make_plan(user_model, make_images(), hardware=cpu_hardware))
+    model = build(plan).model
+    conv, batch_norm, dense = (model.get_layer(index=i) for i in (1, 2, 4))
+    assert conv.compute_dtype == compute and conv.variable_dtype == variable
+    assert all(weight.dtype == "float32" for weight in model.weights)
+    # The output layer computes in float32 so softmax and the loss keep their precision.
+    assert dense.compute_dtype == "float32"
+    outputs = model(np.zeros((2, 12, 12, 3), "float32"))
+    assert outputs.dtype == "float32"
+    # The user's model and Keras' global policy are untouched.
+    assert {layer.dtype_policy.name for layer in user_model.layers} == {"float32"}
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_float16_compiles_with_loss_scaling(cpu_hardware):
+    plan = MixedPrecision(policy="mixed_float16")(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
+    model = build(plan).model
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    model.fit(make_images(), epochs=1, verbose=0)
+    assert float(model.optimizer.dynamic_scale) > 0
+
+
+def test_bfloat16_has_no_loss_scaling(cpu_hardware):
+    plan = MixedPrecision(policy="mixed_bfloat16")(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
+    assert not isinstance(build(plan).model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_mixed_model_starts_from_the_user_weights(cpu_hardware):
+    user_model = make_cnn()
+    model = build(MixedPrecision(policy="mixed_bfloat16")(
+        make_plan(user_model, make_images(), hardware=cpu_hardware))).model
+    for mine, theirs in zip(user_model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    batch = np.random.default_rng(0).random((4, 12, 12, 3), dtype=np.float32)
+    # bfloat16 keeps ~3 significant digits: outputs agree with float32 to about 1e-2.
+    np.testing.assert_allclose(model(batch, training=False), user_model(batch, training=False), atol=2e-2)
+
+
+def test_recorded_reason_and_skip_on_plain_cpu():
+    plan = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["cpu_plain"])
+    step = MixedPrecision()(plan).applied[-1]
+    assert step.skipped and "bfloat16 instructions" in step.detail
+
+
+def test_float16_on_tpu_is_rejected_early():
+    plan = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["tpu"])
+    with pytest.raises(RecipeConfigError, match="mixed_bfloat16"):
+        MixedPrecision(policy="mixed_float16").check(plan)
+
+
+def test_policy_scope_restores_the_global_policy():
+    with policy_scope("auto", hardware=FAKE_HARDWARE["v100"]) as chosen:
+        assert chosen == "mixed_float16"
+        assert keras.layers.Dense(2).compute_dtype == "float16"
+    assert keras.config.dtype_policy().name == "float32"
+    with pytest.raises(RecipeConfigError):
+        with policy_scope("half"):
+            pass

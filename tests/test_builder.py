@@ -1,0 +1,99 @@
+"""build() makes the model once with the user's weights, under the plan's scopes, and restores globals."""
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import make_cnn, make_images
+from tfopt.builder import build, clone_under_current_policy, dtype_policy_scope
+from tfopt.errors import IncompatibleModelError
+from tfopt.plan import make_plan
+
+
+def assert_same_weights(first, second):
+    a, b = first.get_weights(), second.get_weights()
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def trained(model, data):
+    model.fit(data, epochs=1, verbose=0)  # moves weights away from their initial values
+    return model
+
+
+def test_functional_clone_has_user_weights(cpu_hardware):
+    user_model = trained(make_cnn(), make_images())
+    built = build(make_plan(user_model, make_images(), hardware=cpu_hardware))
+    assert built.model is not user_model
+    assert_same_weights(user_model, built.model)
+    assert built.model.optimizer is not user_model.optimizer
+
+
+def test_sequential_clone_has_user_weights(cpu_hardware):
+    user_model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    user_model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trained(user_model, make_images())
+    built = build(make_plan(user_model, make_images(), hardware=cpu_hardware))
+    assert isinstance(built.model, keras.Sequential)
+    assert_same_weights(user_model, built.model)
+
+
+class Subclassed(keras.Model):
+    def __init__(self, units=3):
+        super().__init__()
+        self.dense = keras.layers.Dense(units, activation="softmax")
+
+    def call(self, inputs):
+        return self.dense(keras.ops.mean(inputs, axis=(1, 2)))
+
+
+def test_subclassed_model_with_model_fn(cpu_hardware):
+    user_model = Subclassed()
+    user_model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    trained(user_model, make_images())
+    plan = make_plan(user_model, make_images(), model_fn=Subclassed, hardware=cpu_hardware)
+    built = build(plan.replace(dtype_policy="mixed_bfloat16"))
+    assert_same_weights(user_model, built.model)
+    # model_fn models are not cloned layer by layer, so tfopt casts their 16-bit outputs to float32.
+    assert built.model(np.zeros((2, 12, 12, 3), "float32")).dtype == "float32"
+
+
+def test_model_fn_that_does_not_match_the_weights(cpu_hardware):
+    user_model = Subclassed(units=3)
+    user_model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    user_model(np.zeros((1, 12, 12, 3), "float32"))
+    plan = make_plan(user_model, make_images(), model_fn=lambda: Subclassed(units=5), hardware=cpu_hardware)
+    with pytest.raises(IncompatibleModelError, match="does not match"):
+        build(plan)
+
+
+def test_global_policy_restored_when_build_fails(cpu_hardware):
+    def broken():
+        raise RuntimeError("boom")
+
+    plan = make_plan(make_cnn(), make_images(), model_fn=broken, hardware=cpu_hardware)
+    with pytest.raises(IncompatibleModelError, match="model_fn raised RuntimeError: boom"):
+        build(plan.replace(dtype_policy="mixed_bfloat16"))
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_clone_keeps_layers_pinned_to_another_dtype():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4, dtype="float64", name="pinned")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+    with dtype_policy_scope("mixed_bfloat16"):
+        clone = clone_under_current_policy(model)
+    assert clone.get_layer("pinned").dtype_policy.name == "float64"
+    assert clone.get_layer("out").compute_dtype == "float32"
+
+
+@pytest.mark.slow
+def test_resnet50_small_clone(cpu_hardware):
+    user_model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=3)
+    user_model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    data = make_images(count=4, image_size=32, batch_size=2)
+    built = build(make_plan(user_model, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert_same_weights(user_model, built.model)
+    assert built.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
+    assert built.model.layers[-1].compute_dtype == "float32"

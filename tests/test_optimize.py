@@ -1,0 +1,113 @@
+"""tfopt.apply end to end on the model kinds users have, and its errors on bad input."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfopt
+from tests.conftest import make_cnn, make_images
+from tfopt.errors import DataError, IncompatibleModelError, RecipeClashError, RecipeConfigError, TfoptError
+from tfopt.recipes import MixedPrecision
+
+FAST = dict(steps=3, warmup_steps=1)
+
+
+def snapshot(model):
+    return [weight.copy() for weight in model.get_weights()]
+
+
+def test_functional_cnn(cpu_hardware):
+    user_model = make_cnn()
+    weights = snapshot(user_model)
+    result = tfopt.apply(user_model, make_images(), hardware=cpu_hardware, **FAST)
+    assert [step.recipe for step in result.plan.applied] == ["data_pipeline", "mixed_precision", "xla"]
+    assert result.plan.dtype_policy == "mixed_bfloat16"
+    assert result.model.get_layer(index=1).compute_dtype == "bfloat16"
+    for measurement in (result.before, result.after):
+        assert len(measurement.real.seconds) == 3 and len(measurement.ceiling.seconds) == 3
+        assert measurement.real.batch_size == 8
+        assert 0 < measurement.utilization
+    assert result.speedup > 0
+    # The user's model is untouched, and the returned model starts from the user's weights: measuring
+    # trained it for a few steps, and those steps were rolled back.
+    for before, now, returned in zip(weights, user_model.get_weights(), result.model.get_weights()):
+        np.testing.assert_array_equal(before, now)
+        np.testing.assert_array_equal(before, returned)
+    assert int(result.model.optimizer.iterations) == 0
+    json.dumps(result.to_dict())
+    assert "examples/s" in result.summary() and "<table>" in result._repr_html_()
+
+
+def test_sequential(cpu_hardware):
+    model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    result = tfopt.apply(model, make_images(), recipes=[MixedPrecision()], hardware=cpu_hardware, **FAST)
+    assert result.model.layers[-1].compute_dtype == "float32"
+    assert result.after.real.examples_per_second > 0
+
+
+class TwoHeads(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.conv = keras.layers.Conv2D(4, 3, activation="relu")
+        self.out = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, inputs):
+        return self.out(keras.ops.mean(self.conv(inputs), axis=(1, 2)))
+
+
+def test_subclassed_with_model_fn(cpu_hardware):
+    user_model = TwoHeads()
+    user_model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    user_model(np.zeros((1, 12, 12, 3), "float32"))
+    result = tfopt.apply(user_model, make_images(), model_fn=TwoHeads, hardware=cpu_hardware, **FAST)
+    assert result.model(np.zeros((2, 12, 12, 3), "float32")).dtype == "float32"
+    for mine, theirs in zip(user_model.get_weights(), result.model.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.slow
+def test_resnet50_small(cpu_hardware):
+    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=3)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    result = tfopt.apply(model, make_images(count=8, image_size=32, batch_size=4), hardware=cpu_hardware, **FAST)
+    assert result.plan.dtype_policy == "mixed_bfloat16"
+    assert result.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
+    assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=1, verbose=0).history["loss"][0])
+
+
+def test_without_measuring(cpu_hardware):
+    result = tfopt.apply(make_cnn(), make_images(), measure_speed=False, hardware=cpu_hardware)
+    assert result.before is None and result.speedup is None and "not measured" in result.summary()
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: tfopt.apply("model", make_images()), IncompatibleModelError, "Expected a keras.Model"),
+    (lambda: tfopt.apply(make_cnn(), [1, 2, 3]), DataError, "Expected a tf.data.Dataset"),
+    (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["mixed_precison"]), RecipeConfigError,
+     "Did you mean 'mixed_precision'"),
+    (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["xla", "xla"]), RecipeClashError, "appears twice"),
+    (lambda: tfopt.apply(make_cnn(), make_images(), recipes="fast"), RecipeConfigError, "Pass 'default'"),
+    (lambda: tfopt.apply(make_cnn(), make_images(), steps=1), TfoptError, "steps >= 2"),
+])
+def test_bad_input_is_one_clear_error(call, error, words, cpu_hardware):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_yaml_style_items(cpu_hardware):
+    result = tfopt.apply(make_cnn(), make_images(), recipes=[{"mixed_precision": {"policy": "float32"}}, "xla"],
+                         measure_speed=False, hardware=cpu_hardware)
+    assert result.plan.dtype_policy == "float32"
+    assert [step.skipped for step in result.plan.applied] == [True, True]
+
+
+def test_training_the_result(cpu_hardware):
+    result = tfopt.apply(make_cnn(), make_images(), measure_speed=False, hardware=cpu_hardware)
+    history = result.model.fit(result.dataset, epochs=2, verbose=0)
+    assert all(np.isfinite(history.history["loss"]))
+    assert isinstance(result.dataset, tf.data.Dataset)

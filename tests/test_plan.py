@@ -1,0 +1,77 @@
+"""make_plan accepts what it should and rejects bad input with a message naming the fix."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import make_cnn, make_images
+from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.plan import make_plan
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, inputs):
+        return self.dense(keras.ops.mean(inputs, axis=(1, 2)))
+
+
+def test_baseline_plan(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(batch_size=8), hardware=cpu_hardware)
+    assert plan.batch_size == 8
+    assert plan.dtype_policy == "float32" and plan.strategy == "default"
+    assert plan.compile_config["jit_compile"] is False
+    assert plan.sample_inputs.shape == (8, 12, 12, 3)
+    assert plan.applied == ()
+
+
+def test_plan_is_immutable(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+    with pytest.raises(AttributeError):
+        plan.dtype_policy = "mixed_bfloat16"
+    with pytest.raises(TypeError):
+        plan.compile_config["jit_compile"] = True
+
+
+@pytest.mark.parametrize("bad_model, words", [
+    (object(), "Expected a keras.Model"),
+    (None, "model=None"),
+])
+def test_not_a_model(bad_model, words, cpu_hardware):
+    with pytest.raises(IncompatibleModelError, match=words):
+        make_plan(bad_model, make_images(), hardware=cpu_hardware)
+
+
+def test_subclassed_needs_model_fn(cpu_hardware):
+    model = Subclassed()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(IncompatibleModelError, match="Pass model_fn="):
+        make_plan(model, make_images(), hardware=cpu_hardware)
+
+
+def test_uncompiled_model(cpu_hardware):
+    with pytest.raises(IncompatibleModelError, match=r"model.compile\(optimizer"):
+        make_plan(make_cnn(compiled=False), make_images(), hardware=cpu_hardware)
+
+
+@pytest.mark.parametrize("dataset, error, words", [
+    (np.zeros((4, 12, 12, 3)), DataError, "Expected a tf.data.Dataset"),
+    (tf.data.Dataset.from_tensor_slices((np.zeros((0, 12, 12, 3), "float32"), np.zeros(0))).batch(2),
+     DataError, "empty"),
+    (tf.data.Dataset.from_tensor_slices(np.zeros((4, 12, 12, 3), "float32")).batch(2), DataError,
+     r"\(inputs, targets\)"),
+])
+def test_bad_datasets(dataset, error, words, cpu_hardware):
+    with pytest.raises(error, match=words):
+        make_plan(make_cnn(), dataset, hardware=cpu_hardware)
+
+
+def test_compile_override(cpu_hardware):
+    plan = make_plan(make_cnn(compiled=False), make_images(), hardware=cpu_hardware,
+                     compile={"optimizer": keras.optimizers.SGD(0.1), "loss": "sparse_categorical_crossentropy"})
+    assert plan.compile_config["optimizer"]["class_name"] == "SGD"
+    with pytest.raises(IncompatibleModelError, match="'optimizer' and 'loss'"):
+        make_plan(make_cnn(), make_images(), hardware=cpu_hardware, compile={"loss": "mse"})

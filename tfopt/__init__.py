@@ -1,0 +1,37 @@
+"""tfopt: find out why TensorFlow/Keras training underuses its hardware, apply the fix, prove the gain.
+
+    >>> import tfopt
+    >>> result = tfopt.apply(model, dataset)          # doctest: +SKIP
+    >>> result.summary()                              # doctest: +SKIP
+
+Importing tfopt does not import TensorFlow: the public names load their modules on first use, so
+`tfopt-recipe --help` stays instant.
+"""
+
+import importlib
+import os
+
+from tfopt._version import __version__
+
+# TensorFlow's C++ INFO and WARNING lines drown the output people need; users can still lower this.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_PUBLIC = {
+    "apply": "tfopt.optimize",
+    "ApplyResult": "tfopt.optimize",
+    "Plan": "tfopt.plan",
+    "build": "tfopt.builder",
+    "chain": "tfopt.recipes.base",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'tfopt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,146 @@
+"""tf.distribute strategies by name, so a Plan can say which one without holding a live strategy.
+
+A strategy owns devices and (for multi-worker) a cluster connection, so it is created by `build()`, not
+by the recipe that chooses it. Options are plain YAML-safe values; this module turns them into the
+TensorFlow objects (cluster resolvers, communication options).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfopt.errors import DistributionError, RecipeConfigError
+
+STRATEGY_NAMES = ("default", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
+
+# Every collective gives up after this long by default, so a lost worker ends in an error, not a hang.
+# Generous: the first collective also waits for the slowest worker to start TensorFlow.
+DEFAULT_COMMUNICATION_TIMEOUT_SECONDS = 300.0
+
+_OPTIONS = {
+    "default": set(),
+    "one_device": {"device"},
+    "mirrored": {"devices"},
+    "multi_worker": {"communication_timeout_seconds", "cluster_resolver", "implementation"},
+    "horovod": set(),
+    "tpu": {"tpu"},
+}
+
+
+def make_strategy(name: str, **options: Any) -> Any:
+    """Creates the tf.distribute strategy called `name`.
+
+    Args:
+        name: One of `STRATEGY_NAMES`:
+            "default": whatever strategy is current (usually none: one device).
+            "one_device": `OneDeviceStrategy`; option `device` (default: first GPU, else CPU).
+            "mirrored": `MirroredStrategy` over this machine's devices; option `devices`.
+            "multi_worker": `MultiWorkerMirroredStrategy`; options `cluster_resolver` ("tf_config", the
+                default, or "slurm"), `communication_timeout_seconds` (default 300; 0 waits forever)
+                and `implementation` ("auto", "ring" or "nccl").
+            "horovod": initialises Horovod and returns a `tfopt.distribute.horovod.HorovodStrategy`.
+            "tpu": `TPUStrategy`; option `tpu` (the TPU name or address; "" for a TPU VM).
+        **options: The options listed for that strategy.
+
+    Returns:
+        A `tf.distribute.Strategy` (a `HorovodStrategy` for "horovod").
+
+    Raises:
+        RecipeConfigError: `name` is not a known strategy, or an option is not one it takes.
+        DistributionError: The cluster could not be joined (bad TF_CONFIG, Horovod missing, no TPU).
+
+    Example:
+        >>> make_strategy("one_device", device="/cpu:0").num_replicas_in_sync
+        1
+    """
+    import tensorflow as tf
+
+    if name not in _OPTIONS:
+        raise RecipeConfigError(f"Unknown strategy {name!r}. Expected one of {', '.join(STRATEGY_NAMES)}.")
+    unknown = set(options) - _OPTIONS[name]
+    if unknown:
+        raise RecipeConfigError(
+            f"Strategy {name!r} does not take option(s) {sorted(unknown)}; it takes "
+            f"{sorted(_OPTIONS[name]) or 'no options'}.")
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(options.get("device") or _first_device(tf))
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices=options.get("devices"))
+    if name == "multi_worker":
+        return _multi_worker(tf, **options)
+    if name == "horovod":
+        from tfopt.distribute.horovod import HorovodStrategy
+
+        return HorovodStrategy()
+    return _tpu(tf, options.get("tpu", ""))
+
+
+def communication_options(timeout_seconds: float | None, implementation: str = "auto") -> Any:
+    """The collective options tfopt uses: a timeout on every collective, so a lost peer cannot hang.
+
+    Args:
+        timeout_seconds: Seconds after which a collective raises DeadlineExceededError; None or 0 waits
+            forever (TensorFlow's default).
+        implementation: "auto", "ring" or "nccl".
+
+    Returns:
+        A `tf.distribute.experimental.CommunicationOptions`.
+    """
+    import tensorflow as tf
+
+    implementations = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }
+    if implementation not in implementations:
+        raise RecipeConfigError(
+            f"implementation={implementation!r} is not a collective implementation. Expected one of "
+            f"{', '.join(implementations)}.")
+    return tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=timeout_seconds or None, implementation=implementations[implementation])
+
+
+def _multi_worker(tf: Any, *, communication_timeout_seconds: float | None = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
+                  cluster_resolver: str = "tf_config", implementation: str = "auto") -> Any:
+    import os
+
+    if cluster_resolver == "tf_config":
+        from tfopt.distribute.environment import parse_tf_config
+
+        if os.environ.get("TF_CONFIG"):
+            parse_tf_config(os.environ["TF_CONFIG"])  # a clear error instead of TensorFlow's KeyError
+        resolver = None  # MultiWorkerMirroredStrategy reads TF_CONFIG itself
+    elif cluster_resolver == "slurm":
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    else:
+        raise RecipeConfigError(
+            f"cluster_resolver={cluster_resolver!r} is not supported. Expected 'tf_config' or 'slurm'.")
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver,
+            communication_options=communication_options(communication_timeout_seconds, implementation))
+    except (RuntimeError, ValueError, tf.errors.OpError) as error:
+        raise DistributionError(
+            f"MultiWorkerMirroredStrategy could not join the cluster: {error}. Check that every worker "
+            "was started with the same cluster in TF_CONFIG and a distinct task index, and that the "
+            "addresses are reachable.") from error
+
+
+def _tpu(tf: Any, tpu: str) -> Any:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise DistributionError(
+            f"No TPU could be reached (tpu={tpu!r}): {error}. On a TPU VM pass tpu=''; on Colab/Kaggle "
+            "select a TPU runtime; elsewhere pass the TPU's name or grpc:// address.") from error
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def _first_device(tf: Any) -> str:
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else tf.config.list_logical_devices("CPU")[0].name

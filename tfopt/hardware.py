@@ -1,0 +1,171 @@
+"""What the machine can do, as a plain value.
+
+Every decision that depends on the hardware (which dtype policy, whether XLA pays off, how much memory a
+batch may take) takes a `Hardware` value instead of asking TensorFlow itself. That keeps the decisions
+testable with a faked V100, A100, H100, T4 or TPU on a machine that has none, and keeps detection (which
+initialises TensorFlow's devices) in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import platform
+from pathlib import Path
+
+_log = logging.getLogger("tfopt")
+
+# CPU flags that make bfloat16 matmuls and convolutions run natively (oneDNN uses them on x86).
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU as TensorFlow sees it.
+
+    Attributes:
+        name: The device name, e.g. "NVIDIA A100-SXM4-40GB".
+        compute_capability: (major, minor), e.g. (8, 0) for an A100.
+        memory_bytes: Total device memory, or None where it could not be read.
+    """
+
+    name: str
+    compute_capability: tuple[int, int]
+    memory_bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """A description of the accelerators and host CPU that training runs on.
+
+    Attributes:
+        gpus: The GPUs visible to TensorFlow.
+        tpu_cores: The number of TPU cores, 0 where there is no TPU.
+        cpu_model: The CPU model name.
+        cpu_flags: The CPU feature flags (as in /proc/cpuinfo), used to spot bf16 support.
+        cpu_count: Logical CPU cores available to this process.
+        host_memory_bytes: Total host RAM.
+    """
+
+    gpus: tuple[Gpu, ...] = ()
+    tpu_cores: int = 0
+    cpu_model: str = ""
+    cpu_flags: frozenset[str] = frozenset()
+    cpu_count: int = 1
+    host_memory_bytes: int | None = None
+
+    @property
+    def accelerator(self) -> str:
+        """The device kind that training runs on: "tpu", "gpu" or "cpu"."""
+        if self.tpu_cores:
+            return "tpu"
+        if self.gpus:
+            return "gpu"
+        return "cpu"
+
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The lowest compute capability among the GPUs: mixed GPUs must all support a policy."""
+        if not self.gpus:
+            return None
+        return min(gpu.compute_capability for gpu in self.gpus)
+
+    @property
+    def cpu_supports_bf16(self) -> bool:
+        """Whether the host CPU has native bfloat16 instructions (AVX512-BF16 or AMX)."""
+        return bool(self.cpu_flags & BF16_CPU_FLAGS)
+
+    def describe(self) -> str:
+        """One line for reports, e.g. "2x NVIDIA A100 (cc 8.0, 40.0 GiB)" or "CPU: AMD EPYC, 2 cores"."""
+        cpu = f"CPU: {self.cpu_model or 'unknown'}, {self.cpu_count} cores"
+        if self.accelerator == "tpu":
+            return f"TPU: {self.tpu_cores} cores; {cpu}"
+        if self.accelerator == "gpu":
+            first = self.gpus[0]
+            memory = f", {first.memory_bytes / 2**30:.1f} GiB" if first.memory_bytes else ""
+            major, minor = first.compute_capability
+            return f"{len(self.gpus)}x {first.name} (cc {major}.{minor}{memory}); {cpu}"
+        bf16 = " with bf16 instructions" if self.cpu_supports_bf16 else ""
+        return f"{cpu}{bf16} (no GPU or TPU)"
+
+
+@functools.cache
+def detect() -> Hardware:
+    """Describes this machine's accelerators and CPU.
+
+    Initialises TensorFlow's device list (so it is not free); the result is cached for the process.
+
+    Returns:
+        The `Hardware` of this machine.
+
+    Example:
+        >>> hardware = detect()
+        >>> hardware.accelerator in {"cpu", "gpu", "tpu"}
+        True
+    """
+    import psutil
+    import tensorflow as tf
+
+    gpus = tuple(_describe_gpu(index, device) for index, device in enumerate(tf.config.list_physical_devices("GPU")))
+    return Hardware(
+        gpus=gpus,
+        tpu_cores=_count_tpu_cores(tf),
+        cpu_model=_cpu_model(),
+        cpu_flags=_cpu_flags(),
+        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        host_memory_bytes=psutil.virtual_memory().total,
+    )
+
+
+def _describe_gpu(index: int, device) -> Gpu:
+    import tensorflow as tf
+
+    details = tf.config.experimental.get_device_details(device)
+    return Gpu(
+        name=details.get("device_name", device.name),
+        compute_capability=tuple(details.get("compute_capability", (0, 0))),
+        memory_bytes=_nvml_memory_bytes(index),
+    )
+
+
+def _nvml_memory_bytes(index: int) -> int | None:
+    """Total memory of GPU `index` from NVML, which TensorFlow does not report before allocating."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as error:
+        _log.debug("NVML could not read GPU %d memory: %s", index, error)
+        return None
+
+
+def _count_tpu_cores(tf) -> int:
+    """TPU cores visible without connecting to a TPU cluster (TPU VMs list them as physical devices)."""
+    return len(tf.config.list_physical_devices("TPU"))
+
+
+def _cpu_model() -> str:
+    for line in _read_cpuinfo():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _cpu_flags() -> frozenset[str]:
+    for line in _read_cpuinfo():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def _read_cpuinfo() -> list[str]:
+    path = Path("/proc/cpuinfo")
+    return path.read_text().splitlines() if path.exists() else []

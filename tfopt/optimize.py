@@ -1,0 +1,183 @@
+"""`tfopt.apply`: plan, apply the recipes, build once, and measure before and after.
+
+The user's model and dataset are only read: the baseline ("before") is a clone built from the same
+plan with no recipe applied, so both sides are measured the same way, over the same number of steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tfopt.builder import build
+from tfopt.errors import DataError, RecipeConfigError
+from tfopt.hardware import Hardware, detect
+from tfopt.plan import Plan, make_plan
+from tfopt.profiling.timing import Measurement, measure
+from tfopt.recipes.base import Recipe, chain
+
+_log = logging.getLogger("tfopt")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """The optimized training setup and the evidence that it is faster.
+
+    Attributes:
+        model: The rebuilt, compiled model with the user's weights; train it with `model.fit(dataset)`.
+        dataset: The optimized input pipeline.
+        strategy: The tf.distribute strategy the model lives under.
+        plan: The applied plan; `plan.applied` says what each recipe did and why.
+        baseline_plan: The plan of the "before" measurement (the user's setup, no recipe).
+        before: The baseline's measurement, or None when measuring was turned off.
+        after: The optimized setup's measurement, or None when measuring was turned off.
+    """
+
+    model: Any
+    dataset: Any
+    strategy: Any
+    plan: Plan
+    baseline_plan: Plan
+    before: Measurement | None
+    after: Measurement | None
+
+    @property
+    def speedup(self) -> float | None:
+        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured."""
+        if self.before is None or self.after is None:
+            return None
+        return self.after.real.examples_per_second / self.before.real.examples_per_second
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe summary: hardware, what each recipe did, and both measurements."""
+        return {
+            "hardware": self.plan.hardware.describe(),
+            "applied": [dataclasses.asdict(step) for step in self.plan.applied],
+            "dtype_policy": self.plan.dtype_policy,
+            "jit_compile": self.plan.jit_compile,
+            "strategy": self.plan.strategy,
+            "before": self.before.to_dict() if self.before else None,
+            "after": self.after.to_dict() if self.after else None,
+            "speedup": self.speedup,
+        }
+
+    def summary(self) -> str:
+        """One line: examples/s and utilization before and after."""
+        if self.before is None or self.after is None:
+            return f"applied {len(self.plan.applied)} recipe steps (not measured)"
+        return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
+                f"examples/s ({self.speedup:.2f}x); utilization {self.before.utilization:.0%} -> "
+                f"{self.after.utilization:.0%} of the compute-only ceiling")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(step.recipe)}</td><td>{'skipped' if step.skipped else 'applied'}"
+                       f"</td><td>{html.escape(step.detail)}</td></tr>" for step in self.plan.applied)
+        return (f"<div><b>tfopt</b>: {html.escape(self.summary())}<br>"
+                f"<small>{html.escape(self.plan.hardware.describe())}</small>"
+                f"<table><tr><th>recipe</th><th></th><th>what and why</th></tr>{rows}</table></div>")
+
+
+def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
+    """Turns what `apply` accepts into one recipe: "default", a recipe, or a list of recipes/YAML items.
+
+    Example:
+        >>> [recipe.name for recipe in resolve_recipes("default").recipes]
+        ['data_pipeline', 'mixed_precision', 'xla']
+    """
+    from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+    from tfopt.registry import from_item
+
+    if isinstance(recipes, Recipe):
+        return recipes
+    if recipes == "default":
+        return chain(DataPipeline(), MixedPrecision(), Xla())
+    if isinstance(recipes, str) or not isinstance(recipes, Sequence):
+        raise RecipeConfigError(f"recipes={recipes!r} is not valid. Pass 'default', a recipe, or a list of "
+                                "recipes (objects, names, or {name: {settings}} items).")
+    return chain(*(item if isinstance(item, Recipe) else from_item(item) for item in recipes))
+
+
+def apply(
+    model: Any,
+    dataset: Any,
+    recipes: str | Recipe | Sequence[Any] = "default",
+    *,
+    model_fn: Callable[[], Any] | None = None,
+    compile: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors keras' compile()
+    batch_size: int | None = None,
+    steps: int = 20,
+    warmup_steps: int = 5,
+    measure_speed: bool = True,
+    hardware: Hardware | None = None,
+) -> ApplyResult:
+    """Applies recipes to a model and its input pipeline, and measures the setup before and after.
+
+    Args:
+        model: A built, compiled Keras model. Functional and Sequential models are cloned; a subclassed
+            model needs `model_fn`. It is never modified.
+        dataset: A batched `tf.data.Dataset` of (inputs, targets), or a `tfopt.data` source (then
+            `batch_size` is required and tfopt builds the pipeline itself).
+        recipes: "default" (data pipeline, mixed precision, XLA, each deciding by the hardware), a recipe,
+            or a list of recipes, names or `{name: {settings}}` items.
+        model_fn: Creates the model afresh (required for subclassed models).
+        compile: Compile arguments, when the model is not compiled or should train differently.
+        batch_size: Examples per batch, for a `tfopt.data` source.
+        steps: Timed training steps for each measurement.
+        warmup_steps: Untimed steps before each measurement (tracing, compilation, warm-up).
+        measure_speed: Measure before and after (two short training runs each); False only builds.
+        hardware: The hardware to plan for; detected when None.
+
+    Returns:
+        An `ApplyResult` with the optimized model, dataset and strategy, the plan, and the measurements.
+
+    Raises:
+        TfoptError: Bad input (not a Keras model or tf.data.Dataset, unknown or clashing recipes), with
+            a message that says how to fix it.
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        >>> data = tf.data.Dataset.from_tensor_slices((tf.random.normal((64, 4)), tf.zeros(64, "int32"))).batch(8)
+        >>> result = apply(model, data, steps=3, warmup_steps=1)
+        >>> result.after.real.batch_size
+        8
+    """
+    recipe = resolve_recipes(recipes)
+    hardware = hardware or detect()
+    source = None
+    if _is_source(dataset):
+        if not batch_size:
+            raise DataError("A tfopt.data source was passed as the dataset: give batch_size= so tfopt can "
+                            "build the pipeline.")
+        source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
+    baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
+    recipe.check(baseline)
+    optimized = recipe(baseline)
+    for step in optimized.applied:
+        _log.info("%s", step)
+    before = after = None
+    if measure_speed:
+        _log.info("measuring the baseline (%d warm-up + %d steps, twice)", warmup_steps, steps)
+        before = _measure_plan(baseline, steps=steps, warmup_steps=warmup_steps)
+    built = build(optimized)
+    if measure_speed:
+        _log.info("measuring the optimized setup")
+        after = measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
+                        batch_size=optimized.batch_size)
+    return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=optimized,
+                       baseline_plan=baseline, before=before, after=after)
+
+
+def _measure_plan(plan: Plan, *, steps: int, warmup_steps: int) -> Measurement:
+    built = build(plan)
+    return measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, batch_size=plan.batch_size)
+
+
+def _is_source(dataset: Any) -> bool:
+    import tensorflow as tf
+
+    return not isinstance(dataset, tf.data.Dataset) and callable(getattr(dataset, "pipeline", None))

@@ -1,0 +1,220 @@
+"""The Plan: what `build()` must do, decided before anything is built.
+
+Two recipes cannot be applied to a model that already exists: Keras layers read their dtype policy when
+they are created (mixed precision) and variables must be created inside `strategy.scope()`
+(distribution). So recipes never rebuild anything; each returns a new immutable Plan and `build(plan)`
+builds once. `make_plan` turns the user's model and dataset into the first Plan and rejects bad input
+with a message that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.hardware import Hardware
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one recipe did to a plan, or why it did nothing.
+
+    Attributes:
+        recipe: The recipe's registered name.
+        detail: One sentence: what changed and why, or why it was skipped.
+        skipped: True where the recipe left the plan as it was.
+    """
+
+    recipe: str
+    detail: str
+    skipped: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.recipe}: {'skipped: ' if self.skipped else ''}{self.detail}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """An immutable description of the model, data and settings that `build()` turns into a training setup.
+
+    Attributes:
+        model_fn: Creates a fresh, uncompiled model. `build()` calls it inside the dtype-policy and
+            strategy scopes, so it must create its layers when called (not return an existing model).
+        dataset: The batched training pipeline, yielding (inputs, targets) or (inputs, targets, weights).
+        compile_config: Keras compile arguments in `model.get_compile_config()` form (serialized, so a
+            fresh optimizer is made for every build).
+        hardware: The machine the plan is for.
+        sample_inputs: One batch of model inputs, used to build subclassed models and check XLA.
+        batch_size: Examples per step (the global batch under a distribution strategy).
+        weights_from: A built model whose weights the new model starts from, or None. Never modified.
+        source: The `tfopt.data` source the dataset came from, when tfopt knows it, else None.
+        dtype_policy: The Keras dtype policy name the model is built under.
+        strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
+        strategy_options: Keyword arguments for that strategy.
+        applied: What every recipe did, in order.
+    """
+
+    model_fn: Callable[[], Any]
+    dataset: Any
+    compile_config: Mapping[str, Any]
+    hardware: Hardware
+    sample_inputs: Any
+    batch_size: int
+    weights_from: Any = None
+    source: Any = None
+    dtype_policy: str = "float32"
+    strategy: str = "default"
+    strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    applied: tuple[Step, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Mappings are frozen too, so a recipe cannot change a plan it was handed.
+        object.__setattr__(self, "compile_config", types.MappingProxyType(dict(self.compile_config)))
+        object.__setattr__(self, "strategy_options", types.MappingProxyType(dict(self.strategy_options)))
+
+    @property
+    def jit_compile(self) -> bool:
+        """Whether the model is compiled with XLA."""
+        return bool(self.compile_config.get("jit_compile", False))
+
+    def replace(self, **changes: Any) -> Plan:
+        """Returns a copy with `changes` applied (a thin `dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_compile(self, **changes: Any) -> Plan:
+        """Returns a copy whose compile arguments are updated with `changes`."""
+        return self.replace(compile_config={**self.compile_config, **changes})
+
+    def record(self, recipe: str, detail: str, *, skipped: bool = False) -> Plan:
+        """Returns a copy with one more `Step` in `applied`."""
+        return self.replace(applied=(*self.applied, Step(recipe, detail, skipped)))
+
+
+def make_plan(
+    model: Any,
+    dataset: Any,
+    *,
+    hardware: Hardware,
+    model_fn: Callable[[], Any] | None = None,
+    compile: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors keras' compile()
+    source: Any = None,
+) -> Plan:
+    """Turns the user's model and dataset into the first Plan, the honest baseline.
+
+    The baseline compiles with `jit_compile=False` explicitly: Keras' default "auto" decides by
+    itself, and the "before" measurement must not silently include XLA.
+
+    Args:
+        model: A built Keras model (Functional or Sequential are cloned; a subclassed model needs
+            `model_fn`), or None when `model_fn` is given.
+        dataset: A batched `tf.data.Dataset` yielding (inputs, targets[, sample_weights]).
+        hardware: The machine to plan for.
+        model_fn: Creates the model afresh; required for subclassed models.
+        compile: Keras compile arguments; defaults to those the model was compiled with.
+        source: The `tfopt.data` source the dataset came from, if any.
+
+    Returns:
+        The baseline Plan.
+
+    Raises:
+        IncompatibleModelError: `model` is not a Keras model, or cannot be rebuilt as given.
+        DataError: `dataset` is not a tf.data.Dataset, is empty, or its elements are not
+            (inputs, targets) pairs.
+    """
+    import keras
+    import tensorflow as tf
+
+    if model is None and model_fn is None:
+        raise IncompatibleModelError("Received model=None and no model_fn: pass a Keras model, or a "
+                                     "model_fn that creates one.")
+    if model is not None and not isinstance(model, keras.Model):
+        raise IncompatibleModelError(
+            f"Expected a keras.Model, received {type(model).__module__}.{type(model).__name__}. "
+            "tfopt works on Keras 3 models: build your model with `keras` (not `tf.keras` from "
+            "Keras 2 or another framework) and pass it, or pass model_fn=a function that creates it.")
+    if not isinstance(dataset, tf.data.Dataset):
+        raise DataError(
+            f"Expected a tf.data.Dataset, received {type(dataset).__module__}.{type(dataset).__name__}. "
+            "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), or pass a "
+            "tfopt.data source.")
+    if model_fn is None:
+        model_fn = _clone_fn(model)
+    compile_config = _compile_config(model, compile)
+    sample = _first_batch(dataset)
+    return Plan(
+        model_fn=model_fn,
+        dataset=dataset,
+        compile_config={**compile_config, "jit_compile": False},
+        hardware=hardware,
+        sample_inputs=sample[0],
+        batch_size=_batch_size(sample[0]),
+        weights_from=model if model is not None and model.built else None,
+        source=source,
+    )
+
+
+def _clone_fn(model: Any) -> Callable[[], Any]:
+    from tfopt.builder import clone_under_current_policy
+
+    if not _is_graph_model(model):
+        raise IncompatibleModelError(
+            f"Model {model.name!r} is a subclassed {type(model).__name__}: tfopt cannot clone it, because "
+            "its layers are created in Python code it cannot replay. Pass model_fn=a function that "
+            "creates the model (tfopt.apply(model, dataset, model_fn=make_model)); tfopt calls it "
+            "inside the dtype-policy and strategy scopes and copies your model's weights into it.")
+    return lambda: clone_under_current_policy(model)
+
+
+def _is_graph_model(model: Any) -> bool:
+    import keras
+
+    return isinstance(model, (keras.Sequential, keras.src.models.functional.Functional))
+
+
+def _compile_config(model: Any, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    import keras
+
+    if compile_kwargs is not None:
+        serialized = {key: keras.saving.serialize_keras_object(value) for key, value in compile_kwargs.items()}
+        if "optimizer" not in serialized or "loss" not in serialized:
+            raise IncompatibleModelError(
+                f"compile= needs at least 'optimizer' and 'loss'; received keys {sorted(compile_kwargs)}.")
+        return serialized
+    config = model.get_compile_config() if model is not None else None
+    if not config:
+        raise IncompatibleModelError(
+            "The model is not compiled, so tfopt does not know the optimizer and loss to train with. "
+            "Call model.compile(optimizer=..., loss=...) first, or pass compile=dict(optimizer=..., "
+            "loss=..., metrics=...) to tfopt.apply.")
+    return dict(config)
+
+
+def _first_batch(dataset: Any) -> tuple[Any, ...]:
+    """Reads one element: proves the dataset is not empty and gives a batch to build and check with."""
+    import tensorflow as tf
+
+    try:
+        element = next(iter(dataset.take(1)))
+    except StopIteration:
+        raise DataError("The dataset is empty: it yielded no batch. Check the files or arrays it reads "
+                        "(and that .batch(..., drop_remainder=True) leaves at least one batch).") from None
+    except tf.errors.OpError as error:
+        raise DataError(f"Reading the first batch of the dataset failed: {error.message}") from error
+    if not isinstance(element, tuple) or len(element) not in (2, 3):
+        raise DataError(
+            f"Each dataset element must be an (inputs, targets) or (inputs, targets, sample_weights) "
+            f"tuple, as keras' fit() expects; received {type(element).__name__} "
+            f"{getattr(element, 'shape', '')}. Map it with dataset.map(lambda e: (e['image'], e['label'])).")
+    return element
+
+
+def _batch_size(inputs: Any) -> int:
+    import tensorflow as tf
+
+    first = tf.nest.flatten(inputs)[0]
+    if first.shape.rank == 0:
+        raise DataError("The dataset's inputs are scalars: batch the dataset with dataset.batch(batch_size).")
+    return int(first.shape[0])

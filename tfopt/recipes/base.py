@@ -1,0 +1,137 @@
+"""The Recipe unit and `chain`, which composes recipes into one.
+
+A recipe is a tiny object with one job (optax's GradientTransformation is the model): its constructor's
+keyword arguments are its whole config, `check()` rejects a plan it cannot serve before anything is
+built, and `__call__` returns a new Plan without side effects. `chain(*recipes)` is itself a recipe,
+so chains nest.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from typing import Any, ClassVar
+
+from tfopt.errors import RecipeClashError
+from tfopt.plan import Plan
+
+
+class Stage(enum.IntEnum):
+    """Build order: the data feeds the model, the dtype decides how layers are made, placement decides
+    where variables live, and compile-time settings come last."""
+
+    DATA = 0
+    NUMERICS = 1
+    PLACEMENT = 2
+    COMPILE = 3
+
+
+class Recipe(abc.ABC):
+    """Base class of every recipe.
+
+    Subclasses are keyword-only frozen dataclasses, so the constructor is the schema and
+    `get_config()` round-trips: `type(r)(**r.get_config()) == r`.
+    """
+
+    name: ClassVar[str]
+    stage: ClassVar[Stage]
+
+    def check(self, plan: Plan) -> None:
+        """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
+
+    @abc.abstractmethod
+    def __call__(self, plan: Plan) -> Plan:
+        """Returns a new plan with this recipe applied; never modifies `plan`."""
+
+    def clash(self, other: Recipe) -> str | None:
+        """Why this recipe cannot be combined with `other`, or None where they combine."""
+        return None
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor's keyword arguments, YAML-safe."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Recipe:
+        """Creates the recipe from `get_config()` output."""
+        return cls(**config)
+
+
+class Chain(Recipe):
+    """Several recipes applied as one, ordered by stage.
+
+    Duplicates and clashing pairs are rejected when the chain is made, so a bad combination fails
+    before any profiling or building starts.
+    """
+
+    name = "chain"
+    stage = Stage.DATA
+
+    def __init__(self, *recipes: Recipe):
+        flat: list[Recipe] = []
+        for recipe in recipes:
+            flat.extend(recipe.recipes if isinstance(recipe, Chain) else [recipe])
+        _reject_clashes(flat)
+        # sorted() is stable: recipes of one stage keep the order the user gave.
+        self.recipes: tuple[Recipe, ...] = tuple(sorted(flat, key=lambda recipe: recipe.stage))
+
+    def check(self, plan: Plan) -> None:
+        for recipe in self.recipes:
+            recipe.check(plan)
+
+    def __call__(self, plan: Plan) -> Plan:
+        for recipe in self.recipes:
+            recipe.check(plan)
+            plan = recipe(plan)
+        return plan
+
+    def get_config(self) -> dict[str, Any]:
+        return {"recipes": [{recipe.name: recipe.get_config()} for recipe in self.recipes]}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Chain:
+        from tfopt.registry import from_item
+
+        return cls(*(from_item(item) for item in config["recipes"]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Chain) and self.recipes == other.recipes
+
+    def __hash__(self) -> int:
+        return hash(self.recipes)
+
+    def __repr__(self) -> str:
+        return f"chain({', '.join(map(repr, self.recipes))})"
+
+
+def chain(*recipes: Recipe) -> Chain:
+    """Combines recipes into one, applied in build order (data, numerics, placement, compile).
+
+    Args:
+        *recipes: Recipe objects or other chains.
+
+    Returns:
+        A recipe that applies them all.
+
+    Raises:
+        RecipeClashError: The same recipe appears twice, or two recipes contradict each other.
+
+    Example:
+        >>> from tfopt.recipes import MixedPrecision, Xla
+        >>> [recipe.name for recipe in chain(Xla(), MixedPrecision()).recipes]
+        ['mixed_precision', 'xla']
+    """
+    return Chain(*recipes)
+
+
+def _reject_clashes(recipes: list[Recipe]) -> None:
+    for index, first in enumerate(recipes):
+        for second in recipes[index + 1:]:
+            if first.name == second.name:
+                raise RecipeClashError(
+                    f"The recipe {first.name!r} appears twice ({first!r} and {second!r}); a chain takes each "
+                    "recipe once. Keep one and put all its settings there.")
+            reason = first.clash(second) or second.clash(first)
+            if reason:
+                raise RecipeClashError(f"{first.name} and {second.name} cannot be combined: {reason}")
