@@ -111,3 +111,21 @@ def test_training_the_result(cpu_hardware):
     history = result.model.fit(result.dataset, epochs=2, verbose=0)
     assert all(np.isfinite(history.history["loss"]))
     assert isinstance(result.dataset, tf.data.Dataset)
+
+
+def test_profiled_apply_has_a_report(cpu_hardware, tmp_path):
+    result = tfopt.apply(make_cnn(), make_images(count=64), profile=True, logdir=str(tmp_path),
+                         hardware=cpu_hardware, steps=4, warmup_steps=1)
+    assert result.before is result.before_profile.measurement
+    assert list((tmp_path / "before").rglob("*.xplane.pb")) and list((tmp_path / "after").rglob("*.xplane.pb"))
+    report = result.report()
+    data = report.to_dict()
+    assert json.loads(report.to_json()) == json.loads(json.dumps(data))
+    report.save(tmp_path / "report.html")
+    assert (tmp_path / "report.html").read_text().count("<img") >= 2
+
+
+def test_report_without_profiles_is_a_clear_error(cpu_hardware):
+    result = tfopt.apply(make_cnn(), make_images(), measure_speed=False, hardware=cpu_hardware)
+    with pytest.raises(TfoptError, match="profile=True"):
+        result.report()

@@ -5,7 +5,8 @@ import sys
 
 import tfopt
 
-PUBLIC = {"__version__", "apply", "ApplyResult", "Plan", "build", "chain"}
+PUBLIC = {"__version__", "apply", "ApplyResult", "Plan", "build", "chain", "profile", "Profile", "compare", "Report",
+          "diagnose", "find_batch_size"}
 
 
 def test_public_surface():

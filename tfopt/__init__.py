@@ -22,6 +22,12 @@ _PUBLIC = {
     "Plan": "tfopt.plan",
     "build": "tfopt.builder",
     "chain": "tfopt.recipes.base",
+    "profile": "tfopt.profiling.capture",
+    "Profile": "tfopt.profiling.capture",
+    "compare": "tfopt.profiling.report",
+    "Report": "tfopt.profiling.report",
+    "diagnose": "tfopt.profiling.diagnose",
+    "find_batch_size": "tfopt.recipes.batch_size",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -39,3 +39,24 @@ class MeasurementError(TfoptError, RuntimeError):
 
 class DistributionError(TfoptError, RuntimeError):
     """A distributed run could not start or lost a worker."""
+
+
+class NonFiniteLossError(TfoptError, FloatingPointError):
+    """Training produced a NaN or Inf loss (or weights), so it was stopped.
+
+    Attributes:
+        step: The global step (1-based) whose loss was not finite.
+        last_good_checkpoint: The newest checkpoint written from finite weights, or None.
+    """
+
+    def __init__(self, message: str, *, step: int, last_good_checkpoint: str | None = None):
+        super().__init__(message)
+        self.step = step
+        self.last_good_checkpoint = last_good_checkpoint
+
+    def with_checkpoint(self, path: str | None) -> NonFiniteLossError:
+        """The same error with the last good checkpoint named in the message."""
+        where = (f" The last good checkpoint is {path}; it was written before the loss went bad, and "
+                 "train() resumes from it when started again with the same checkpoint_dir."
+                 if path else " No checkpoint had been written yet.")
+        return NonFiniteLossError(f"{self}{where}", step=self.step, last_good_checkpoint=path)

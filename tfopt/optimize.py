@@ -13,9 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfopt.builder import build
-from tfopt.errors import DataError, RecipeConfigError
+from tfopt.errors import DataError, MeasurementError, RecipeConfigError
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan
+from tfopt.profiling import capture
 from tfopt.profiling.timing import Measurement, measure
 from tfopt.recipes.base import Recipe, chain
 
@@ -34,6 +35,8 @@ class ApplyResult:
         baseline_plan: The plan of the "before" measurement (the user's setup, no recipe).
         before: The baseline's measurement, or None when measuring was turned off.
         after: The optimized setup's measurement, or None when measuring was turned off.
+        before_profile: The baseline's profile (trace, breakdown, diagnosis) with profile=True.
+        after_profile: The optimized setup's profile with profile=True.
     """
 
     model: Any
@@ -43,6 +46,21 @@ class ApplyResult:
     baseline_plan: Plan
     before: Measurement | None
     after: Measurement | None
+    before_profile: capture.Profile | None = None
+    after_profile: capture.Profile | None = None
+
+    def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
+        """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
+
+        Raises:
+            MeasurementError: apply() ran without profile=True, so there is nothing to report.
+        """
+        from tfopt.profiling.report import compare
+
+        if self.before_profile is None or self.after_profile is None:
+            raise MeasurementError("No profiles to report: call tfopt.apply(..., profile=True).")
+        return compare(self.before_profile, self.after_profile, applied=self.plan.applied,
+                       price_per_hour=price_per_hour, steps_per_epoch=steps_per_epoch)
 
     @property
     def speedup(self) -> float | None:
@@ -94,9 +112,13 @@ def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
         return recipes
     if recipes == "default":
         return chain(DataPipeline(), MixedPrecision(), Xla())
+    if recipes == "auto":
+        raise RecipeConfigError("recipes='auto' is decided by timing trials of the model on its data, so it has "
+                                "no fixed recipe list: pass it to tfopt.apply(model, dataset, recipes='auto'), or "
+                                "call tfopt.auto.tune(plan).")
     if isinstance(recipes, str) or not isinstance(recipes, Sequence):
-        raise RecipeConfigError(f"recipes={recipes!r} is not valid. Pass 'default', a recipe, or a list of "
-                                "recipes (objects, names, or {name: {settings}} items).")
+        raise RecipeConfigError(f"recipes={recipes!r} is not valid. Pass 'default', 'auto', a recipe, or a list "
+                                "of recipes (objects, names, or {name: {settings}} items).")
     return chain(*(item if isinstance(item, Recipe) else from_item(item) for item in recipes))
 
 
@@ -112,6 +134,10 @@ def apply(
     warmup_steps: int = 5,
     measure_speed: bool = True,
     hardware: Hardware | None = None,
+    profile: bool = False,
+    logdir: str | None = None,
+    tune_budget_seconds: float = 120.0,
+    on_tune_progress: Callable[[Any], None] | None = None,
 ) -> ApplyResult:
     """Applies recipes to a model and its input pipeline, and measures the setup before and after.
 
@@ -120,8 +146,9 @@ def apply(
             model needs `model_fn`. It is never modified.
         dataset: A batched `tf.data.Dataset` of (inputs, targets), or a `tfopt.data` source (then
             `batch_size` is required and tfopt builds the pipeline itself).
-        recipes: "default" (data pipeline, mixed precision, XLA, each deciding by the hardware), a recipe,
-            or a list of recipes, names or `{name: {settings}}` items.
+        recipes: "default" (data pipeline, mixed precision, XLA, each deciding by the hardware), "auto"
+            (time each candidate on this machine and keep only what helps; see `tfopt.auto.tune`), a
+            recipe, or a list of recipes, names or `{name: {settings}}` items.
         model_fn: Creates the model afresh (required for subclassed models).
         compile: Compile arguments, when the model is not compiled or should train differently.
         batch_size: Examples per batch, for a `tfopt.data` source.
@@ -129,6 +156,11 @@ def apply(
         warmup_steps: Untimed steps before each measurement (tracing, compilation, warm-up).
         measure_speed: Measure before and after (two short training runs each); False only builds.
         hardware: The hardware to plan for; detected when None.
+        profile: Also capture a TF Profiler trace of both setups, analyse and diagnose them
+            (`result.before_profile`, `result.after_profile`, `result.report()`).
+        logdir: Where the traces go (`<logdir>/before`, `<logdir>/after`); temporary directories by default.
+        tune_budget_seconds: With recipes="auto": the time its trials may take.
+        on_tune_progress: With recipes="auto": receives a `tfopt.auto.ProgressEvent` per phase and trial.
 
     Returns:
         An `ApplyResult` with the optimized model, dataset and strategy, the plan, and the measurements.
@@ -146,7 +178,8 @@ def apply(
         >>> result.after.real.batch_size
         8
     """
-    recipe = resolve_recipes(recipes)
+    auto = isinstance(recipes, str) and recipes == "auto"
+    recipe = None if auto else resolve_recipes(recipes)
     hardware = hardware or detect()
     source = None
     if _is_source(dataset):
@@ -155,26 +188,38 @@ def apply(
                             "build the pipeline.")
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
-    recipe.check(baseline)
-    optimized = recipe(baseline)
+    if auto:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
+        from tfopt.auto import tune
+
+        optimized = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress).plan
+    else:
+        recipe.check(baseline)
+        optimized = recipe(baseline)
     for step in optimized.applied:
         _log.info("%s", step)
-    before = after = None
-    if measure_speed:
-        _log.info("measuring the baseline (%d warm-up + %d steps, twice)", warmup_steps, steps)
-        before = _measure_plan(baseline, steps=steps, warmup_steps=warmup_steps)
+    evidence = dict(profile=profile, steps=steps, warmup_steps=warmup_steps, hardware=hardware, logdir=logdir)
+    before = after = before_profile = after_profile = None
+    if measure_speed or profile:
+        before, before_profile = _evidence(build(baseline), "before", **evidence)
     built = build(optimized)
-    if measure_speed:
-        _log.info("measuring the optimized setup")
-        after = measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
-                        batch_size=optimized.batch_size)
+    if measure_speed or profile:
+        after, after_profile = _evidence(built, "after", **evidence)
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=optimized,
-                       baseline_plan=baseline, before=before, after=after)
+                       baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
+                       after_profile=after_profile)
 
 
-def _measure_plan(plan: Plan, *, steps: int, warmup_steps: int) -> Measurement:
-    built = build(plan)
-    return measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, batch_size=plan.batch_size)
+def _evidence(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
+              logdir: str | None) -> tuple[Measurement, capture.Profile | None]:
+    """Measures one side ("before" or "after"); with `profile`, under the TF Profiler too."""
+    if profile:
+        _log.info("profiling %s (%d warm-up + %d steps, three runs)", side, warmup_steps, steps)
+        result = capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
+                                 hardware=hardware, logdir=f"{logdir}/{side}" if logdir else None)
+        return result.measurement, result
+    _log.info("measuring %s (%d warm-up + %d steps, twice)", side, warmup_steps, steps)
+    return measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
+                   batch_size=built.plan.batch_size), None
 
 
 def _is_source(dataset: Any) -> bool:

@@ -18,6 +18,10 @@ from tfopt.plan import make_plan
 # A setting each recipe must reject, with the words its message must contain.
 BAD_SETTINGS = {
     "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction"),
+    "batch_size": ({"batch_size": 0}, "Expected 'auto' or a positive integer"),
+    "distribution": ({"strategy": "gpu_farm"}, "is not valid"),
+    "gpu_memory": ({"growth": False, "limit_bytes": 10}, "at least 1 MiB"),
+    "grad_accum": ({"steps": 1}, "Expected an integer >= 2"),
     "mixed_precision": ({"policy": "fp16"}, "Expected one of"),
     "xla": ({"jit_compile": "yes"}, "Expected 'auto'"),
 }

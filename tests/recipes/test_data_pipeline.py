@@ -120,3 +120,9 @@ def test_original_dataset_untouched():
     recorded(original)
     assert original.options() == options_before
     assert not has_cache(original)
+
+
+def test_py_function_pipeline_is_called_out():
+    pipeline = make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y))
+    detail = recorded(pipeline).applied[-1].detail
+    assert "py_function, which tf.data cannot parallelize" in detail

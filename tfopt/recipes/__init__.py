@@ -4,11 +4,16 @@ Each module offers the recipe class and a functional form for people who want on
 """
 
 from tfopt.recipes.base import Chain, Recipe, Stage, chain
+from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch
 from tfopt.recipes.data_pipeline import DataPipeline, tune_pipeline
+from tfopt.recipes.distribution import Distribution, choose_strategy
+from tfopt.recipes.grad_accum import GradAccum, with_gradient_accumulation
+from tfopt.recipes.memory import GpuMemory, configure_gpu_memory
 from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, policy_scope
 from tfopt.recipes.xla import Xla, xla_blockers
 
 __all__ = [
-    "Chain", "DataPipeline", "MixedPrecision", "Recipe", "Stage", "Xla", "chain", "choose_policy",
-    "policy_scope", "tune_pipeline", "xla_blockers",
+    "BatchSize", "Chain", "DataPipeline", "Distribution", "GpuMemory", "GradAccum", "MixedPrecision", "Recipe",
+    "Stage", "Xla", "chain", "choose_policy", "choose_strategy", "configure_gpu_memory", "find_batch_size",
+    "policy_scope", "rebatch", "tune_pipeline", "with_gradient_accumulation", "xla_blockers",
 ]

@@ -1,0 +1,57 @@
+"""Run in a fresh process by test_training.py: TensorFlow must see two logical CPUs before it starts.
+
+Trains the same model from the same weights on the same global batches three ways (one device with
+Keras fit; MirroredStrategy over two CPUs through the distribution recipe with tfopt's fit and with
+Keras' fit) and prints one JSON line with the results.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tfopt.builder import build  # noqa: E402
+from tfopt.distribute import fit  # noqa: E402
+from tfopt.hardware import Hardware  # noqa: E402
+from tfopt.plan import make_plan  # noqa: E402
+from tfopt.recipes.distribution import Distribution  # noqa: E402
+
+rng = np.random.default_rng(0)
+features = rng.normal(size=(64, 4)).astype("float32")
+targets = features @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
+dataset = tf.data.Dataset.from_tensor_slices((features, targets)).batch(16)
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+plan = make_plan(model, dataset, hardware=Hardware(cpu_count=2))
+
+single = build(plan)
+single_history = single.model.fit(single.dataset, epochs=3, verbose=0)
+results = {"single": {"loss": single_history.history["loss"], "weights": [w.tolist() for w in single.model.get_weights()]}}
+
+recipe = Distribution(strategy="mirrored", devices=["/cpu:0", "/cpu:1"], scale_batch=False)
+mirrored_plan = recipe(plan)
+results["applied"] = str(mirrored_plan.applied[-1])
+for engine in ("tfopt", "keras"):
+    built = build(mirrored_plan)
+    kernel = built.model.layers[0].kernel.value
+    components = [component.numpy().tolist() for component in built.strategy.experimental_local_results(kernel)]
+    history = fit(built.model, built.dataset, strategy=built.strategy, epochs=3, engine=engine)
+    after = [component.numpy() for component in built.strategy.experimental_local_results(built.model.layers[0].kernel.value)]
+    results[engine] = {
+        "replicas": built.strategy.num_replicas_in_sync,
+        "variable_type": type(kernel).__name__,
+        "components_before_equal": all(c == components[0] for c in components),
+        "components_after_max_diff": float(np.max(np.abs(after[0] - after[1]))),
+        "loss": history.history["loss"],
+        "weights": [w.tolist() for w in built.model.get_weights()],
+    }
+print("RESULT " + json.dumps(results))

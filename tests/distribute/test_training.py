@@ -1,0 +1,95 @@
+"""tfopt.distribute.fit: tfopt's own train step, checked against Keras fit on the same batches."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.distribute import fit
+from tfopt.errors import RecipeConfigError
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+def make_dataset():
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(48, 4)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((features, features[:, :1] * 2.0)).batch(8)
+
+
+def test_single_device_matches_keras_fit():
+    reference = make_model()
+    expected = reference.fit(make_dataset(), epochs=2, verbose=0, shuffle=False).history["loss"]
+    model = make_model()
+    history = fit(model, make_dataset(), epochs=2, engine="tfopt")
+    assert history.epoch == [0, 1]
+    np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_callbacks_and_steps_per_epoch_keep_one_iterator():
+    seen = []
+    callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: seen.append(step))
+    history = fit(make_model(), make_dataset(), epochs=2, steps_per_epoch=2, callbacks=[callback], engine="tfopt")
+    assert seen == [0, 1, 0, 1]
+    assert history.epoch == [0, 1]
+
+
+def test_running_out_of_data_stops_with_a_warning(caplog):
+    model = make_model()
+    history = fit(model, make_dataset(), epochs=3, steps_per_epoch=4, engine="tfopt")  # 6 batches in all
+    assert history.epoch == [0, 1]
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert "ran out after 2 steps" in caplog.text
+
+
+def test_checkpoint_resume_equals_uninterrupted_training(tmp_path):
+    straight = make_model()
+    fit(straight, make_dataset(), epochs=3, engine="tfopt")
+    interrupted = make_model()
+    fit(interrupted, make_dataset(), epochs=2, checkpoint_dir=tmp_path, engine="tfopt")
+    resumed = make_model()  # a fresh process would start here, from random weights
+    history = fit(resumed, make_dataset(), epochs=3, checkpoint_dir=tmp_path, engine="tfopt")
+    assert history.epoch == [2]
+    assert sorted(os.listdir(tmp_path))[:1] == ["checkpoint"]
+    for got, want in zip(resumed.get_weights(), straight.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, words", [({"engine": "fast"}, "Expected one of"), ({"epochs": 0}, "positive")])
+def test_bad_arguments_raise(kwargs, words):
+    with pytest.raises(RecipeConfigError, match=words):
+        fit(make_model(), make_dataset(), **kwargs)
+
+
+@pytest.mark.slow
+def test_mirrored_two_cpus_matches_single_device():
+    """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
+    completed = subprocess.run([sys.executable, str(HERE / "mirrored_script.py")], capture_output=True, text=True,
+                               timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
+    results = json.loads(lines[0][len("RESULT "):])
+    assert "mirrored with 2 replica(s)" in results["applied"]
+    for engine in ("tfopt", "keras"):
+        run = results[engine]
+        assert run["replicas"] == 2 and run["variable_type"] == "MirroredVariable"
+        assert run["components_before_equal"] and run["components_after_max_diff"] == 0.0
+        np.testing.assert_allclose(run["loss"], results["single"]["loss"], rtol=1e-5)
+        for got, want in zip(run["weights"], results["single"]["weights"]):
+            np.testing.assert_allclose(got, want, atol=1e-5)

@@ -1,0 +1,110 @@
+"""analyze: xprof's breakdown of real captures, its agreement with tfopt's own trace reading, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfopt.errors import MeasurementError
+from tfopt.profiling import analyze as analyze_module
+from tfopt.profiling.analyze import CATEGORY_LABELS, StepBreakdown, analyze, find_xplane, xprof_breakdown
+from tfopt.profiling.trace import trace_breakdown
+
+def test_find_xplane_errors_name_the_directory(tmp_path):
+    with pytest.raises(MeasurementError, match="No profiler capture"):
+        find_xplane(tmp_path)
+    for run in ("a", "b"):
+        (tmp_path / "plugins/profile" / run).mkdir(parents=True)
+        (tmp_path / "plugins/profile" / run / "host.xplane.pb").write_bytes(b"")
+    with pytest.raises(MeasurementError, match="2 captures under"):
+        find_xplane(tmp_path)
+
+
+def test_breakdown_rejects_no_steps():
+    with pytest.raises(MeasurementError, match="at least one step"):
+        StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=())
+
+
+def test_xprof_and_trace_agree_on_a_real_capture(starved_profile):
+    """Both readings of the same capture, step by step: xprof's "Input" is the IteratorGetNext waits."""
+    capture = starved_profile.capture
+    xprof = xprof_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
+    trace = trace_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
+    assert xprof.source == "xprof" and trace.source == "trace"
+    assert len(xprof.step_seconds) == len(trace.step_seconds) == len(capture.step_numbers)
+    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-5)
+    assert xprof.input_seconds == pytest.approx(trace.input_seconds, rel=1e-3, abs=5e-5)
+    assert xprof.input_percent == pytest.approx(trace.input_percent, abs=0.5)
+    assert sum(xprof.categories.values()) == pytest.approx(xprof.step_seconds_mean, rel=1e-3)
+
+
+def test_real_capture_analysis_uses_xprof_with_cpu_details(starved_profile):
+    breakdown = starved_profile.breakdown
+    assert breakdown.source == "xprof" and breakdown.hardware_type == "CPU_ONLY"
+    assert breakdown.input_split is not None and sum(breakdown.input_split.values()) == pytest.approx(1.0)
+    # The pipeline's work is a map (a Python sleep): preprocessing, no file reads.
+    assert breakdown.input_split["preprocessing"] > 0.9 and breakdown.input_split["file_read"] == 0.0
+    assert breakdown.compute_16bit_percent is None  # xprof reports precision for devices only
+    assert set(breakdown.categories) == set(CATEGORY_LABELS)
+
+
+def test_analyze_falls_back_to_the_trace_when_xprof_fails(starved_profile, monkeypatch):
+    def unavailable(xplane, tool):
+        raise MeasurementError("xprof is not installed")
+
+    monkeypatch.setattr(analyze_module, "_xprof_tool", unavailable)
+    capture = starved_profile.capture
+    breakdown = analyze(capture.logdir, step_numbers=capture.step_numbers)
+    assert breakdown.source == "trace"
+    assert breakdown.input_percent == pytest.approx(starved_profile.breakdown.input_percent, abs=0.5)
+
+
+def test_xprof_without_the_requested_steps_is_an_error(starved_profile):
+    with pytest.raises(MeasurementError, match=r"xprof found no steps among \[1000\]"):
+        xprof_breakdown(starved_profile.capture.xplane_path, step_numbers={1000})
+
+
+def _step_table(rows):
+    columns = ["stepnum", "deviceComputeTimeMs", "deviceToDeviceTimeMs", "deviceCollectivesTimeMs",
+               "hostComputeTimeMs", "kernelLaunchTimeMs", "infeedTimeMs", "outfeedTimeMs", "compileTimeMs",
+               "otherTimeMs", "tooltip", "stepTimeMs"]
+    return {"cols": [{"id": column} for column in columns], "p": {"hardware_type": "GPU"},
+            "rows": [{"c": [{"v": value} for value in row]} for row in rows]}
+
+
+def test_xprof_gpu_tables_map_to_the_breakdown(monkeypatch, tmp_path):
+    """The GPU columns and properties, from tables shaped like xprof's, without a GPU."""
+    pipeline = [
+        {"cols": [], "rows": []},
+        _step_table([
+            # step, device, d2d, collectives, host, launch, input, output, compile, other, tooltip, total
+            ["train 2", 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, "", 81.0],  # not a measured step
+            ["train 3", 50.0, 1.0, 4.0, 5.0, 10.0, 20.0, 0.0, 0.0, 10.0, "", 100.0],
+            ["train 4", 70.0, 1.0, 4.0, 5.0, 10.0, 0.0, 0.0, 0.0, 10.0, "", 100.0],
+        ]),
+        {"cols": [], "rows": [], "p": {"preprocessing_us": "300.0", "demanded_file_read_us": "500.0",
+                                        "advanced_file_read_us": "100.0", "enqueue_us": "100.0",
+                                        "unclassified_nonequeue_us": "0.000"}},
+    ]
+    overview = [{"cols": [], "rows": [], "p": {"device_compute_16bit_percent": "7.5%",
+                                                "memory_bw_utilization_relative_to_hw_limit": "0.0%",
+                                                "flop_rate_utilization_relative_to_roofline": "41.0%"}}]
+    monkeypatch.setattr(analyze_module, "_xprof_tool",
+                        lambda xplane, tool: pipeline if tool == "input_pipeline_analyzer" else overview)
+    breakdown = xprof_breakdown(tmp_path / "x.xplane.pb", step_numbers={3, 4})
+    assert breakdown.hardware_type == "GPU" and breakdown.step_seconds == (0.1, 0.1)
+    assert breakdown.device_compute_seconds == pytest.approx(0.060)
+    assert breakdown.collectives_seconds == pytest.approx(0.005)  # collectives + device-to-device
+    assert breakdown.input_seconds == pytest.approx(0.010) and breakdown.kernel_launch_seconds == pytest.approx(0.010)
+    assert sum(breakdown.categories.values()) == pytest.approx(0.1)
+    assert breakdown.input_split == pytest.approx({"preprocessing": 0.3, "file_read": 0.6, "enqueue": 0.1, "other": 0.0})
+    assert breakdown.compute_16bit_percent == 7.5
+    assert breakdown.memory_bandwidth_percent is None  # xprof's 0.0% means "not measured"
+    assert breakdown.flop_rate_percent == 41.0
+
+
+def test_xprof_and_trace_agree_on_a_tuned_capture(tuned_profile):
+    capture = tuned_profile.capture
+    xprof = xprof_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
+    trace = trace_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
+    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-5)
+    assert xprof.input_seconds == pytest.approx(trace.input_seconds, rel=1e-2, abs=5e-5)

@@ -1,0 +1,150 @@
+"""capture / profile: what a real capture holds, state kept, bad datasets rejected, failures and
+interruptions leave the profiler stopped and earlier reports untouched."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.errors import DataError, MeasurementError
+from tfopt.profiling import capture as capture_module
+from tfopt.profiling.analyze import analyze
+from tfopt.profiling.capture import capture, profile
+from tfopt.profiling.report import compare
+
+from .conftest import BATCH, STEPS, WARMUP_STEPS
+
+
+def _small_model() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    return model
+
+
+def _numbers(count: int, batch: int = 4) -> tf.data.Dataset:
+    """Batches of (i, i, i, i) -> i for i in range(count)."""
+    values = np.arange(count, dtype=np.float32)
+    return tf.data.Dataset.from_tensor_slices((np.repeat(values[:, None], 4, axis=1), values[:, None])).batch(batch)
+
+
+def _assert_profiler_free(tmp_path) -> None:
+    """A new profiler session starts: the failed capture did not leave one running."""
+    tf.profiler.experimental.start(str(tmp_path / "probe"))
+    tf.profiler.experimental.stop()
+
+
+def test_profile_holds_the_measured_steps(starved_profile):
+    captured = starved_profile.capture
+    assert captured.step_numbers == tuple(range(WARMUP_STEPS, WARMUP_STEPS + STEPS))
+    assert len(captured.step_times.seconds) == STEPS and captured.step_times.batch_size == BATCH
+    assert len(captured.step_end_seconds) == STEPS
+    assert list(captured.step_end_seconds) == sorted(captured.step_end_seconds)
+    assert captured.xplane_path.is_file() and captured.xplane_path.name.endswith(".xplane.pb")
+    assert captured.xplane_path.parent.parent == captured.logdir / "plugins" / "profile"
+    assert len(starved_profile.breakdown.step_seconds) == STEPS
+    assert len(starved_profile.measurement.real.seconds) == len(starved_profile.measurement.ceiling.seconds) == STEPS
+    assert starved_profile.steps_per_epoch == 1024 // BATCH
+    # Host samples cover the run: the first at its start, the last after the last step.
+    host = starved_profile.samples.of("host")
+    assert host[0].seconds == pytest.approx(0.0, abs=0.05) and host[-1].seconds >= captured.step_end_seconds[-1]
+    assert json.loads(json.dumps(starved_profile.to_dict()))["logdir"] == str(captured.logdir)
+
+
+def test_profiling_overhead_compares_profiled_and_unprofiled_speed(starved_profile):
+    expected = 1 - starved_profile.capture.step_times.steps_per_second / starved_profile.measurement.real.steps_per_second
+    assert starved_profile.profiling_overhead == pytest.approx(expected)
+
+
+def test_profile_keeps_weights_and_optimizer_state(tmp_path):
+    model = _small_model()
+    model.fit(_numbers(32), epochs=1, verbose=0)
+    before = [v.numpy().copy() for v in [*model.weights, *model.optimizer.variables]]
+    result = profile(model, _numbers(64), steps=3, warmup_steps=1, logdir=tmp_path)
+    after = [v.numpy() for v in [*model.weights, *model.optimizer.variables]]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert result.breakdown.source == "xprof" and len(result.breakdown.step_seconds) == 3
+
+
+@pytest.mark.parametrize(("dataset", "message"), [
+    (_numbers(0), "has 0 batches; profiling needs at least 2"),
+    (_numbers(3, batch=4), "has 1 batch; profiling needs at least 2"),
+    (tf.data.Dataset.range(10).filter(lambda i: i > 8).map(lambda i: (tf.fill([1, 4], 1.0), tf.fill([1, 1], 1.0))),
+     "has 1 batch"),  # cardinality unknown to tf.data: counted by reading
+    ([1, 2, 3], "Expected a batched tf.data.Dataset, received list"),
+    (tf.data.Dataset.range(8).batch(2), "must be an \\(inputs, targets\\[, sample_weights\\]\\) tuple"),
+])
+def test_unprofilable_datasets_are_clear_errors(dataset, message):
+    with pytest.raises(DataError, match=message):
+        profile(_small_model(), dataset, steps=2, warmup_steps=1)
+
+
+def test_capture_checks_its_step_counts(tmp_path):
+    with pytest.raises(MeasurementError, match="steps >= 2 and warmup_steps >= 1; received steps=1"):
+        capture(_small_model(), _numbers(16), steps=1, warmup_steps=1, batch_size=4, logdir=tmp_path)
+
+
+def test_several_steps_per_execution_is_refused(tmp_path):
+    model = _small_model()
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=4)
+    with pytest.raises(MeasurementError, match="steps_per_execution=4: Keras then runs 4 steps per call"):
+        profile(model, _numbers(64), steps=2, warmup_steps=1, logdir=tmp_path)
+
+
+def test_failed_capture_stops_the_profiler_and_leaves_reports_untouched(tmp_path, make_fake_profile):
+    report_path = compare(make_fake_profile(), make_fake_profile(input_ms=1.0)).save(tmp_path / "report.html")
+    original = report_path.read_bytes()
+    # Element 30 fails: batch 7 of 4-element batches, a measured step under the profiler.
+    failing = tf.data.Dataset.range(100).map(_fail_at(30)).batch(4)
+    with pytest.raises(MeasurementError, match=r"(?s)stopped after 7 of 12 steps \(InvalidArgumentError.*element 30 is "
+                                               r"broken.*reports written before are untouched"):
+        capture(_small_model(), failing, steps=8, warmup_steps=3, batch_size=4, logdir=tmp_path / "logs")
+    assert report_path.read_bytes() == original
+    _assert_profiler_free(tmp_path)
+
+
+def _fail_at(index: int):
+    def check(i):
+        tf.debugging.assert_none_equal(i, tf.constant(index, tf.int64), message=f"element {index} is broken")
+        value = tf.cast(i, tf.float32)
+        return tf.fill([4], value), tf.reshape(value, [1])
+
+    return check
+
+
+def test_interrupted_capture_stops_the_profiler_and_says_how_far_it_got(tmp_path, monkeypatch):
+    original_end = capture_module._ProfiledSteps.on_train_batch_end
+
+    def interrupt_at_step_five(self, batch, logs=None):
+        original_end(self, batch, logs)
+        if batch == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(capture_module._ProfiledSteps, "on_train_batch_end", interrupt_at_step_five)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        capture(_small_model(), _numbers(64), steps=6, warmup_steps=2, batch_size=4, logdir=tmp_path / "logs")
+    assert any("stopped after 6 of 9 steps" in note for note in getattr(raised.value, "__notes__", []))
+    _assert_profiler_free(tmp_path)
+
+
+def test_a_running_profiler_session_is_reported(tmp_path):
+    tf.profiler.experimental.start(str(tmp_path / "theirs"))
+    try:
+        with pytest.raises(MeasurementError, match="Another profiling session is probably running"):
+            capture(_small_model(), _numbers(32), steps=2, warmup_steps=1, batch_size=4, logdir=tmp_path / "ours")
+    finally:
+        tf.profiler.experimental.stop()
+
+
+def test_captures_into_one_logdir_are_told_apart(tmp_path):
+    model, data = _small_model(), _numbers(32)
+    first = capture(model, data, steps=2, warmup_steps=1, batch_size=4, logdir=tmp_path)
+    second = capture(model, data, steps=2, warmup_steps=1, batch_size=4, logdir=tmp_path)
+    assert second.xplane_path.is_file() and second.logdir == first.logdir == tmp_path
+    # Whether or not both runs started within the same second (and so share a file), the second
+    # capture names a file holding its own measured steps.
+    assert len(analyze(second.xplane_path, step_numbers=second.step_numbers).step_seconds) == 2

@@ -1,0 +1,155 @@
+"""diagnose: every bottleneck class from constructed breakdowns (thresholds at their edges), then real
+captures of a starved and a tuned pipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfopt.hardware import Gpu, Hardware
+from tfopt.profiling import diagnose as d
+from tfopt.profiling.analyze import StepBreakdown
+from tfopt.profiling.diagnose import Diagnosis, diagnose, diagnose_breakdown
+
+CPU = Hardware(cpu_count=2)
+CPU_BF16 = Hardware(cpu_count=2, cpu_flags=frozenset({"avx512_bf16"}))
+V100 = Hardware(gpus=(Gpu("Tesla V100", (7, 0), 16 * 2**30),), cpu_count=8)
+P100 = Hardware(gpus=(Gpu("Tesla P100", (6, 0), 16 * 2**30),), cpu_count=8)
+TPU = Hardware(tpu_cores=8)
+
+
+def breakdown(*, step=100.0, input_=0.0, host=None, device=0.0, launch=0.0, compile_=0.0, collectives=0.0,
+              other=0.0, split=None, bits16=None, bandwidth=None, flops=None, hardware_type="GPU"):
+    """A breakdown of one 100 ms step (by default): the arguments are milliseconds; host compute takes the rest."""
+    if host is None:
+        host = step - input_ - device - launch - compile_ - collectives - other
+    return StepBreakdown(
+        source="xprof", hardware_type=hardware_type, step_seconds=(step / 1000,), input_seconds=input_ / 1000,
+        host_compute_seconds=host / 1000, device_compute_seconds=device / 1000, kernel_launch_seconds=launch / 1000,
+        compile_seconds=compile_ / 1000, collectives_seconds=collectives / 1000, other_seconds=other / 1000,
+        input_split=split, compute_16bit_percent=bits16, memory_bandwidth_percent=bandwidth, flop_rate_percent=flops)
+
+
+def only(diagnosis: Diagnosis):
+    assert len(diagnosis.findings) == 1, diagnosis.summary
+    return diagnosis.findings[0]
+
+
+@pytest.mark.parametrize(("input_ms", "severity"), [(4.99, None), (5.0, "moderate"), (19.99, "moderate"),
+                                                    (20.0, "high"), (80.0, "high")])
+def test_input_bound_thresholds_are_the_profilers(input_ms, severity):
+    diagnosis = diagnose_breakdown(breakdown(input_=input_ms, device=90.0 - input_ms), V100)
+    if severity is None:
+        assert not diagnosis.input_bound and diagnosis.findings == ()
+    else:
+        finding = only(diagnosis)
+        assert (finding.bottleneck, finding.severity, finding.recipe) == (d.INPUT_BOUND, severity, "data_pipeline")
+        assert finding.percent == pytest.approx(input_ms) and diagnosis.input_bound
+
+
+@pytest.mark.parametrize(("split", "bottleneck", "recipe", "words"), [
+    ({"preprocessing": 0.2, "file_read": 0.7, "enqueue": 0.1, "other": 0.0}, d.STORAGE_BANDWIDTH, "tfrecord",
+     "70% of input time reads files"),
+    ({"preprocessing": 0.8, "file_read": 0.2, "enqueue": 0.0, "other": 0.0}, d.CPU_PREPROCESSING, "data_pipeline",
+     "80% of input time is preprocessing on 2 CPU core(s)"),
+    ({"preprocessing": 0.4, "file_read": 0.4, "enqueue": 0.2, "other": 0.0}, d.INPUT_BOUND, "data_pipeline",
+     "prefetching"),
+])
+def test_input_cause_picks_the_recipe(split, bottleneck, recipe, words):
+    finding = only(diagnose_breakdown(breakdown(input_=40.0, split=split, hardware_type="CPU_ONLY"), CPU))
+    assert (finding.bottleneck, finding.recipe, finding.severity) == (bottleneck, recipe, "high")
+    assert words in finding.reason and "40.0% of each step waits for input" in finding.reason
+
+
+@pytest.mark.parametrize(("launch_ms", "severity"), [(2.9, None), (3.0, "moderate"), (15.0, "high")])
+def test_launch_bound_goes_to_xla(launch_ms, severity):
+    diagnosis = diagnose_breakdown(breakdown(launch=launch_ms, device=90.0 - launch_ms, host=10.0), V100)
+    if severity is None:
+        assert diagnosis.findings == ()
+    else:
+        finding = only(diagnosis)
+        assert (finding.bottleneck, finding.severity, finding.recipe) == (d.LAUNCH_BOUND, severity, "xla")
+
+
+@pytest.mark.parametrize(("collectives_ms", "severity"), [(2.9, None), (3.0, "moderate"), (15.0, "high")])
+def test_multi_device_sync_goes_to_distribution(collectives_ms, severity):
+    diagnosis = diagnose_breakdown(breakdown(collectives=collectives_ms, device=90.0 - collectives_ms, host=10.0), V100)
+    if severity is None:
+        assert diagnosis.findings == ()
+    else:
+        finding = only(diagnosis)
+        assert (finding.bottleneck, finding.severity, finding.recipe) == (d.MULTI_DEVICE_SYNC, severity, "distribution")
+
+
+def test_compilation_inside_measured_steps():
+    finding = only(diagnose_breakdown(breakdown(compile_=30.0, device=60.0, host=10.0), V100))
+    assert (finding.bottleneck, finding.severity, finding.recipe) == (d.COMPILATION, "high", "data_pipeline")
+    assert "drop_remainder=True" in finding.reason
+
+
+def test_memory_bound_compute_goes_to_xla():
+    finding = only(diagnose_breakdown(breakdown(device=80.0, bandwidth=85.0, flops=20.0, bits16=60.0), V100))
+    assert (finding.bottleneck, finding.severity, finding.recipe) == (d.MEMORY_BOUND, "high", "xla")
+    # Compute-bound (FLOPs above bandwidth) is not memory-bound.
+    assert diagnose_breakdown(breakdown(device=80.0, bandwidth=30.0, flops=70.0, bits16=60.0), V100).findings == ()
+
+
+@pytest.mark.parametrize(("hardware", "expected"), [(V100, True), (TPU, True), (CPU_BF16, True), (P100, False),
+                                                    (CPU, False)])
+def test_fp32_compute_needs_hardware_with_16bit_units(hardware, expected):
+    diagnosis = diagnose_breakdown(breakdown(device=90.0, bits16=2.0), hardware)
+    assert (d.FP32_COMPUTE in diagnosis.bottlenecks) is expected
+    if expected:
+        assert only(diagnosis).recipe == "mixed_precision" and only(diagnosis).percent == 2.0
+
+
+def test_fp32_share_at_the_threshold_is_fine():
+    assert diagnose_breakdown(breakdown(device=90.0, bits16=10.0), V100).findings == ()
+
+
+def test_small_batch_on_a_gpu_goes_to_batch_size_or_grad_accum():
+    idle_gpu = breakdown(device=30.0, host=50.0, other=20.0)
+    finding = only(diagnose_breakdown(idle_gpu, V100))
+    assert (finding.bottleneck, finding.recipe, finding.percent) == (d.SMALL_BATCH, "batch_size", pytest.approx(70.0))
+    full = only(diagnose_breakdown(idle_gpu, V100, peak_memory_fraction=0.9))
+    assert (full.bottleneck, full.recipe) == (d.SMALL_BATCH, "grad_accum") and "90% full" in full.reason
+    # On a CPU-only machine the breakdown cannot tell per-step overhead from compute: no claim.
+    assert diagnose_breakdown(breakdown(host=100.0, hardware_type="CPU_ONLY"), CPU).findings == ()
+
+
+def test_findings_are_ordered_high_first_then_by_share():
+    diagnosis = diagnose_breakdown(breakdown(input_=25.0, launch=4.0, collectives=16.0, device=50.0, host=5.0), V100)
+    assert diagnosis.bottlenecks == (d.INPUT_BOUND, d.MULTI_DEVICE_SYNC, d.LAUNCH_BOUND)
+    assert diagnosis.recipes == ("data_pipeline", "distribution", "xla")
+    assert diagnosis.summary.startswith("input_bound (high, 25.0%) -> data_pipeline")
+
+
+def test_healthy_run_has_no_findings_and_says_so():
+    diagnosis = diagnose_breakdown(breakdown(input_=1.0, device=95.0, bits16=80.0), V100)
+    assert diagnosis.findings == () and diagnosis.recipes == ()
+    assert diagnosis.summary == "No bottleneck above the profiler's thresholds (1.0% of step time waits for input)."
+    assert diagnosis.to_dict()["input_percent"] == pytest.approx(1.0)
+
+
+def test_diagnose_takes_a_profile_or_a_breakdown(make_fake_profile):
+    fake = make_fake_profile(gpus=1, input_ms=2.0)
+    from_profile = diagnose(fake)  # the profile's hardware and memory samples are used
+    assert from_profile == fake.diagnosis
+    assert diagnose(fake.breakdown, fake.hardware) == diagnose_breakdown(fake.breakdown, fake.hardware)
+    with pytest.raises(TypeError, match="takes a Profile .* or a StepBreakdown; received dict"):
+        diagnose({"input_percent": 50})
+
+
+def test_starved_pipeline_is_input_bound(starved_profile):
+    diagnosis = starved_profile.diagnosis
+    assert starved_profile.breakdown.input_percent > 20.0
+    assert diagnosis.input_bound
+    first = diagnosis.findings[0]
+    assert (first.bottleneck, first.severity, first.recipe) == (d.CPU_PREPROCESSING, "high", "data_pipeline")
+    # The compute-only ceiling agrees: fed from memory, the same model runs much faster.
+    assert starved_profile.measurement.utilization < 0.8
+
+
+def test_tuned_pipeline_is_not_input_bound(tuned_profile):
+    assert tuned_profile.breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT
+    assert not tuned_profile.diagnosis.input_bound
+    assert tuned_profile.diagnosis.findings == ()

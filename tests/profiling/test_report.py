@@ -1,0 +1,301 @@
+"""report: every format shows the JSON's numbers, the figures hold the right series, the HTML renders in
+a headless browser, and saving never leaves a half-written report."""
+
+from __future__ import annotations
+
+import base64
+import html.parser
+import json
+import math
+import os
+import shutil
+import subprocess
+import types
+
+import pytest
+
+from tfopt.plan import Step
+from tfopt.profiling import report as report_module
+from tfopt.profiling.analyze import CATEGORY_LABELS
+from tfopt.profiling.report import SUMMARY_ROWS, Report, compare, write_atomic
+
+
+class _Tables(html.parser.HTMLParser):
+    """Collects every <table id=...> as a list of rows of cell texts, and every <img> src."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.images: list[str] = []
+        self._table = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag == "table":
+            self._table = self.tables.setdefault(attributes.get("id", ""), [])
+        elif tag == "tr" and self._table is not None:
+            self._table.append([])
+        elif tag in ("td", "th") and self._table is not None:
+            self._cell = []
+        elif tag == "img":
+            self.images.append(attributes["src"])
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._table[-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _markdown_table(markdown: str, after_heading: str | None = None) -> list[list[str]]:
+    lines = markdown.splitlines()
+    start = lines.index(after_heading) if after_heading else 0
+    rows, seen = [], False
+    for line in lines[start:]:
+        if line.startswith("|"):
+            seen = True
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif seen:
+            break
+    return [rows[0], *rows[2:]]  # without the |---| line
+
+
+def _r(value: float) -> float:
+    """The reports' rounding, written out independently: 4 significant digits, whole part kept."""
+    return float(f"{value:.{max(4, len(str(int(abs(value)))))}g}")
+
+
+def _value(cell: str):
+    return None if cell == "n/a" else float(cell)
+
+
+def _assert_table_matches(rows, data, keys):
+    header, body = rows[0], rows[1:]
+    assert header[1:] == list(data["runs"])
+    assert len(body) == len(keys)
+    for row, key in zip(body, keys):
+        for cell, run in zip(row[1:], data["runs"].values()):
+            expected = key(run)
+            assert _value(cell) == expected, (row[0], cell, expected)
+
+
+@pytest.fixture
+def fake_report(make_fake_profile):
+    before = make_fake_profile(step_ms=40.0, input_ms=20.0, gpus=1)
+    after = make_fake_profile(step_ms=21.0, input_ms=0.5, gpus=1)
+    return compare(before, after, applied=[Step("data_pipeline", "parallel map, prefetch 4"),
+                                           Step("xla", "no GPU supports it", skipped=True)], price_per_hour=2.5)
+
+
+@pytest.fixture(scope="module")
+def real_report(starved_profile, tuned_profile):
+    return compare(starved_profile, tuned_profile,
+                   applied=[Step("data_pipeline", "map(num_parallel_calls=32), prefetch(4)")], price_per_hour=0.4)
+
+
+SUMMARY_KEYS = [lambda run, key=key: run[key] for _, key in SUMMARY_ROWS]
+BREAKDOWN_KEYS = [lambda run, category=category: run["breakdown_ms"][category] for category in CATEGORY_LABELS]
+
+
+@pytest.mark.parametrize("which", ["fake_report", "real_report"])
+def test_markdown_and_html_show_the_json_numbers(which, request):
+    report = request.getfixturevalue(which)
+    data = json.loads(report.to_json())
+    markdown = report.to_markdown()
+    _assert_table_matches(_markdown_table(markdown), data, SUMMARY_KEYS)
+    _assert_table_matches(_markdown_table(markdown, "## Step-time breakdown (ms per step)"), data, BREAKDOWN_KEYS)
+    tables = _Tables()
+    tables.feed(report.to_html())
+    _assert_table_matches(tables.tables["summary"], data, SUMMARY_KEYS)
+    _assert_table_matches(tables.tables["breakdown"], data, BREAKDOWN_KEYS)
+    assert f"**Speedup: {data['speedup']:g}x**" in markdown
+
+
+def test_json_numbers_are_the_measurements(fake_report):
+    data = fake_report.to_dict()
+    before, after = fake_report.profiles["before"], fake_report.profiles["after"]
+    run = data["runs"]["before"]
+    real = before.measurement.real
+    assert run["steps_per_second"] == _r(real.steps_per_second)
+    assert run["examples_per_second"] == _r(real.examples_per_second)
+    assert run["input_percent"] == _r(before.breakdown.input_percent)
+    assert run["utilization_percent"] == _r(100 * before.measurement.utilization)
+    assert run["peak_memory_mib"] == 16 * 1024  # the fake GPU's highest reading: 16 GiB
+    assert run["profiling_overhead_percent"] == _r(100 * before.profiling_overhead)
+    # Cost: 100 steps per epoch on one GPU at 2.5 per GPU-hour.
+    hours = 100 / real.steps_per_second / 3600
+    assert run["accelerator_hours_per_epoch"] == _r(hours)
+    assert run["cost_per_epoch"] == _r(hours * 2.5)
+    expected_speedup = data["runs"]["after"]["steps_per_second"] / run["steps_per_second"]
+    assert data["speedup"] == _r(expected_speedup) and data["speedup"] > 1.8
+    assert [step["recipe"] for step in data["applied"]] == ["data_pipeline", "xla"]
+    assert data["runs"]["before"]["diagnosis"]["findings"][0]["recipe"] == "data_pipeline"
+    assert data["runs"]["after"]["diagnosis"]["findings"] == [] and not after.diagnosis.input_bound
+
+
+def test_report_text_has_every_section(fake_report):
+    markdown = fake_report.to_markdown()
+    for text in ("## Recipes applied", "- data_pipeline: parallel map, prefetch 4",
+                 "- xla: skipped: no GPU supports it", "## Diagnosis: before", "**cpu_preprocessing** (high",
+                 "## Diagnosis: after", "## Cost", "at 2.5 USD per hour", "## Profiling overhead",
+                 "steps/s with the profiler vs", "tensorboard --logdir /tmp/fake-logdir",
+                 "GPU memory used (NVML)", "accelerator-hours per epoch"):
+        assert text in markdown, text
+
+
+def test_cost_without_a_known_epoch_or_price(make_fake_profile):
+    report = compare(make_fake_profile(steps_per_epoch=None), make_fake_profile(steps_per_epoch=None))
+    data = report.to_dict()
+    assert data["runs"]["before"]["accelerator_hours_per_epoch"] is None
+    assert "pass steps_per_epoch= to compare()" in report.to_markdown()
+    priced = compare(make_fake_profile(), make_fake_profile(), steps_per_epoch=1000).to_dict()
+    assert priced["steps_per_epoch"] == 1000 and priced["runs"]["before"]["cost_per_epoch"] is None
+    assert priced["hours_unit"] == "machine-hours"  # no GPU in the fake: the machine is what is paid for
+
+
+def test_breakdown_figure_has_a_bar_per_run_for_each_category(real_report):
+    figure = real_report.figures()["breakdown"]
+    (axes,) = figure.axes
+    before, after = real_report.profiles["before"], real_report.profiles["after"]
+    labels = [container.get_label() for container in axes.containers]
+    assert labels == [CATEGORY_LABELS[c] for c in CATEGORY_LABELS
+                      if before.breakdown.categories[c] > 0 or after.breakdown.categories[c] > 0]
+    assert "waiting for input" in labels and "host compute" in labels
+    input_bars = axes.containers[labels.index("waiting for input")]
+    assert [bar.get_width() for bar in input_bars] == pytest.approx(
+        [before.breakdown.input_seconds * 1000, after.breakdown.input_seconds * 1000])
+    assert [tick.get_text() for tick in axes.get_yticklabels()] == ["before", "after"]
+
+
+def test_utilization_figure_plots_each_step_and_each_sample(real_report):
+    figure = real_report.figures()["utilization"]
+    ceiling_axes, hardware_axes = figure.axes
+    assert [line.get_label() for line in ceiling_axes.get_lines() if not line.get_label().startswith("_")] == [
+        "before", "after"]
+    for line, profile in zip(ceiling_axes.get_lines(), real_report.profiles.values()):
+        steps = profile.capture.step_times.seconds
+        assert list(line.get_xdata()) == pytest.approx(profile.capture.step_end_seconds)
+        assert list(line.get_ydata()) == pytest.approx(
+            [100 * profile.measurement.ceiling.median_seconds / s for s in steps])
+    host_lines = [line for line in hardware_axes.get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in host_lines] == ["before", "after"]
+    for line, profile in zip(host_lines, real_report.profiles.values()):
+        assert list(line.get_ydata()) == [s.utilization_percent for s in profile.samples.of("host")]
+    assert "host CPU use" in hardware_axes.get_ylabel()
+
+
+def test_utilization_figure_draws_every_gpu_from_nvml(make_fake_profile):
+    report = compare(make_fake_profile(gpus=2), make_fake_profile(gpus=2, input_ms=1.0))
+    hardware_axes = report.figures()["utilization"].axes[1]
+    assert [line.get_label() for line in hardware_axes.get_lines()] == [
+        "before gpu:0", "before gpu:1", "after gpu:0", "after gpu:1"]
+    assert "NVML" in hardware_axes.get_ylabel()
+
+
+def test_html_is_self_contained_with_decodable_pngs(real_report):
+    page = real_report.to_html()
+    tables = _Tables()
+    tables.feed(page)
+    assert len(tables.images) == 2
+    for source in tables.images:
+        assert source.startswith("data:image/png;base64,")
+        assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs a headless browser: apt-get install chromium")
+def test_html_opens_in_a_headless_browser(real_report, tmp_path):
+    """Opens the report as a person would; a probe script added to a copy reports what the browser saw."""
+    path = real_report.save(tmp_path / "report.html")
+    probe = ("<script>window.addEventListener('load', () => { document.body.dataset.probe = JSON.stringify({"
+             "images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),"
+             "rows: document.querySelectorAll('#summary tbody tr').length, title: document.title}); });</script>")
+    probed = tmp_path / "probed.html"
+    probed.write_text(path.read_text().replace("</body>", probe + "</body>"))
+    result = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+         "--virtual-time-budget=3000", "--dump-dom", probed.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = _Probe()
+    dom.feed(result.stdout)
+    seen = json.loads(dom.probe)
+    assert seen["title"] == "tfopt report" and seen["rows"] == len(SUMMARY_ROWS)
+    assert len(seen["images"]) == 2 and all(done and width > 300 and height > 100
+                                            for done, width, height in seen["images"])
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == []
+
+
+class _Probe(html.parser.HTMLParser):
+    probe = "null"
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "body":
+            self.probe = dict(attrs).get("data-probe", "null")
+
+
+def test_save_picks_the_format_by_suffix(fake_report, tmp_path):
+    assert json.loads(fake_report.save(tmp_path / "r.json").read_text()) == fake_report.to_dict()
+    assert fake_report.save(tmp_path / "r.md").read_text() == fake_report.to_markdown()
+    assert fake_report.save(tmp_path / "sub" / "r.html").read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(ValueError, match=r"cannot tell the format of 'r.pdf'.*\.html, \.htm, \.md"):
+        fake_report.save(tmp_path / "r.pdf")
+
+
+def test_failed_render_leaves_the_earlier_report(fake_report, tmp_path, monkeypatch):
+    path = fake_report.save(tmp_path / "report.html")
+    original = path.read_bytes()
+
+    def broken(self):
+        raise RuntimeError("matplotlib failed")
+
+    monkeypatch.setattr(Report, "to_html", broken)
+    with pytest.raises(RuntimeError, match="matplotlib failed"):
+        fake_report.save(path)
+    assert path.read_bytes() == original
+
+
+def test_failed_write_leaves_the_earlier_report_and_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    write_atomic(path, "old")
+
+    def full_disk(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_module.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(path, "new")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["report.json"]
+
+
+def test_notebooks_display_reports_and_profiles(fake_report, make_fake_profile):
+    assert fake_report._repr_html_() == fake_report.to_html()
+    single = make_fake_profile()._repr_html_()
+    tables = _Tables()
+    tables.feed(single)
+    assert tables.tables["summary"][0] == ["", "profile"] and "Speedup" not in single
+
+
+def test_compare_accepts_plans_and_names_and_checks_numbers(make_fake_profile):
+    before, after = make_fake_profile(), make_fake_profile()
+    plan = types.SimpleNamespace(applied=(Step("xla", "jit_compile=True"),))
+    assert compare(before, after, applied=plan).applied == (Step("xla", "jit_compile=True"),)
+    assert compare(before, after, applied=["tfrecord"]).applied == (Step("tfrecord", ""),)
+    with pytest.raises(ValueError, match="price_per_hour must be a finite number >= 0; received -1"):
+        compare(before, after, price_per_hour=-1)
+    with pytest.raises(ValueError, match="price_per_hour .* received nan"):
+        compare(before, after, price_per_hour=math.nan)
+    with pytest.raises(ValueError, match="steps_per_epoch must be >= 1; received 0"):
+        compare(before, after, steps_per_epoch=0)

@@ -1,0 +1,138 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
+from tfopt.errors import MeasurementError, RecipeConfigError
+from tfopt.hardware import Hardware
+from tfopt.plan import make_plan
+from tfopt.recipes import batch_size as batch_size_module
+from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch, scale_learning_rate
+from tfopt.training.peak_memory import host_rss_bytes
+
+MIB = 2**20
+
+
+def conv_plan(hardware=None, examples=256):
+    """A small CNN on 64x64x3 inputs: its activations grow host memory visibly with the batch."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64, 64, 3))
+    x = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
+    outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    images = rng.random((examples, 64, 64, 3), dtype=np.float32)
+    labels = rng.integers(0, 5, examples).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
+    return make_plan(model, dataset, hardware=hardware or Hardware())
+
+
+def test_finder_picks_the_fastest_trial_within_a_low_ram_budget():
+    plan = conv_plan()
+    budget = host_rss_bytes() + 100 * MIB  # low on purpose: batches of 96-128 need more
+    search = find_batch_size(plan, min_batch_size=8, max_batch_size=256, memory_budget_bytes=budget, trial_steps=2)
+    ok = [trial for trial in search.trials if trial.status == "ok"]
+    assert search.best_batch_size == max(ok, key=lambda trial: trial.examples_per_second).batch_size
+    assert search.best.peak_memory_bytes <= budget
+    assert all(trial.peak_memory_bytes <= budget for trial in ok)
+    assert any(trial.status in ("over_budget", "skipped") for trial in search.trials), search.to_markdown()
+    assert search.memory_kind == "host RSS" and search.to_dict()["best_batch_size"] == search.best_batch_size
+
+
+def test_gpu_path_backs_off_on_out_of_memory(monkeypatch):
+    """A faked 16 GiB V100: 64 MiB per example, device OOM from 128 up, peaks read from get_memory_info."""
+    requested = []
+
+    def fake_time_trial(model, plan, batch_size, steps, warmup_steps):
+        requested.append(batch_size)
+        if batch_size >= 128:
+            error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+            raise MeasurementError("Training failed while timing steps") from error
+        from tfopt.profiling.timing import StepTimes
+
+        return StepTimes(seconds=(0.001 * batch_size ** 0.8,) * 3, batch_size=batch_size)
+
+    memory = {"peak": 0}
+    monkeypatch.setattr(batch_size_module, "_time_trial", fake_time_trial)
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: memory.update(peak=0))
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda device: {"current": 0, "peak": requested[-1] * 64 * MIB if requested else 0})
+    search = find_batch_size(conv_plan(hardware=FAKE_HARDWARE["v100"]), min_batch_size=16, max_batch_size=1024)
+    statuses = {trial.batch_size: trial.status for trial in search.trials}
+    assert statuses[128] == "out_of_memory"
+    assert 256 not in statuses  # no size above one that ran out is tried
+    assert statuses[96] == "ok"  # refinement between the best (64) and the failure
+    assert search.best_batch_size == 96  # throughput grows with the batch here (0.2 power)
+    assert search.memory_kind == "GPU memory" and search.memory_budget_bytes == int(0.9 * 16 * 2**30)
+    assert search.best.peak_memory_bytes == 96 * 64 * MIB
+
+
+def test_rebatch_keeps_every_example_in_order():
+    data = tf.data.Dataset.range(10).map(lambda i: (i, -i)).batch(3)
+    batches = list(rebatch(data, 4).as_numpy_iterator())
+    assert [len(x) for x, _ in batches] == [4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in batches]), np.arange(10))
+    dropped = tf.data.Dataset.range(10).batch(3, drop_remainder=True)
+    assert [len(x) for x in rebatch(dropped, 4)] == [4, 4]  # 9 examples; drop_remainder kept
+
+
+def test_recipe_with_given_size_rebatches_and_scales_learning_rate():
+    plan = conv_plan()
+    result = BatchSize(batch_size=64, scale_learning_rate="linear")(plan)
+    assert result.batch_size == 64 and result.sample_inputs.shape[0] == 64
+    assert [int(x.shape[0]) for x, _ in result.dataset] == [64] * 4
+    assert result.compile_config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.04)
+    assert "batch 16 -> 64: requested; learning rate 0.01 -> 0.04 (x4" in result.applied[-1].detail
+    assert plan.batch_size == 16 and plan.compile_config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.01)
+
+
+def test_recipe_keeps_the_batch_it_already_has():
+    plan = conv_plan()
+    result = BatchSize(batch_size=16)(plan)
+    assert result.dataset is plan.dataset and result.applied[-1].skipped
+
+
+def test_auto_recipe_records_the_trials():
+    plan = make_plan(make_cnn(), make_images(count=32, batch_size=8), hardware=Hardware())
+    result = BatchSize(min_batch_size=8, max_batch_size=16, trial_steps=2)(plan)
+    detail = result.applied[-1].detail
+    assert "trials within the host RSS bound (8: " in detail and "16: " in detail
+    assert result.batch_size in (8, 12, 16)  # 12: the refinement at 3/4 of 16
+
+
+@pytest.mark.parametrize("rule, expected", [("linear", 0.8), ("sqrt", 0.2), ("none", 0.1)])
+def test_learning_rate_rules(rule, expected):
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}, "loss": "mse"}
+    scaled, detail = scale_learning_rate(config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128,
+                                         rule=rule)
+    assert scaled["optimizer"]["config"]["learning_rate"] == pytest.approx(expected)
+    assert config["optimizer"]["config"]["learning_rate"] == 0.1
+
+
+def test_learning_rate_schedule_is_scaled():
+    schedule = keras.saving.serialize_keras_object(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9))
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": schedule}}}
+    scaled, _ = scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="linear")
+    assert scaled["optimizer"]["config"]["learning_rate"]["config"]["initial_learning_rate"] == pytest.approx(0.2)
+
+
+def test_unscalable_learning_rate_says_how_to_fix():
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": {"class_name": "Custom", "config": {}}}}}
+    with pytest.raises(RecipeConfigError, match="scale_learning_rate='none'"):
+        scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="sqrt")
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"batch_size": 0}, "Expected 'auto' or a positive integer"),
+    ({"batch_size": "max"}, "batch_size='max'"),
+    ({"min_batch_size": 64, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size"),
+    ({"trial_steps": 1}, "trial_steps >= 2"),
+    ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1"),
+    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'"),
+])
+def test_bad_settings(settings, words):
+    with pytest.raises(RecipeConfigError, match=words):
+        BatchSize(**settings)

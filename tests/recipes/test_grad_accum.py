@@ -1,0 +1,111 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import make_cnn, make_images
+from tfopt.errors import RecipeConfigError
+from tfopt.plan import make_plan
+from tfopt.recipes.grad_accum import GradAccum, with_gradient_accumulation
+
+MICRO_BATCH, STEPS, UPDATES = 4, 4, 2
+
+
+def dense_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(2)])
+
+
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(MICRO_BATCH * STEPS * UPDATES, 5)).astype("float32")
+    y = rng.normal(size=(MICRO_BATCH * STEPS * UPDATES, 2)).astype("float32")
+    return x, y
+
+
+def train(optimizer, batch_size, reduction="sum_over_batch_size"):
+    model = dense_model()
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(reduction=reduction))
+    x, y = data()
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), epochs=1, verbose=0)
+    return model
+
+
+# float32 with a different summation order: equal to ~1e-7 relative; 1e-5 leaves room for Adam's sqrt.
+@pytest.mark.parametrize("optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+                                       lambda: keras.optimizers.Adam(0.01)], ids=["sgd", "adam"])
+def test_accumulated_micro_batches_equal_one_large_batch(optimizer):
+    accumulated = train(with_gradient_accumulation(optimizer(), STEPS), MICRO_BATCH)
+    large = train(optimizer(), MICRO_BATCH * STEPS)
+    initial = dense_model()
+    assert int(accumulated.optimizer.iterations.numpy()) == int(large.optimizer.iterations.numpy()) == UPDATES
+    for got, expected, start in zip(accumulated.weights, large.weights, initial.weights, strict=True):
+        assert not np.allclose(expected.numpy(), start.numpy())  # the updates did move the weights
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_sum_reduction_gives_one_nth_of_the_update():
+    """Why the recipe rejects reduction='sum': Keras divides the accumulated gradients by N anyway."""
+    initial = dense_model()
+    accumulated = train(with_gradient_accumulation(keras.optimizers.SGD(0.001), STEPS), MICRO_BATCH, "sum")
+    large = train(keras.optimizers.SGD(0.001), MICRO_BATCH * STEPS, "sum")
+    first_update_accumulated = accumulated.weights[0].numpy() - initial.weights[0].numpy()
+    first_update_large = large.weights[0].numpy() - initial.weights[0].numpy()
+    ratio = np.linalg.norm(first_update_large) / np.linalg.norm(first_update_accumulated)
+    assert ratio == pytest.approx(STEPS, rel=0.05)
+
+
+def plan_for(model=None, loss="sparse_categorical_crossentropy"):
+    from tfopt.hardware import Hardware
+
+    model = model or make_cnn(compiled=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
+    return make_plan(model, make_images(batch_size=8), hardware=Hardware())
+
+
+def test_recipe_sets_accumulation_steps_and_records_effective_batch():
+    plan = plan_for()
+    result = GradAccum(effective_batch_size=32, scale_learning_rate="linear")(plan)
+    config = result.compile_config["optimizer"]["config"]
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["learning_rate"] == pytest.approx(0.2)
+    assert "accumulates 4 micro-batches of 8" in result.applied[-1].detail
+    assert "learning rate 0.05 -> 0.2" in result.applied[-1].detail
+    assert plan.compile_config["optimizer"]["config"]["gradient_accumulation_steps"] is None  # pure
+    assert result.batch_size == plan.batch_size  # each step still feeds one micro-batch
+
+
+def test_built_model_accumulates():
+    from tfopt.builder import build
+
+    built = build(GradAccum(steps=2)(plan_for()))
+    built.model.fit(built.dataset, epochs=1, verbose=0)  # 4 micro-batches
+    assert built.model.optimizer.gradient_accumulation_steps == 2
+    assert int(built.model.optimizer.iterations.numpy()) == 2
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"steps": 1}, "Expected an integer >= 2"),
+    ({"effective_batch_size": 1}, "effective_batch_size=1"),
+    ({"scale_learning_rate": "cubic"}, "Expected one of 'none', 'linear', 'sqrt'"),
+])
+def test_bad_settings(settings, words):
+    with pytest.raises(RecipeConfigError, match=words):
+        GradAccum(**settings)
+
+
+def test_effective_batch_must_be_a_multiple():
+    with pytest.raises(RecipeConfigError, match="effective_batch_size=20 is not a multiple .* of the batch size 8"):
+        GradAccum(effective_batch_size=20).check(plan_for())
+
+
+def test_sum_reduction_is_rejected():
+    plan = plan_for(loss=keras.losses.SparseCategoricalCrossentropy(reduction="sum"))
+    with pytest.raises(RecipeConfigError, match="reduction='sum'"):
+        GradAccum().check(plan)
+
+
+def test_functional_form_wraps_inner_optimizer_of_loss_scaling():
+    wrapped = with_gradient_accumulation(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), 3)
+    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
+    assert wrapped.inner_optimizer.gradient_accumulation_steps == 3

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from tests.training.conftest import STEPS_PER_EPOCH, make_built
+from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
+from tfopt.errors import NonFiniteLossError
+
+
+def state(model):
+    return [v.numpy().copy() for v in [*model.weights, *model.optimizer.variables]]
+
+
+def test_restore_brings_back_weights_optimizer_and_step(tmp_path):
+    source = make_built(seed=0)
+    source.model.fit(source.dataset, epochs=1, verbose=0)  # Adam moments and iterations become non-zero
+    checkpoint = TrainingCheckpoint(tmp_path, source.model, steps_per_epoch=STEPS_PER_EPOCH, async_write=True)
+    checkpoint.save(10)
+    checkpoint.sync()
+
+    target = make_built(seed=1)
+    assert not np.array_equal(target.model.weights[0].numpy(), source.model.weights[0].numpy())
+    restored = TrainingCheckpoint(tmp_path, target.model, steps_per_epoch=STEPS_PER_EPOCH).restore()
+    assert restored == 10
+    assert int(target.model.optimizer.iterations.numpy()) == STEPS_PER_EPOCH
+    for saved, loaded in zip(state(source.model), state(target.model), strict=True):
+        np.testing.assert_array_equal(saved, loaded)
+
+
+def test_empty_directory_restores_nothing(tmp_path, built):
+    assert TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH).restore() is None
+
+
+def test_keeps_only_the_newest(tmp_path, built):
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=2,
+                                    async_write=False)
+    for step in range(1, 6):
+        checkpoint.save(step)
+    assert sorted(path.name for path in tmp_path.glob("*.index")) == ["ckpt-4.index", "ckpt-5.index"]
+    assert checkpoint.latest_path.endswith("ckpt-5")
+
+
+def test_never_writes_nan_weights(tmp_path, built):
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, async_write=False)
+    checkpoint.save(1)
+    bias = built.model.layers[-1].bias
+    bias.assign(np.full(bias.shape, np.nan, "float32"))
+    with pytest.raises(NonFiniteLossError, match="step 2: the model's weights contain NaN"):
+        checkpoint.save(2)
+    assert checkpoint.latest_path.endswith("ckpt-1")
+    assert not list(tmp_path.glob("ckpt-2*"))
+
+
+def test_other_model_is_rejected(tmp_path, built):
+    import keras
+
+    TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, async_write=False).save(3)
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.Dense(2), keras.layers.Dense(1)])
+    other.compile(optimizer="adam", loss="mse")
+    with pytest.raises(IncompatibleModelError, match="does not match this model"):
+        TrainingCheckpoint(tmp_path, other, steps_per_epoch=STEPS_PER_EPOCH).restore()
+
+
+def test_other_steps_per_epoch_is_rejected(tmp_path, built):
+    TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=10, async_write=False).save(3)
+    with pytest.raises(DataError, match="steps_per_epoch=10; this run has steps_per_epoch=7"):
+        TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=7).restore()
+
+
+def test_keep_must_be_positive(tmp_path, built):
+    with pytest.raises(DataError, match="received 0"):
+        TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=10, keep=0)
+
+
+def test_callback_saves_at_intervals_and_epoch_ends(tmp_path, built):
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=100,
+                                    async_write=False)
+    built.model.fit(built.dataset, epochs=2, verbose=0,
+                    callbacks=[CheckpointCallback(checkpoint, every_steps=4, steps_done=0)])
+    steps = sorted(int(path.name.split("-")[1].split(".")[0]) for path in tmp_path.glob("*.index"))
+    assert steps == [4, 8, 10, 12, 16, 20]

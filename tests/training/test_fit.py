@@ -1,0 +1,176 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests.training.conftest import STEPS_PER_EPOCH, make_built
+from tfopt.errors import DataError
+from tfopt.training.checkpointing import TrainingCheckpoint
+from tfopt.training.fit import train
+from tfopt.errors import NonFiniteLossError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Crash(Exception):
+    """Stands in for a crash mid-run (the SIGKILL test below does it for real, in a subprocess)."""
+
+
+class CrashAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            raise Crash
+
+
+def weights(built):
+    return [w.numpy() for w in built.model.weights]
+
+
+# Crash at step 15; checkpoints every 4 steps and at epoch ends: the newest is at 12 (10 per epoch) or 14 (7).
+@pytest.mark.parametrize("steps_per_epoch, newest_checkpoint", [(None, 12), (7, 14)],
+                         ids=["one_pass_per_epoch", "stream"])
+def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, newest_checkpoint):
+    epochs = 3
+    reference = make_built()
+    uninterrupted = train(reference, epochs=epochs, steps_per_epoch=steps_per_epoch)
+    steps = epochs * (steps_per_epoch or STEPS_PER_EPOCH)
+    assert uninterrupted.global_step == steps and uninterrupted.last_checkpoint is None
+
+    first = make_built()
+    with pytest.raises(Crash):
+        train(first, epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path,
+              checkpoint_every_steps=4, callbacks=[CrashAt(15)])
+    resumed = train(make_built(seed=5), epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path,
+                    checkpoint_every_steps=4)
+
+    assert resumed.resumed_from_step == newest_checkpoint
+    assert resumed.steps_run == steps - newest_checkpoint and resumed.global_step == steps
+    assert len(resumed.history["loss"]) == epochs - newest_checkpoint // (steps_per_epoch or STEPS_PER_EPOCH)
+    assert int(resumed_model_iterations(tmp_path)) == steps
+    # Same data, same order, same optimizer state: the resumed run ends where the uninterrupted one does.
+    for expected, actual in zip(weights(reference), resumed_weights(tmp_path), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def resumed_model_iterations(directory):
+    built = make_built(seed=9)
+    TrainingCheckpoint(directory, built.model, steps_per_epoch=built_steps(directory)).restore()
+    return built.model.optimizer.iterations.numpy()
+
+
+def resumed_weights(directory):
+    built = make_built(seed=9)
+    TrainingCheckpoint(directory, built.model, steps_per_epoch=built_steps(directory)).restore()
+    return weights(built)
+
+
+def built_steps(directory):
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(directory))
+    return int(reader.get_tensor("steps_per_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_finished_run_started_again_trains_nothing(tmp_path):
+    train(make_built(), epochs=2, checkpoint_dir=tmp_path)
+    again = train(make_built(), epochs=2, checkpoint_dir=tmp_path)
+    assert (again.resumed_from_step, again.steps_run, again.history) == (2 * STEPS_PER_EPOCH, 0, {})
+    more = train(make_built(), epochs=3, checkpoint_dir=tmp_path)
+    assert (more.steps_run, more.global_step, len(more.history["loss"])) == (STEPS_PER_EPOCH, 30, 1)
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
+    poisoned = make_built(poison_batch=6)  # global step 7 sees NaN inputs
+    with pytest.raises(NonFiniteLossError) as error:
+        train(poisoned, epochs=2, checkpoint_dir=tmp_path, checkpoint_every_steps=2)
+    message = str(error.value)
+    assert "Training stopped at step 7: the loss is nan" in message
+    assert error.value.step == 7
+    assert error.value.last_good_checkpoint.endswith("ckpt-6") and "ckpt-6" in message
+    assert not list(tmp_path.glob("ckpt-7*")) and not list(tmp_path.glob("ckpt-8*"))
+    fresh = make_built(seed=3)
+    assert TrainingCheckpoint(tmp_path, fresh.model, steps_per_epoch=STEPS_PER_EPOCH).restore() == 6
+    assert all(np.isfinite(w).all() for w in weights(fresh))
+
+
+def test_nan_without_checkpoints_still_stops():
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
+        train(make_built(poison_batch=2), epochs=1)
+
+
+def test_unknown_length_is_counted(built):
+    import dataclasses
+
+    filtered = dataclasses.replace(built, dataset=built.dataset.filter(lambda x, y: True))
+    assert train(filtered, epochs=1).steps_per_epoch == STEPS_PER_EPOCH
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"epochs": 0}, "epochs must be a positive integer; received 0"),
+    ({"epochs": 1, "steps_per_epoch": 0}, "steps_per_epoch must be a positive integer or None"),
+    ({"epochs": 1, "checkpoint_every_steps": 0}, "checkpoint_every_steps must be a positive integer"),
+])
+def test_bad_arguments(built, kwargs, words):
+    with pytest.raises(DataError, match=words):
+        train(built, **kwargs)
+
+
+def test_infinite_dataset_needs_steps_per_epoch(built):
+    import dataclasses
+
+    endless = dataclasses.replace(built, dataset=built.dataset.repeat())
+    with pytest.raises(DataError, match="Pass steps_per_epoch"):
+        train(endless, epochs=1)
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import keras
+    sys.path.insert(0, {repo!r})
+    from tests.training.conftest import make_built
+    from tfopt.training.fit import train
+
+    kill_at = int(sys.argv[2])
+
+    class KillAt(keras.callbacks.Callback):
+        seen = 0
+        def on_train_batch_end(self, batch, logs=None):
+            KillAt.seen += 1
+            if KillAt.seen == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    result = train(make_built(), epochs=3, checkpoint_dir=sys.argv[1], checkpoint_every_steps=5,
+                   callbacks=[KillAt()])
+    print("RESULT", result.resumed_from_step, result.steps_run, result.global_step, len(result.history["loss"]))
+""")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_restart_finishes_all_steps(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(repo=str(REPO)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    directory = tmp_path / "ckpt"
+    killed = subprocess.run([sys.executable, str(script), str(directory), "17"], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    restarted = subprocess.run([sys.executable, str(script), str(directory), "0"], capture_output=True, text=True,
+                               env=env, timeout=300)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    resumed_from, steps_run, global_step, epochs_logged = map(int, restarted.stdout.split("RESULT")[1].split())
+    # Killed at step 17 of epoch 2 (of 3); checkpoints every 5 steps and at epoch ends (10): at most
+    # the steps since the newest complete checkpoint are trained again.
+    assert resumed_from in (10, 15)
+    assert global_step == 3 * STEPS_PER_EPOCH == resumed_from + steps_run
+    assert epochs_logged == 2  # the rest of epoch 2, then epoch 3: no epoch lost, none repeated

@@ -1,0 +1,253 @@
+"""Training under any strategy, including the multi-worker case where Keras 3's `fit` fails.
+
+Keras 3 `model.fit` under MultiWorkerMirroredStrategy with two or more workers raises "Attempt to
+convert a value (PerReplica...) to a Tensor" (keras-team/keras#20585, tensorflow/tensorflow#72388;
+verified with TF 2.21 / Keras 3.15, while one worker works). tfopt does not patch Keras internals:
+`fit` here runs its own train step under `strategy.run` with public Keras pieces only
+(`model.compute_loss`, `optimizer.scale_loss`, `optimizer.apply`, `keras.callbacks.CallbackList`),
+so it keeps working across Keras upgrades. With `engine="auto"` it hands over to `model.fit` wherever
+that is known to work, including multi-worker once `tfopt.distribute.probe` has seen the bug fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from tfopt.distribute.checkpoints import WorkerCheckpoint
+from tfopt.errors import DistributionError, RecipeConfigError
+
+_log = logging.getLogger("tfopt")
+ENGINES = ("auto", "tfopt", "keras")
+
+
+def fit(model: Any, dataset: Any, *, strategy: Any = None, epochs: int = 1, steps_per_epoch: int | None = None,
+        callbacks: list[Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
+        verbose: int = 0, engine: str = "auto") -> Any:
+    """Trains a compiled Keras model like `model.fit`, on one device, several, several workers or Horovod.
+
+    The model must have been built and compiled inside `strategy.scope()` (as `tfopt.build` does).
+    `dataset` yields global batches; each replica gets its share (sharded by the dataset's
+    `experimental_distribute.auto_shard_policy`, set by the distribution recipe).
+
+    Args:
+        model: A compiled Keras model.
+        dataset: A batched `tf.data.Dataset` of (inputs, targets[, sample_weights]).
+        strategy: The strategy the model was built under; None for the current one.
+        epochs: The total number of epochs, counting those a resumed run already completed.
+        steps_per_epoch: Steps per epoch; None runs each epoch to the end of the dataset. With a value, one
+            iterator is kept across epochs (as Keras does) and training stops when it runs dry.
+        callbacks: Keras callbacks (History and, with verbose, a progress bar are added). Under several
+            workers they run on every worker; guard side effects with the worker's chief status.
+        checkpoint_dir: Saves model, optimizer and epoch after each epoch here (the chief's copy is kept,
+            other workers write to temporary directories), and resumes from the latest one at start.
+        verbose: 0 silent, 1 progress bar (only on the chief).
+        engine: "tfopt" (tfopt's train step), "keras" (`model.fit`, with `BackupAndRestore` for
+            checkpoints) or "auto": Keras where it works, tfopt's step under multi-worker and Horovod.
+
+    Returns:
+        The `keras.callbacks.History` of this run (resumed runs list only the epochs they trained).
+
+    Raises:
+        DistributionError: A worker was lost or a collective timed out; restart all workers to resume.
+        RecipeConfigError: A bad argument (engine name, epochs).
+
+    Example:
+        >>> history = fit(model, dataset, epochs=2)  # doctest: +SKIP
+        >>> history.history["loss"]  # doctest: +SKIP
+        [0.71, 0.52]
+    """
+    import tensorflow as tf
+
+    if engine not in ENGINES:
+        raise RecipeConfigError(f"engine={engine!r} is not an engine. Expected one of {', '.join(ENGINES)}.")
+    if not isinstance(epochs, int) or epochs < 1:
+        raise RecipeConfigError(f"epochs={epochs!r}: expected a positive integer.")
+    strategy = strategy or tf.distribute.get_strategy()
+    if _choose_engine(engine, strategy) == "keras":
+        return _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose)
+    return _Loop(model, dataset, strategy, steps_per_epoch).run(epochs, callbacks, checkpoint_dir, verbose)
+
+
+def worker_role(strategy: Any) -> tuple[int, bool]:
+    """(worker index, is chief) of this process under `strategy`; (0, True) outside a cluster."""
+    from tfopt.distribute.horovod import HorovodStrategy
+
+    if isinstance(strategy, HorovodStrategy):
+        return strategy.worker_index, strategy.is_chief
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0, True
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    index = task_id if task_type == "chief" or not has_chief else task_id + 1
+    return index, task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
+
+
+def is_multi_worker(strategy: Any) -> bool:
+    """Whether `strategy` spans several processes (multi-worker collectives or Horovod)."""
+    from tfopt.distribute.horovod import HorovodStrategy
+
+    if isinstance(strategy, HorovodStrategy):
+        return strategy.num_replicas_in_sync > 1
+    extended = getattr(strategy, "extended", None)
+    return bool(getattr(extended, "_in_multi_worker_mode", lambda: False)())
+
+
+def _choose_engine(engine: str, strategy: Any) -> str:
+    from tfopt.distribute.horovod import HorovodStrategy
+
+    if isinstance(strategy, HorovodStrategy):
+        if engine == "keras":
+            raise RecipeConfigError(
+                "engine='keras' cannot train under Horovod: horovod.tensorflow.keras never averages "
+                "gradients on Keras 3. Use engine='tfopt' (or 'auto').")
+        return "tfopt"
+    if engine != "auto":
+        return engine
+    if not is_multi_worker(strategy):
+        return "keras"
+    from tfopt.distribute.probe import cached_keras_fit_works
+
+    return "keras" if cached_keras_fit_works() else "tfopt"
+
+
+def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose):
+    import keras
+
+    callbacks = list(callbacks or [])
+    if checkpoint_dir is not None:
+        callbacks.append(keras.callbacks.BackupAndRestore(os.fspath(checkpoint_dir)))
+    return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
+                     verbose=verbose)
+
+
+class _Loop:
+    """tfopt's training loop: one compiled step function, run by the strategy on every replica."""
+
+    def __init__(self, model: Any, dataset: Any, strategy: Any, steps_per_epoch: int | None):
+        import tensorflow as tf
+
+        from tfopt.distribute.horovod import HorovodStrategy
+
+        if model.optimizer is None:
+            raise RecipeConfigError("The model is not compiled: call model.compile(optimizer=..., loss=...) "
+                                    "inside strategy.scope() before training.")
+        self.model, self.strategy, self.steps_per_epoch = model, strategy, steps_per_epoch
+        self.horovod = isinstance(strategy, HorovodStrategy)
+        self.worker_index, self.is_chief = worker_role(strategy)
+        self.lost_worker_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                                   tf.errors.CancelledError, tf.errors.AbortedError)
+        if self.horovod:
+            self.lost_worker_errors += strategy.lost_worker_errors()
+            self.dataset = strategy.shard(dataset, _global_batch_size(dataset), steps_per_epoch)
+        else:
+            self.dataset = strategy.experimental_distribute_dataset(dataset)
+        if not model.optimizer.built:
+            # Optimizer slots created lazily inside the traced step break under MirroredStrategy
+            # ("You must feed a value for placeholder"): create them up front, in the strategy's scope.
+            with strategy.scope():
+                model.optimizer.build(model.trainable_variables)
+        self.step = tf.function(self._distributed_step, reduce_retracing=True)
+
+    def _replica_step(self, data: Any) -> Any:
+        import keras
+        import tensorflow as tf
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        model = self.model
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            # compute_loss divides by the replica count under tf.distribute, so the gradients the
+            # optimizer sums across replicas are those of the global-batch mean.
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            scaled_loss = model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        if self.horovod:
+            gradients = self.strategy.average_gradients(gradients)
+            loss = self.strategy.mean(loss)
+        model.optimizer.apply(gradients, model.trainable_variables)
+        return loss
+
+    def _distributed_step(self, data: Any) -> Any:
+        import tensorflow as tf
+
+        if self.horovod:
+            return self._replica_step(data)
+        per_replica_loss = self.strategy.run(self._replica_step, args=(data,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+
+    def run(self, epochs: int, callbacks: list[Any] | None, checkpoint_dir: Any, verbose: int) -> Any:
+        import keras
+
+        checkpoint = None
+        initial_epoch = 0
+        if checkpoint_dir is not None:
+            with self.strategy.scope():
+                checkpoint = WorkerCheckpoint(checkpoint_dir, model=self.model, is_chief=self.is_chief,
+                                              worker_index=self.worker_index,
+                                              collective_save=not self.horovod)
+            initial_epoch = checkpoint.restore()
+        if self.horovod:
+            # Every rank starts from rank 0's weights and optimizer state (restored or fresh).
+            self.strategy.broadcast_variables(self.model.variables + self.model.optimizer.variables)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=bool(verbose) and self.is_chief, model=self.model,
+            verbose=verbose, epochs=epochs, steps=self.steps_per_epoch)
+        self.model.stop_training = False
+        callback_list.on_train_begin()
+        iterator = iter(self.dataset) if self.steps_per_epoch else None
+        for epoch in range(initial_epoch, epochs):
+            callback_list.on_epoch_begin(epoch)
+            logs, exhausted = self._run_epoch(iterator, callback_list, epoch)
+            if exhausted:
+                _log.warning("The dataset ran out after %d steps of epoch %d; stopping. Make the dataset "
+                             "long enough for epochs x steps_per_epoch (e.g. dataset.repeat()).",
+                             logs["steps"], epoch + 1)
+            callback_list.on_epoch_end(epoch, {"loss": logs["loss"]})
+            if checkpoint is not None and not exhausted:
+                self._guard(lambda: checkpoint.save(epoch + 1), epoch)
+            if exhausted or self.model.stop_training:
+                break
+        callback_list.on_train_end()
+        return next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
+
+    def _run_epoch(self, iterator: Any, callback_list: Any, epoch: int) -> tuple[dict[str, float], bool]:
+        iterator = iterator if iterator is not None else iter(self.dataset)
+        total, steps = 0.0, 0
+        while self.steps_per_epoch is None or steps < self.steps_per_epoch:
+            try:
+                batch = self._guard(lambda: next(iterator), epoch)
+            except StopIteration:
+                return {"loss": total / max(steps, 1), "steps": steps}, self.steps_per_epoch is not None
+            callback_list.on_train_batch_begin(steps)
+            loss = float(self._guard(lambda: self.step(batch), epoch))
+            total, steps = total + loss, steps + 1
+            callback_list.on_train_batch_end(steps - 1, {"loss": total / steps})
+            if self.model.stop_training:
+                break
+        return {"loss": total / max(steps, 1), "steps": steps}, False
+
+    def _guard(self, action: Any, epoch: int) -> Any:
+        """Runs `action`, turning a lost peer or a collective timeout into one clear DistributionError."""
+        try:
+            return action()
+        except self.lost_worker_errors as error:
+            message = getattr(error, "message", str(error))
+            raise DistributionError(
+                f"Worker {self.worker_index} lost contact with the other workers during epoch {epoch + 1} "
+                f"({type(error).__name__}: {message.strip()[:400]}). Another worker has probably died or "
+                "stalled. Restart all workers; with checkpoint_dir set, training resumes from the last "
+                "completed epoch.") from error
+
+
+def _global_batch_size(dataset: Any) -> int:
+    import tensorflow as tf
+
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    if first.shape.rank is None or first.shape[0] is None:
+        raise DistributionError(
+            "The dataset's batch size is not static, so it cannot be split evenly over Horovod ranks. "
+            "Batch it with dataset.batch(global_batch_size, drop_remainder=True).")
+    return int(first.shape[0])

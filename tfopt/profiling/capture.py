@@ -1,0 +1,317 @@
+"""Profile a model on its dataset: a TF Profiler capture, timed steps, utilization samples, a diagnosis.
+
+`capture()` trains a few steps under `tf.profiler.experimental` and writes a logdir TensorBoard opens
+(`tensorboard --logdir <logdir>`, Profile tab). Keras 3 marks its steps with names the profiler's step
+analysis does not recognise ("No step time measured"), so every step is wrapped in
+`tf.profiler.experimental.Trace("train", step_num=i, _r=1)`, which it does.
+
+xprof's step analysis drops the first and the last marked step of a capture (they may be cut off), so
+the profiler starts one step before the measured steps and one extra step runs after them: the measured
+steps are then exactly the ones it analyses.
+
+`profile()` is the public entry point: it times real training and the compute-only ceiling without
+the profiler (`timing.measure`), captures, analyses and diagnoses. The unprofiled timing is the honest
+speed; the profiled one shows what the profiler costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from tfopt.errors import DataError, MeasurementError
+from tfopt.hardware import Hardware
+from tfopt.profiling.analyze import STEP_MARKER, StepBreakdown, analyze, find_xplane
+from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
+from tfopt.profiling.monitor import Monitor, Samples
+from tfopt.profiling.timing import Measurement, StepTimes, _StepTimer, measure
+
+_log = logging.getLogger("tfopt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Capture:
+    """One profiled training run.
+
+    Attributes:
+        logdir: The directory to open in TensorBoard.
+        xplane_path: The capture file inside it.
+        step_times: Wall times of the measured steps, taken under the profiler.
+        step_numbers: The step markers' numbers of the measured steps.
+        step_end_seconds: When each measured step ended, in seconds since monitoring started (the
+            time axis the samples share).
+        samples: Utilization and memory readings taken during the run.
+    """
+
+    logdir: Path
+    xplane_path: Path
+    step_times: StepTimes
+    step_numbers: tuple[int, ...]
+    step_end_seconds: tuple[float, ...]
+    samples: Samples
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Everything tfopt measured about one model on one dataset.
+
+    Attributes:
+        measurement: Real and compute-only step times, measured without the profiler.
+        capture: The profiled run: logdir, its step times, utilization samples.
+        breakdown: Where the time of a step went.
+        diagnosis: The bottlenecks and the recipes that fix them.
+        hardware: The machine it ran on.
+        steps_per_epoch: The dataset's length in batches, where tf.data knows it.
+    """
+
+    measurement: Measurement
+    capture: Capture
+    breakdown: StepBreakdown
+    diagnosis: Diagnosis
+    hardware: Hardware
+    steps_per_epoch: int | None = None
+
+    @property
+    def logdir(self) -> Path:
+        return self.capture.logdir
+
+    @property
+    def samples(self) -> Samples:
+        return self.capture.samples
+
+    @property
+    def profiling_overhead(self) -> float:
+        """How much slower steps ran under the profiler, as a fraction (0.05 = 5% fewer steps/s).
+
+        Both speeds are medians of separate runs of the same model, so on a noisy machine this can
+        come out slightly negative.
+        """
+        return 1.0 - self.capture.step_times.steps_per_second / self.measurement.real.steps_per_second
+
+    def _repr_html_(self) -> str:
+        from tfopt.profiling.report import compare
+
+        return compare(self, None)._repr_html_()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measurement": self.measurement.to_dict(), "profiled_steps": self.capture.step_times.to_dict(),
+                "profiling_overhead": self.profiling_overhead, "breakdown": self.breakdown.to_dict(),
+                "diagnosis": self.diagnosis.to_dict(), "samples": self.samples.to_dict(),
+                "hardware": self.hardware.describe(), "logdir": str(self.logdir),
+                "steps_per_epoch": self.steps_per_epoch}
+
+
+def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5, logdir: str | Path | None = None,
+            hardware: Hardware | None = None, monitor_interval_seconds: float = 0.2) -> Profile:
+    """Measures, captures and diagnoses training `model` on `dataset`; the model's state is kept.
+
+    Runs three short trainings: real data and the compute-only ceiling without the profiler, then real
+    data under the profiler. Weights and optimizer state are restored afterwards.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched tf.data pipeline with at least 2 batches (it is repeated as needed).
+        steps: Steps measured in each run; at least 2.
+        warmup_steps: Untimed steps before each run (tracing, compilation, filling buffers); at least 1.
+        logdir: Where the capture goes (TensorBoard's --logdir); a new temporary directory by default.
+        hardware: The machine's description; detected by default.
+        monitor_interval_seconds: Time between utilization samples.
+
+    Returns:
+        The Profile.
+
+    Raises:
+        DataError: The dataset is not a tf.data.Dataset, or has fewer than 2 batches.
+        MeasurementError: Training or the capture failed; nothing already written elsewhere is touched.
+
+    Example:
+        >>> result = tfopt.profile(model, dataset, steps=20)  # doctest: +SKIP
+        >>> result.diagnosis.summary  # doctest: +SKIP
+        'cpu_preprocessing (high, 74.0%) -> data_pipeline'
+    """
+    _check_model(model)
+    steps_per_epoch, batch_size = _check_dataset(dataset)
+    if hardware is None:
+        from tfopt.hardware import detect
+
+        hardware = detect()
+    measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size)
+    with _state_restored(model):
+        captured = capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
+                           logdir=logdir, monitor_interval_seconds=monitor_interval_seconds)
+    breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
+    diagnosis = diagnose_breakdown(breakdown, hardware, peak_memory_fraction=captured.samples.peak_memory_fraction)
+    return Profile(measurement=measurement, capture=captured, breakdown=breakdown, diagnosis=diagnosis,
+                   hardware=hardware, steps_per_epoch=steps_per_epoch)
+
+
+def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+            logdir: str | Path | None = None, monitor_interval_seconds: float = 0.2) -> Capture:
+    """Trains `warmup_steps + steps + 1` steps, the measured ones under the TF Profiler with step markers.
+
+    This trains the model (use `profile()` to keep its state). If training fails or is interrupted, the
+    profiler is stopped (so a later capture can start) and the error says how far it got.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: A batched tf.data pipeline (repeated as needed).
+        steps: Steps to measure; at least 2.
+        warmup_steps: Steps before them, not measured; at least 1.
+        batch_size: Examples per step.
+        logdir: The TensorBoard logdir to write into; a new temporary directory by default.
+        monitor_interval_seconds: Time between utilization samples.
+
+    Returns:
+        The capture.
+
+    Raises:
+        MeasurementError: Arguments out of range, another profiler session is running, or training failed.
+    """
+    import tensorflow as tf
+
+    if steps < 2 or warmup_steps < 1:
+        raise MeasurementError(f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
+                               f"warmup_steps={warmup_steps}.")
+    _check_model(model)
+    logdir = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfopt-profile-"))
+    logdir.mkdir(parents=True, exist_ok=True)
+    known = _captures(logdir)
+    marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
+    monitor = Monitor(interval_seconds=monitor_interval_seconds)
+    try:
+        with monitor:
+            model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,
+                      callbacks=[marker])
+    except BaseException as error:
+        marker.close()
+        message = (f"The profiled run stopped after {marker.completed} of {warmup_steps + steps + 1} steps "
+                   f"({type(error).__name__}: {error}). The profiler was stopped; reports written before "
+                   "are untouched.")
+        if isinstance(error, Exception) and not isinstance(error, MeasurementError):
+            raise MeasurementError(message) from error
+        if hasattr(error, "add_note"):
+            error.add_note(message)
+        raise
+    marker.close()
+    new = sorted(path for path, modified in _captures(logdir).items() if known.get(path) != modified)
+    if not new:
+        raise MeasurementError(f"The profiler wrote no capture under {logdir}; check that the directory is "
+                               "writable and that TensorFlow was built with the profiler.")
+    return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=monitor.samples,
+                   step_times=StepTimes(seconds=tuple(marker.seconds[:steps]), batch_size=batch_size),
+                   step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
+                   step_end_seconds=tuple(end - monitor.start_time for end in marker.end_times[:steps]))
+
+
+class _ProfiledSteps(_StepTimer):
+    """Times steps like `timing`, marks each one for the profiler, and runs the profiler around them."""
+
+    def __init__(self, *, warmup_steps: int, steps: int, logdir: Path):
+        super().__init__(warmup_steps)
+        self.steps = steps
+        self.logdir = logdir
+        self.completed = 0
+        self.end_times: list[float] = []
+        self._trace: Any = None
+        self._profiling = False
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        import tensorflow as tf
+
+        if batch == self.warmup_steps - 1:
+            # One marked step before the measured ones: xprof drops a capture's first step.
+            try:
+                tf.profiler.experimental.start(str(self.logdir))
+            except tf.errors.OpError as error:
+                raise MeasurementError(
+                    f"The TF Profiler could not start ({error.message}). Another profiling session is "
+                    "probably running in this process: stop it with tf.profiler.experimental.stop().") from error
+            self._profiling = True
+        self._trace = tf.profiler.experimental.Trace(STEP_MARKER, step_num=batch, _r=1)
+        self._trace.__enter__()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        super().on_train_batch_end(batch, logs)  # waits for the step's loss, so the marker covers the step
+        if batch >= self.warmup_steps:
+            self.end_times.append(time.perf_counter())
+        self._end_trace()
+        self.completed = batch + 1
+
+    def close(self) -> None:
+        """Ends the open step marker and stops the profiler, whatever state training stopped in."""
+        import tensorflow as tf
+
+        self._end_trace()
+        if self._profiling:
+            self._profiling = False
+            tf.profiler.experimental.stop()
+
+    def _end_trace(self) -> None:
+        if self._trace is not None:
+            trace, self._trace = self._trace, None
+            trace.__exit__(None, None, None)
+
+
+def _captures(logdir: Path) -> dict[Path, int]:
+    """The captures under a logdir and when each was written: runs are named by the second they
+    started in, so two captures within one second write the same file, and only its time tells."""
+    return {path: path.stat().st_mtime_ns for path in logdir.glob("plugins/profile/*/*.xplane.pb")}
+
+
+def _check_model(model: Any) -> None:
+    """Step markers and step timing need Keras to call back once per step."""
+    per_call = getattr(model, "steps_per_execution", 1)
+    if per_call != 1:
+        raise MeasurementError(
+            f"The model is compiled with steps_per_execution={per_call}: Keras then runs {per_call} steps per "
+            "call and reports them as one, so steps cannot be timed or marked one by one. Profile a copy "
+            "compiled with steps_per_execution=1 (the default).")
+
+
+def _check_dataset(dataset: Any) -> tuple[int | None, int]:
+    """Returns (batches per epoch where known, batch size); rejects datasets that cannot be profiled."""
+    import tensorflow as tf
+
+    from tfopt.plan import _batch_size
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise DataError(f"Expected a batched tf.data.Dataset, received {type(dataset).__name__}. Wrap arrays "
+                        "with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).")
+    cardinality = int(dataset.cardinality())
+    try:
+        head = list(dataset.take(2))
+    except tf.errors.OpError as error:
+        raise DataError(f"Reading the first batches of the dataset failed: {error.message}") from error
+    if len(head) < 2:
+        raise DataError(
+            f"The dataset has {len(head)} batch{'es' if len(head) != 1 else ''}; profiling needs at least 2. "
+            "With fewer it would time the same cached batch over and over and say nothing about the input "
+            "pipeline. Check the files it reads and that .batch(..., drop_remainder=True) leaves batches.")
+    element = head[0]
+    if not isinstance(element, tuple) or len(element) not in (2, 3):
+        raise DataError(f"Each dataset element must be an (inputs, targets[, sample_weights]) tuple as "
+                        f"keras' fit() expects; received {type(element).__name__}.")
+    return (cardinality if cardinality > 0 else None), _batch_size(element[0])
+
+
+@contextlib.contextmanager
+def _state_restored(model: Any) -> Iterator[None]:
+    """Puts the model's weights and optimizer variables back after a run that trains it."""
+    optimizer = model.optimizer
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    state = [*model.weights, *optimizer.variables]
+    saved = [variable.numpy() for variable in state]
+    try:
+        yield
+    finally:
+        for variable, value in zip(state, saved):
+            variable.assign(value)

@@ -1,0 +1,357 @@
+"""Before vs after, side by side: speed, where step time goes, utilization, memory, what each recipe
+did, the diagnosis of both runs, and what an epoch costs.
+
+One `Report` renders three ways from one dictionary, so the HTML (for people), the Markdown (for
+READMEs and notebooks) and the JSON (for CI) always show the same numbers. Numbers are rounded once,
+in `to_dict()` (4 significant digits, whole numbers kept whole), and every format prints them as they
+are there.
+
+Files are written atomically (a temporary file in the same directory, then `os.replace`), so a
+report from an earlier run survives a failed or interrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tfopt.plan import Step
+from tfopt.profiling.analyze import CATEGORY_LABELS
+from tfopt.profiling.plots import breakdown_figure, png_base64, utilization_figure
+
+REPORT_VERSION = 1
+
+# The summary table: (label, key in a run's dict), in display order.
+SUMMARY_ROWS = (
+    ("steps/s", "steps_per_second"),
+    ("examples/s", "examples_per_second"),
+    ("step time, median (ms)", "step_time_median_ms"),
+    ("step time, spread IQR (ms)", "step_time_spread_ms"),
+    ("utilization (% of compute-only ceiling)", "utilization_percent"),
+    ("waiting for input (% of step)", "input_percent"),
+    ("peak memory (MiB), {memory_measured}", "peak_memory_mib"),
+    ("mean utilization (%), {hardware_utilization_measured}", "mean_hardware_utilization_percent"),
+    ("steps/s under the profiler", "profiled_steps_per_second"),
+    ("profiling overhead (%)", "profiling_overhead_percent"),
+    ("{hours_unit} per epoch", "accelerator_hours_per_epoch"),
+    ("cost per epoch ({currency})", "cost_per_epoch"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Profiles of one or more runs, rendered side by side.
+
+    Attributes:
+        profiles: Run name -> Profile, in display order (usually "before", "after").
+        applied: What each recipe did between the runs.
+        price_per_hour: Price of one accelerator-hour (one machine-hour without accelerators), or None.
+        currency: The price's currency, as printed.
+        steps_per_epoch: Steps in an epoch for the cost line; the first run's dataset length by default.
+        created: When the report was made (UTC, ISO 8601).
+    """
+
+    profiles: Mapping[str, Any]
+    applied: tuple[Step, ...] = ()
+    price_per_hour: float | None = None
+    currency: str = "USD"
+    steps_per_epoch: int | None = None
+    created: str = dataclasses.field(default_factory=lambda: datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number in the report, rounded to 4 significant digits (the JSON format)."""
+        runs = {name: _run_dict(profile, self) for name, profile in self.profiles.items()}
+        first = next(iter(self.profiles.values()))
+        names = list(runs)
+        speedup = (_round(runs[names[-1]]["steps_per_second"] / runs[names[0]]["steps_per_second"])
+                   if len(names) > 1 else None)
+        return {
+            "tfopt_report_version": REPORT_VERSION,
+            "created": self.created,
+            "hardware": first.hardware.describe(),
+            "speedup": speedup,
+            "steps_per_epoch": self._steps_per_epoch(),
+            "price_per_hour": self.price_per_hour,
+            "currency": self.currency,
+            "applied": [dataclasses.asdict(step) for step in self.applied],
+            "hours_unit": self._hours_unit(),
+            "runs": runs,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def figures(self) -> dict[str, Any]:
+        """The report's matplotlib figures: "breakdown" and "utilization"."""
+        return {"breakdown": breakdown_figure(self.profiles), "utilization": utilization_figure(self.profiles)}
+
+    def to_markdown(self) -> str:
+        data = self.to_dict()
+        names = list(data["runs"])
+        lines = ["# tfopt report", "", f"{data['hardware']}", ""]
+        if data["speedup"] is not None:
+            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}).", ""]
+        lines += _table(["", *names], _summary_rows(data))
+        lines += ["", "## Step-time breakdown (ms per step)", ""]
+        lines += _table(["", *names], [[label, *(_show(run["breakdown_ms"][category])
+                                                 for run in data["runs"].values())]
+                                       for category, label in CATEGORY_LABELS.items()])
+        lines += ["", "## Recipes applied", ""]
+        lines += [f"- {_step_text(step)}" for step in data["applied"]] or ["- none"]
+        for name, run in data["runs"].items():
+            lines += ["", f"## Diagnosis: {name}", ""]
+            lines += [f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> "
+                      f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
+            lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
+        lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
+                  _overhead_text(data), "", "## Traces", ""]
+        lines += [f"- {name}: `tensorboard --logdir {run['logdir']}`" for name, run in data["runs"].items()]
+        return "\n".join(lines) + "\n"
+
+    def to_html(self) -> str:
+        """One self-contained HTML page: inline CSS, figures embedded as base64 PNG, no scripts."""
+        data = self.to_dict()
+        names = list(data["runs"])
+        figures = "".join(f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,'
+                          f'{png_base64(figure)}"></figure>' for name, figure in self.figures().items())
+        parts = [
+            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>tfopt report</title>',
+            f"<style>{_CSS}</style></head><body>", "<h1>tfopt report</h1>",
+            f"<p>{html.escape(data['hardware'])}</p>",
+        ]
+        if data["speedup"] is not None:
+            parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
+                         f"({html.escape(names[-1])} vs {html.escape(names[0])}).</p>")
+        parts.append(_html_table(["", *names], _summary_rows(data), table_id="summary"))
+        parts.append(figures)
+        parts.append("<h2>Step-time breakdown (ms per step)</h2>")
+        parts.append(_html_table(["", *names], [[label, *(_show(run["breakdown_ms"][category])
+                                                          for run in data["runs"].values())]
+                                                for category, label in CATEGORY_LABELS.items()], table_id="breakdown"))
+        parts.append("<h2>Recipes applied</h2><ul>")
+        parts += [f"<li>{html.escape(_step_text(step))}</li>" for step in data["applied"]] or ["<li>none</li>"]
+        parts.append("</ul>")
+        for name, run in data["runs"].items():
+            parts.append(f"<h2>Diagnosis: {html.escape(name)}</h2><ul>")
+            parts += [f"<li><b>{html.escape(f['bottleneck'])}</b> ({html.escape(f['severity'])}, "
+                      f"{_show(f['percent'])}%) &rarr; <code>{html.escape(f['recipe'])}</code>: "
+                      f"{html.escape(f['reason'])}</li>" for f in run["diagnosis"]["findings"]]
+            if not run["diagnosis"]["findings"]:
+                parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
+            parts.append("</ul>")
+        parts += ["<h2>Cost</h2>", f"<p>{html.escape(self._cost_text(data))}</p>",
+                  "<h2>Profiling overhead</h2>", f"<p>{html.escape(_overhead_text(data))}</p>",
+                  "<h2>Traces</h2><ul>"]
+        parts += [f"<li>{html.escape(name)}: <code>tensorboard --logdir {html.escape(run['logdir'])}</code></li>"
+                  for name, run in data["runs"].items()]
+        parts.append(f"</ul><footer>tfopt report v{REPORT_VERSION}, {html.escape(data['created'])}</footer>"
+                     "</body></html>")
+        return "\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def save(self, path: str | Path) -> Path:
+        """Writes the report as HTML (.html), Markdown (.md) or JSON (.json), chosen by the suffix.
+
+        The whole file is rendered first and then moved into place, so an existing report at `path` is
+        either replaced whole or left as it was.
+
+        Raises:
+            ValueError: The suffix is none of those.
+        """
+        path = Path(path)
+        renderers = {".html": self.to_html, ".htm": self.to_html, ".md": self.to_markdown,
+                     ".markdown": self.to_markdown, ".json": self.to_json}
+        if path.suffix.lower() not in renderers:
+            raise ValueError(f"Report.save: cannot tell the format of {path.name!r}. Expected a name ending "
+                             f"in one of {', '.join(renderers)}.")
+        write_atomic(path, renderers[path.suffix.lower()]())
+        return path
+
+    def _steps_per_epoch(self) -> int | None:
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        return next(iter(self.profiles.values())).steps_per_epoch
+
+    def _hours_unit(self) -> str:
+        """GPUs and TPUs are priced per device-hour; without them, the machine is what is paid for."""
+        return "accelerator-hours" if next(iter(self.profiles.values())).hardware.accelerator != "cpu" \
+            else "machine-hours"
+
+    def _cost_text(self, data: dict[str, Any]) -> str:
+        steps = data["steps_per_epoch"]
+        unit = data["hours_unit"]
+        if steps is None:
+            return ("The dataset's length is unknown (infinite or not countable by tf.data): pass "
+                    "steps_per_epoch= to compare() for a cost per epoch.")
+        runs = "; ".join(f"{name}: {_show(run['accelerator_hours_per_epoch'])} {unit}"
+                         + (f" = {_show(run['cost_per_epoch'])} {self.currency}" if run["cost_per_epoch"] is not None
+                            else "") for name, run in data["runs"].items())
+        price = (f" at {_show(self.price_per_hour)} {self.currency} per hour" if self.price_per_hour is not None
+                 else " (pass price_per_hour= to compare() for money)")
+        return f"Per epoch of {steps} steps{price}: {runs}."
+
+
+def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = (), price_per_hour: float | None = None,
+            currency: str = "USD", steps_per_epoch: int | None = None) -> Report:
+    """Puts two profiles side by side.
+
+    Args:
+        before: The Profile of the original setup.
+        after: The Profile after the recipes, or None for a one-run report.
+        applied: What the recipes did: `Plan.applied`, a Plan, or recipe names.
+        price_per_hour: Price of one accelerator-hour, for the cost line.
+        currency: The price's currency.
+        steps_per_epoch: Steps per epoch for the cost line; the dataset's length by default.
+
+    Returns:
+        The Report (save it with `.save("report.html")`; notebooks display it directly).
+
+    Raises:
+        ValueError: price_per_hour or steps_per_epoch is negative or not finite.
+
+    Example:
+        >>> report = tfopt.compare(before, after, applied=result.plan.applied, price_per_hour=2.5)  # doctest: +SKIP
+        >>> report.save("report.html")  # doctest: +SKIP
+    """
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise ValueError(f"compare: price_per_hour must be a finite number >= 0; received {price_per_hour!r}.")
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"compare: steps_per_epoch must be >= 1; received {steps_per_epoch!r}.")
+    applied = getattr(applied, "applied", applied)
+    steps = tuple(step if isinstance(step, Step) else Step(str(step), "") for step in applied)
+    profiles = {"before": before, "after": after} if after is not None else {"profile": before}
+    return Report(profiles=profiles, applied=steps, price_per_hour=price_per_hour, currency=currency,
+                  steps_per_epoch=steps_per_epoch)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Writes `text` to `path` so that readers see the old file or the new one, never a partial one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
+    """The summary table's rows, labels filled in from what was measured (GPU or host, currency)."""
+    first = next(iter(data["runs"].values()))
+    context = {"memory_measured": first["memory_measured"], "currency": data["currency"],
+               "hardware_utilization_measured": first["hardware_utilization_measured"],
+               "hours_unit": data["hours_unit"]}
+    return [[label.format(**context), *(_show(run[key]) for run in data["runs"].values())]
+            for label, key in SUMMARY_ROWS]
+
+
+def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
+    real, breakdown, samples = profile.measurement.real, profile.breakdown, profile.samples
+    steps = report._steps_per_epoch()
+    devices = max(len(profile.hardware.gpus), profile.hardware.tpu_cores, 1)
+    hours = steps / real.steps_per_second / 3600.0 * devices if steps is not None else None
+    peak = samples.peak_memory_bytes()
+    utilization = samples.mean_utilization_percent()
+    return {
+        "steps_per_second": _round(real.steps_per_second),
+        "examples_per_second": _round(real.examples_per_second),
+        "step_time_median_ms": _round(real.median_seconds * 1000.0),
+        "step_time_spread_ms": _round(real.spread_seconds * 1000.0),
+        "utilization_percent": _round(100.0 * profile.measurement.utilization),
+        "ceiling_steps_per_second": _round(profile.measurement.ceiling.steps_per_second),
+        "input_percent": _round(breakdown.input_percent),
+        "peak_memory_mib": _round(peak / 2**20) if peak is not None else None,
+        "memory_measured": "GPU memory used (NVML)" if samples.accelerator_devices else "host RSS of this process",
+        "mean_hardware_utilization_percent": _round(utilization) if utilization is not None else None,
+        "hardware_utilization_measured": ("GPU utilization (NVML)" if samples.accelerator_devices
+                                          else "host CPU use of this process (psutil)"),
+        "profiled_steps_per_second": _round(profile.capture.step_times.steps_per_second),
+        "profiling_overhead_percent": _round(100.0 * profile.profiling_overhead),
+        "accelerator_hours_per_epoch": _round(hours) if hours is not None else None,
+        "cost_per_epoch": (_round(hours * report.price_per_hour)
+                           if hours is not None and report.price_per_hour is not None else None),
+        "breakdown_source": breakdown.source,
+        "breakdown_ms": {name: _round(seconds * 1000.0) for name, seconds in breakdown.categories.items()},
+        "step_time_mean_ms": _round(breakdown.step_seconds_mean * 1000.0),
+        "compute_16bit_percent": (_round(breakdown.compute_16bit_percent)
+                                  if breakdown.compute_16bit_percent is not None else None),
+        "diagnosis": _rounded_diagnosis(profile.diagnosis.to_dict()),
+        "logdir": str(profile.logdir),
+    }
+
+
+def _rounded_diagnosis(diagnosis: dict[str, Any]) -> dict[str, Any]:
+    findings = [{**finding, "percent": _round(finding["percent"])} for finding in diagnosis["findings"]]
+    return {**diagnosis, "input_percent": _round(diagnosis["input_percent"]), "findings": findings}
+
+
+def _round(value: float) -> float:
+    """4 significant digits, and every digit before the point (16384 MiB stays 16384): what the reports
+    print, and exactly what the JSON holds."""
+    if not math.isfinite(value) or value == 0:
+        return value
+    integer_digits = math.floor(math.log10(abs(value))) + 1
+    return float(f"{value:.{max(4, integer_digits)}g}")
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def _step_text(step: Mapping[str, Any]) -> str:
+    return f"{step['recipe']}: {'skipped: ' if step['skipped'] else ''}{step['detail']}".rstrip(": ")
+
+
+def _overhead_text(data: dict[str, Any]) -> str:
+    runs = "; ".join(
+        f"{name}: {_show(run['profiled_steps_per_second'])} steps/s with the profiler vs "
+        f"{_show(run['steps_per_second'])} without ({_show(run['profiling_overhead_percent'])}% slower; step "
+        f"times spread by {_show(_round(100 * run['step_time_spread_ms'] / run['step_time_median_ms']))}% "
+        "(IQR / median), so smaller differences are noise)"
+        for name, run in data["runs"].items())
+    return (f"{runs}. Speeds above are measured without the profiler; the breakdown comes from the "
+            "profiled run.")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(row) + " |" for row in rows]
+
+
+def _html_table(header: list[str], rows: list[list[str]], *, table_id: str) -> str:
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + f"<th>{html.escape(row[0])}</th>" + "".join(
+        f"<td>{html.escape(cell)}</td>" for cell in row[1:]) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+table { border-collapse: collapse; margin: 1rem 0; }
+th, td { border: 1px solid #ccc; padding: 0.3rem 0.7rem; text-align: right; }
+th:first-child { text-align: left; font-weight: normal; }
+thead th { background: #f3f3f3; font-weight: bold; }
+figure { margin: 1rem 0; } img { max-width: 100%; }
+.speedup { font-size: 1.3rem; } code { background: #f3f3f3; padding: 0 0.2rem; }
+footer { margin-top: 2rem; color: #777; font-size: 0.8rem; }
+"""

@@ -1,0 +1,277 @@
+"""Batch size: find the one giving the most examples per second within a memory bound, and use it.
+
+The largest batch that fits is often not the fastest: on CPUs throughput flattens or drops once a
+batch's activations leave the caches, and on GPUs it flattens once the device is busy. So
+`find_batch_size` times short training trials (a few steps each) at powers of two, stops growing at the
+memory bound (a GPU's ResourceExhaustedError or peak allocator memory; on CPUs the peak RSS against a RAM
+budget) or when two sizes in a row are no faster, then tries 3/4 and 3/2 of the best. Before each trial
+it predicts the trial's memory from the previous ones and skips it if it would break the budget, so the
+search does not get the host killed for running out of memory.
+
+A Plan's dataset is already batched: it is rebatched with `Dataset.rebatch`, which splits and merges
+batches without unbatching them element by element. Trials rebatch the *repeated* dataset with
+`drop_remainder=True`, so every timed batch is full even when the dataset holds fewer examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from tfopt.errors import MeasurementError, RecipeConfigError
+from tfopt.plan import Plan
+from tfopt.recipes.base import Recipe, Stage
+from tfopt.registry import register
+from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
+
+_log = logging.getLogger("tfopt")
+
+LR_SCALING_RULES = ("none", "linear", "sqrt")
+_LR_REASONS = {"linear": "linear scaling rule (Goyal et al. 2017, for SGD-like optimizers)",
+               "sqrt": "square-root scaling (keeps gradient noise constant; often better for Adam)"}
+
+
+def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int = 1024,
+                    memory_budget_bytes: int | None = None, trial_steps: int = 3, warmup_steps: int = 1,
+                    refine: bool = True) -> BatchSizeSearch:
+    """Times short training trials and returns the table; `.best_batch_size` is the fastest within memory.
+
+    Args:
+        plan: The plan to search for (its recipes so far apply: dtype policy, XLA, strategy).
+        min_batch_size: The first size tried.
+        max_batch_size: The largest size tried; also capped at the dataset's size where it is known.
+        memory_budget_bytes: The peak a trial may reach: GPU allocator memory (default 90% of the
+            smallest GPU's memory) or the process' RSS on CPU (default: what it holds now plus 80% of
+            the RAM available when the search starts).
+        trial_steps: Timed steps per trial (after `warmup_steps` untimed ones).
+        warmup_steps: Untimed steps per trial: tracing and pipeline warm-up.
+        refine: Also try 3/4 and 3/2 of the best power of two.
+
+    Returns:
+        The trial table.
+
+    Raises:
+        RecipeConfigError: The bounds are out of range.
+        MeasurementError: A trial failed for a reason other than memory.
+
+    Example:
+        >>> search = find_batch_size(plan, max_batch_size=256)  # doctest: +SKIP
+        >>> print(search.to_markdown())  # doctest: +SKIP
+    """
+    from tfopt.training.peak_memory import host_rss_bytes, track_peak_memory
+
+    _check_bounds(min_batch_size, max_batch_size, trial_steps, warmup_steps)
+    max_batch_size = min(max_batch_size, _examples_upper_bound(plan) or max_batch_size)
+    gpu_count = len(plan.hardware.gpus)
+    if gpu_count:
+        kind = "GPU memory"
+        budget = memory_budget_bytes or _gpu_budget(plan)
+        baseline = _gpu_baseline(gpu_count)
+    else:
+        import psutil
+
+        kind = "host RSS"
+        baseline = host_rss_bytes()
+        budget = memory_budget_bytes or int(baseline + 0.8 * psutil.virtual_memory().available)
+
+    model = _trial_model(plan)
+
+    def run_trial(batch_size: int) -> Trial:
+        with track_peak_memory(gpu_count) as peak:
+            try:
+                times = _time_trial(model, plan, batch_size, trial_steps, warmup_steps)
+            except MeasurementError as error:
+                if not _is_out_of_memory(error):
+                    raise
+                times = None
+            finally:
+                gc.collect()  # frees the trial's tensors (and an out-of-memory step's) before the next trial
+        if times is None:
+            return Trial(batch_size, "out_of_memory", peak_memory_bytes=peak.peak_bytes)
+        status = "over_budget" if budget is not None and peak.peak_bytes > budget else "ok"
+        _log.info("batch size %d: %.1f examples/s, peak %s %d bytes (%s)", batch_size, times.examples_per_second,
+                  kind, peak.peak_bytes, status)
+        return Trial(batch_size, status, times.examples_per_second, times.median_seconds, peak.peak_bytes)
+
+    trials = search_batch_sizes(run_trial, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+                                memory_budget_bytes=budget, baseline_bytes=baseline, refine=refine)
+    return BatchSizeSearch(trials=tuple(trials), memory_kind=kind, memory_budget_bytes=budget)
+
+
+def rebatch(dataset: Any, batch_size: int) -> Any:
+    """Functional form: the same examples in batches of `batch_size` (remainder batches kept as before).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> data = tf.data.Dataset.range(10).batch(3)
+        >>> [len(batch) for batch in rebatch(data, 4)]
+        [4, 4, 2]
+    """
+    first = dataset.element_spec
+    import tensorflow as tf
+
+    static_batch = tf.nest.flatten(first)[0].shape[0]
+    # A static batch dimension means the pipeline drops remainders; keep doing so.
+    return dataset.rebatch(batch_size, drop_remainder=static_batch is not None)
+
+
+def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int,
+                        rule: str) -> tuple[dict[str, Any], str]:
+    """Scales the optimizer's learning rate in a compile config by the batch ratio (linear or square root).
+
+    Returns:
+        The new compile config and a sentence saying what changed and why.
+
+    Raises:
+        RecipeConfigError: The learning rate is not a number or a schedule with `initial_learning_rate`.
+
+    Example:
+        >>> config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}}
+        >>> scale_learning_rate(config, old_batch_size=32, new_batch_size=128, rule="sqrt")[0]["optimizer"]
+        {'class_name': 'SGD', 'config': {'learning_rate': 0.2}}
+    """
+    if rule == "none" or new_batch_size == old_batch_size:
+        return dict(compile_config), "learning rate kept"
+    factor = new_batch_size / old_batch_size if rule == "linear" else math.sqrt(new_batch_size / old_batch_size)
+    optimizer = compile_config.get("optimizer")
+    config = dict(optimizer.get("config", {})) if isinstance(optimizer, dict) else None
+    rate = config.get("learning_rate") if config else None
+    if isinstance(rate, (int, float)):
+        config["learning_rate"] = rate * factor
+        before, after = f"{rate:g}", f"{rate * factor:g}"
+    elif isinstance(rate, dict) and "initial_learning_rate" in rate.get("config", {}):
+        schedule_config = dict(rate["config"])
+        before = f"{schedule_config['initial_learning_rate']:g}"
+        schedule_config["initial_learning_rate"] *= factor
+        after = f"{schedule_config['initial_learning_rate']:g}"
+        config["learning_rate"] = {**rate, "config": schedule_config}
+    else:
+        raise RecipeConfigError(
+            f"scale_learning_rate={rule!r}: cannot scale the learning rate {rate!r} of optimizer {optimizer!r}. "
+            "It must be a number or a schedule with initial_learning_rate; set scale_learning_rate='none' and "
+            "set the rate yourself.")
+    new_config = {**compile_config, "optimizer": {**optimizer, "config": config}}
+    return new_config, (f"learning rate {before} -> {after} (x{factor:.3g}, batch {old_batch_size} -> "
+                        f"{new_batch_size}: {_LR_REASONS[rule]})")
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchSize(Recipe):
+    """Trains with the fastest batch size that fits (found by timed trials), or a given one.
+
+    Args:
+        batch_size: "auto" to search, or a number of examples per step.
+        min_batch_size: Smallest size the search tries.
+        max_batch_size: Largest size the search tries.
+        memory_budget_bytes: The peak memory a trial may reach (see `find_batch_size`), or None for the default.
+        trial_steps: Timed steps per trial.
+        scale_learning_rate: "none", "linear" or "sqrt": scale the learning rate with the batch.
+
+    Example:
+        >>> BatchSize(batch_size=64, scale_learning_rate="sqrt").batch_size
+        64
+    """
+
+    name: ClassVar[str] = "batch_size"
+    stage: ClassVar[Stage] = Stage.DATA
+
+    batch_size: int | str = "auto"
+    min_batch_size: int = 8
+    max_batch_size: int = 1024
+    memory_budget_bytes: int | None = None
+    trial_steps: int = 3
+    scale_learning_rate: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
+                                          or self.batch_size < 1):
+            raise RecipeConfigError(f"batch_size: batch_size={self.batch_size!r} is not a batch size. Expected "
+                                    "'auto' or a positive integer.")
+        _check_bounds(self.min_batch_size, self.max_batch_size, self.trial_steps, 1)
+        if self.memory_budget_bytes is not None and (not isinstance(self.memory_budget_bytes, int)
+                                                     or self.memory_budget_bytes <= 0):
+            raise RecipeConfigError(f"batch_size: memory_budget_bytes={self.memory_budget_bytes!r}. Expected a "
+                                    "positive integer number of bytes, or None for the default.")
+        if self.scale_learning_rate not in LR_SCALING_RULES:
+            raise RecipeConfigError(f"batch_size: scale_learning_rate={self.scale_learning_rate!r}. Expected one "
+                                    f"of {', '.join(map(repr, LR_SCALING_RULES))}.")
+
+    def __call__(self, plan: Plan) -> Plan:
+        if self.batch_size == "auto":
+            search = find_batch_size(plan, min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
+                                     memory_budget_bytes=self.memory_budget_bytes, trial_steps=self.trial_steps)
+            batch_size = search.best_batch_size
+            table = ", ".join(f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok"
+                              else f"{t.batch_size}: {t.status}" for t in search.trials)
+            reason = f"fastest of {len(search.trials)} trials within the {search.memory_kind} bound ({table})"
+        else:
+            batch_size, reason = self.batch_size, "requested"
+        if batch_size == plan.batch_size:
+            return plan.record(self.name, f"kept batch {batch_size}: {reason}", skipped=True)
+        dataset = rebatch(plan.dataset, batch_size)
+        compile_config, lr_detail = scale_learning_rate(plan.compile_config, old_batch_size=plan.batch_size,
+                                                        new_batch_size=batch_size, rule=self.scale_learning_rate)
+        sample_inputs = next(iter(dataset.take(1)))[0]
+        return plan.replace(dataset=dataset, batch_size=batch_size, compile_config=compile_config,
+                            sample_inputs=sample_inputs).record(
+            self.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
+
+
+def _trial_model(plan: Plan) -> Any:
+    """One throwaway build of the plan for all trials: only the batch differs between them, and Keras
+    retraces its train step for each new batch shape, so rebuilding would only add time."""
+    from tfopt.builder import build
+
+    return build(plan).model
+
+
+def _time_trial(model: Any, plan: Plan, batch_size: int, steps: int, warmup_steps: int) -> Any:
+    from tfopt.profiling.timing import time_training_steps
+
+    data = plan.dataset.repeat().rebatch(batch_size, drop_remainder=True)
+    return time_training_steps(model, data, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size)
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    import tensorflow as tf
+
+    while error is not None:
+        if isinstance(error, tf.errors.ResourceExhaustedError):
+            return True
+        error = error.__cause__
+    return False
+
+
+def _examples_upper_bound(plan: Plan) -> int | None:
+    import tensorflow as tf
+
+    batches = int(plan.dataset.cardinality())
+    if batches in (int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)):
+        return None
+    return batches * plan.batch_size
+
+
+def _gpu_budget(plan: Plan) -> int | None:
+    known = [gpu.memory_bytes for gpu in plan.hardware.gpus if gpu.memory_bytes]
+    return int(0.9 * min(known)) if known else None
+
+
+def _gpu_baseline(gpu_count: int) -> int:
+    from tfopt.training.peak_memory import gpu_memory_in_use_bytes
+
+    return gpu_memory_in_use_bytes(gpu_count)
+
+
+def _check_bounds(min_batch_size: Any, max_batch_size: Any, trial_steps: Any, warmup_steps: Any) -> None:
+    if not isinstance(min_batch_size, int) or not isinstance(max_batch_size, int) or not \
+            1 <= min_batch_size <= max_batch_size:
+        raise RecipeConfigError(f"batch_size: min_batch_size={min_batch_size!r}, max_batch_size={max_batch_size!r}. "
+                                "Expected integers with 1 <= min_batch_size <= max_batch_size.")
+    if not isinstance(trial_steps, int) or trial_steps < 2 or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise RecipeConfigError(f"batch_size: trial_steps={trial_steps!r}, warmup_steps={warmup_steps!r}. Expected "
+                                "trial_steps >= 2 (a median needs several) and warmup_steps >= 1 (tracing).")

@@ -1,0 +1,244 @@
+"""Distribution: train on every device and worker there is, with the batch and learning rate to match.
+
+The strategy must exist before the model's variables do, so this recipe only decides: which strategy
+(from the hardware and the launcher's environment variables), how many replicas that gives, the global
+batch (per-replica batch x replicas), optionally the learning rate (linear scaling with warm-up), and how
+tf.data shards the input across workers. `build()` then creates the strategy and the model inside it,
+and `tfopt.distribute.fit` trains, also under multi-worker where Keras 3's own `fit` fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from tfopt.distribute.environment import ClusterEnvironment, detect_environment
+from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS
+from tfopt.errors import RecipeConfigError
+from tfopt.hardware import Hardware
+from tfopt.plan import Plan
+from tfopt.recipes.base import Recipe, Stage
+from tfopt.registry import register
+
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
+SHARD_POLICIES = ("auto", "file", "data", "off")
+LEARNING_RATE_SCALINGS = ("none", "linear")
+
+
+def choose_strategy(hardware: Hardware, environment: ClusterEnvironment) -> tuple[str, str]:
+    """The strategy "auto" picks for this hardware and launcher, and why.
+
+    A launcher that started several processes decides first (they must cooperate or they would train
+    separate models); then the accelerators of this machine.
+
+    Example:
+        >>> from tfopt.distribute.environment import detect_environment
+        >>> choose_strategy(Hardware(), detect_environment({"HOROVOD_SIZE": "2"}))[0]
+        'horovod'
+        >>> choose_strategy(Hardware(), detect_environment({}))[0]
+        'default'
+    """
+    if environment.launcher == "horovod":
+        return "horovod", f"launched by Horovod: {environment.reason}"
+    if environment.launcher in ("tf_config", "slurm"):
+        return "multi_worker", environment.reason
+    if hardware.tpu_cores:
+        return "tpu", f"{hardware.tpu_cores} TPU cores are visible"
+    if len(hardware.gpus) > 1:
+        return "mirrored", f"{len(hardware.gpus)} GPUs on this machine"
+    if hardware.gpus:
+        return "one_device", "one GPU: place the model on it"
+    return "default", "a single CPU process: there is nothing to distribute over"
+
+
+def count_replicas(strategy: str, hardware: Hardware, environment: ClusterEnvironment,
+                   devices: tuple[str, ...] | None = None) -> int:
+    """How many copies of the model train in sync under `strategy` (the factor the batch grows by)."""
+    devices_per_worker = max(1, len(hardware.gpus))
+    if strategy == "mirrored":
+        return len(devices) if devices else devices_per_worker
+    if strategy == "multi_worker":
+        return environment.num_workers * devices_per_worker
+    if strategy == "horovod":
+        return environment.num_workers  # one process per device
+    if strategy == "tpu":
+        return max(1, hardware.tpu_cores)
+    return 1
+
+
+def shard_dataset(dataset: Any, shard_by: str) -> Any:
+    """Sets how tf.data splits `dataset` across workers: "auto", "file", "data" or "off".
+
+    "file" gives each worker whole files (cheap, needs at least as many files as workers); "data" has every
+    worker read everything and keep its share (always possible, reads N times); "auto" is TensorFlow's
+    AUTO: by file where it can, else by data.
+    """
+    import tensorflow as tf
+
+    policies = {"auto": tf.data.experimental.AutoShardPolicy.AUTO,
+                "file": tf.data.experimental.AutoShardPolicy.FILE,
+                "data": tf.data.experimental.AutoShardPolicy.DATA,
+                "off": tf.data.experimental.AutoShardPolicy.OFF}
+    if shard_by not in policies:
+        raise RecipeConfigError(f"distribution: shard_by={shard_by!r} is not a policy. Expected one of "
+                                f"{', '.join(repr(name) for name in SHARD_POLICIES)}.")
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policies[shard_by]
+    return dataset.with_options(options)
+
+
+def scale_learning_rate(compile_config: Mapping[str, Any], scale: float, warmup_steps: int) -> dict[str, Any]:
+    """A copy of a serialized compile config whose optimizer's learning rate is scaled, with warm-up.
+
+    Raises:
+        RecipeConfigError: The optimizer's learning rate cannot be found in its config.
+    """
+    import keras
+
+    from tfopt.distribute.warmup import LinearWarmup
+
+    optimizer = compile_config["optimizer"]
+    if isinstance(optimizer, str):
+        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
+    optimizer = _with_learning_rate(optimizer, lambda rate: keras.saving.serialize_keras_object(
+        LinearWarmup(rate, scale=scale, warmup_steps=warmup_steps)))
+    return {**compile_config, "optimizer": optimizer}
+
+
+def _with_learning_rate(optimizer: Mapping[str, Any], change: Any) -> dict[str, Any]:
+    config = dict(optimizer.get("config", {}))
+    if "inner_optimizer" in config:  # LossScaleOptimizer: the rate lives in the wrapped optimizer
+        config["inner_optimizer"] = _with_learning_rate(config["inner_optimizer"], change)
+    elif "learning_rate" in config:
+        config["learning_rate"] = change(config["learning_rate"])
+    else:
+        raise RecipeConfigError(
+            f"distribution: scale_learning_rate='linear' cannot find the learning rate of optimizer "
+            f"{optimizer.get('class_name')!r}. Use scale_learning_rate='none' and scale it yourself.")
+    return {**optimizer, "config": config}
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Distribution(Recipe):
+    """Trains on all devices/workers: picks the strategy, scales batch and learning rate, shards data.
+
+    Args:
+        strategy: "auto" (from hardware and launcher), "one_device", "mirrored", "multi_worker",
+            "horovod" or "tpu".
+        scale_batch: Multiply the batch by the replica count, so each replica keeps the batch the model
+            was tuned for (and the devices stay busy). False splits the existing batch instead.
+        scale_learning_rate: "linear" multiplies the learning rate by the replica count (with
+            scale_batch), "none" keeps it.
+        warmup_steps: Steps over which the learning rate ramps up linearly to its (scaled) value.
+        shard_by: How workers split the input: "auto", "file", "data" or "off".
+        devices: The devices "mirrored" uses (default: all GPUs), e.g. ["/gpu:0", "/gpu:1"].
+        communication_timeout_seconds: Multi-worker collectives fail after this long instead of hanging.
+        environ: The environment to read launcher variables from; the process's own when None.
+
+    Example:
+        >>> Distribution(strategy="mirrored", scale_learning_rate="linear").strategy
+        'mirrored'
+    """
+
+    name: ClassVar[str] = "distribution"
+    stage: ClassVar[Stage] = Stage.PLACEMENT
+
+    strategy: str = "auto"
+    scale_batch: bool = True
+    scale_learning_rate: str = "none"
+    warmup_steps: int = 0
+    shard_by: str = "auto"
+    devices: tuple[str, ...] | None = None
+    communication_timeout_seconds: float = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS
+    environ: Mapping[str, str] | None = dataclasses.field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        for field, value, allowed in (("strategy", self.strategy, STRATEGIES),
+                                      ("shard_by", self.shard_by, SHARD_POLICIES),
+                                      ("scale_learning_rate", self.scale_learning_rate, LEARNING_RATE_SCALINGS)):
+            if value not in allowed:
+                raise RecipeConfigError(f"distribution: {field}={value!r} is not valid. Expected one of "
+                                        f"{', '.join(repr(name) for name in allowed)}.")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise RecipeConfigError(f"distribution: warmup_steps={self.warmup_steps!r}: expected an integer >= 0.")
+        if not isinstance(self.communication_timeout_seconds, (int, float)) or self.communication_timeout_seconds < 0:
+            raise RecipeConfigError(f"distribution: communication_timeout_seconds={self.communication_timeout_seconds!r}: "
+                                    "expected seconds >= 0 (0 waits forever).")
+        if self.devices is not None:
+            if isinstance(self.devices, str) or not all(isinstance(device, str) for device in self.devices):
+                raise RecipeConfigError(f"distribution: devices={self.devices!r}: expected a list of device names "
+                                        "such as ['/gpu:0', '/gpu:1'].")
+            object.__setattr__(self, "devices", tuple(self.devices))
+            if self.strategy not in ("mirrored", "auto"):
+                raise RecipeConfigError(f"distribution: devices is only used by strategy='mirrored'; received "
+                                        f"strategy={self.strategy!r}. Remove devices or use 'mirrored'.")
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config["devices"] = list(self.devices) if self.devices is not None else None
+        config["environ"] = dict(self.environ) if self.environ is not None else None
+        return config
+
+    def check(self, plan: Plan) -> None:
+        name, _, environment = self._resolve(plan)
+        if name == "horovod" and importlib.util.find_spec("horovod") is None:
+            from tfopt.distribute.horovod import INSTALL_HINT
+
+            raise RecipeConfigError(f"distribution: strategy='horovod' but Horovod is not installed. {INSTALL_HINT}")
+        if name == "tpu" and not plan.hardware.tpu_cores:
+            raise RecipeConfigError("distribution: strategy='tpu' but no TPU is visible on this machine "
+                                    f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.")
+        replicas = count_replicas(name, plan.hardware, environment, self.devices)
+        if not self.scale_batch and plan.batch_size % replicas:
+            raise RecipeConfigError(
+                f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
+                f"replicas, which does not divide evenly. Use a batch that is a multiple of {replicas}, "
+                "or scale_batch=True.")
+
+    def __call__(self, plan: Plan) -> Plan:
+        name, reason, environment = self._resolve(plan)
+        replicas = count_replicas(name, plan.hardware, environment, self.devices)
+        options = self._strategy_options(name, environment)
+        if replicas == 1 and name in ("default", "one_device") and self.strategy == "auto":
+            return plan.replace(strategy=name, strategy_options=options).record(
+                self.name, f"{name}: {reason}; 1 replica, batch {plan.batch_size} unchanged", skipped=True)
+        notes = [f"{name} with {replicas} replica(s): {reason}"]
+        dataset, batch_size, compile_config = plan.dataset, plan.batch_size, dict(plan.compile_config)
+        if self.scale_batch and replicas > 1:
+            batch_size = plan.batch_size * replicas
+            # drop_remainder keeps every global batch divisible by the replicas (static per-replica shapes).
+            dataset = dataset.rebatch(batch_size, drop_remainder=True)
+            notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}")
+        else:
+            notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
+        if self.scale_learning_rate == "linear" and replicas > 1 or self.warmup_steps:
+            scale = replicas if self.scale_learning_rate == "linear" and self.scale_batch else 1
+            compile_config = scale_learning_rate(compile_config, scale, self.warmup_steps)
+            notes.append(f"learning rate x {scale}, linear warm-up over {self.warmup_steps} steps")
+        if name == "horovod":
+            notes.append("each rank reads its share of every global batch (by data)")
+        elif name == "multi_worker":
+            dataset = shard_dataset(dataset, self.shard_by)
+            notes.append(f"input sharded across workers by {self.shard_by}")
+        return plan.replace(strategy=name, strategy_options=options, dataset=dataset, batch_size=batch_size,
+                            compile_config=compile_config).record(self.name, "; ".join(notes))
+
+    def _resolve(self, plan: Plan) -> tuple[str, str, ClusterEnvironment]:
+        environment = detect_environment(self.environ)
+        if self.strategy == "auto":
+            if self.devices:
+                return "mirrored", f"devices {list(self.devices)} given", environment
+            name, reason = choose_strategy(plan.hardware, environment)
+            return name, reason, environment
+        return self.strategy, f"requested ({environment.reason})", environment
+
+    def _strategy_options(self, name: str, environment: ClusterEnvironment) -> dict[str, Any]:
+        if name == "mirrored" and self.devices:
+            return {"devices": list(self.devices)}
+        if name == "multi_worker":
+            return {"communication_timeout_seconds": float(self.communication_timeout_seconds),
+                    "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config"}
+        return {}

@@ -1,0 +1,152 @@
+"""Gradient accumulation: train with an effective batch larger than fits in memory.
+
+Keras 3 optimizers take `gradient_accumulation_steps=N`: the first N-1 steps only add their gradients
+to accumulators, and step N applies `(sum of the N gradients) / N` (Keras averages) and resets them.
+With the default mean loss reduction ("sum_over_batch_size") each micro-batch gradient is a mean over
+its b examples, so their average is the mean over N*b examples: the same update as one batch N times
+larger, up to float rounding (checked for SGD and Adam in the tests). `optimizer.iterations` counts
+updates, not micro-batches, so Adam's bias correction and learning-rate schedules see the same step
+numbers as the large batch would.
+
+Where the update is *not* the large batch's: a loss with reduction="sum" gives 1/N of the large batch's
+gradient (Keras still divides by N), so this recipe rejects it; BatchNormalization computes its
+statistics per micro-batch; and the micro-batches must all have b examples (a short last batch weighs
+as much as a full one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from tfopt.errors import RecipeConfigError
+from tfopt.plan import Plan
+from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.batch_size import LR_SCALING_RULES, scale_learning_rate
+from tfopt.registry import register
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GradAccum(Recipe):
+    """Accumulates gradients over several micro-batches before each optimizer update.
+
+    Args:
+        steps: Micro-batches per update (at least 2). Ignored when `effective_batch_size` is set.
+        effective_batch_size: The batch each update should stand for; must be a multiple of the plan's
+            batch size, and `steps` becomes their ratio.
+        scale_learning_rate: "none", "linear" or "sqrt": scale the learning rate with the effective batch
+            over the plan's batch (the plan's learning rate is taken as tuned for the plan's batch).
+
+    Example:
+        >>> GradAccum(steps=4).get_config()
+        {'steps': 4, 'effective_batch_size': None, 'scale_learning_rate': 'none'}
+    """
+
+    name: ClassVar[str] = "grad_accum"
+    stage: ClassVar[Stage] = Stage.COMPILE
+
+    steps: int = 2
+    effective_batch_size: int | None = None
+    scale_learning_rate: str = "none"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 2:
+            raise RecipeConfigError(f"grad_accum: steps={self.steps!r} is not a number of micro-batches. Expected "
+                                    "an integer >= 2 (1 would be no accumulation).")
+        if self.effective_batch_size is not None and (
+                not isinstance(self.effective_batch_size, int) or self.effective_batch_size < 2):
+            raise RecipeConfigError(f"grad_accum: effective_batch_size={self.effective_batch_size!r}. Expected "
+                                    "an integer >= 2, or None to use steps.")
+        if self.scale_learning_rate not in LR_SCALING_RULES:
+            raise RecipeConfigError(f"grad_accum: scale_learning_rate={self.scale_learning_rate!r}. Expected one "
+                                    f"of {', '.join(map(repr, LR_SCALING_RULES))}.")
+
+    def accumulation_steps(self, batch_size: int) -> int:
+        """Micro-batches per update for a plan whose batch is `batch_size`.
+
+        Raises:
+            RecipeConfigError: `effective_batch_size` is not a multiple (>= 2x) of `batch_size`.
+        """
+        if self.effective_batch_size is None:
+            return self.steps
+        steps, remainder = divmod(self.effective_batch_size, batch_size)
+        if remainder or steps < 2:
+            raise RecipeConfigError(
+                f"grad_accum: effective_batch_size={self.effective_batch_size} is not a multiple (at least 2x) "
+                f"of the batch size {batch_size}. Use a multiple such as {max(2, round(steps)) * batch_size}, "
+                "or set steps= instead.")
+        return steps
+
+    def check(self, plan: Plan) -> None:
+        self.accumulation_steps(plan.batch_size)
+        reduction = _loss_reduction(plan.compile_config.get("loss"))
+        if reduction == "sum":
+            raise RecipeConfigError(
+                "grad_accum: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
+                "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
+                "or scale the learning rate by N yourself and drop this recipe.")
+        _optimizer_config(plan.compile_config.get("optimizer"))
+
+    def __call__(self, plan: Plan) -> Plan:
+        steps = self.accumulation_steps(plan.batch_size)
+        optimizer = _optimizer_config(plan.compile_config["optimizer"])
+        optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
+        compile_config = {**plan.compile_config, "optimizer": optimizer}
+        effective = steps * plan.batch_size
+        detail = (f"accumulates {steps} micro-batches of {plan.batch_size}: each update stands for a batch of "
+                  f"{effective} (Keras averages the {steps} mean-reduced gradients)")
+        if self.scale_learning_rate != "none":
+            compile_config, lr_detail = scale_learning_rate(compile_config, old_batch_size=plan.batch_size,
+                                                            new_batch_size=effective, rule=self.scale_learning_rate)
+            detail += f"; {lr_detail}"
+        return plan.replace(compile_config=compile_config).record(self.name, detail)
+
+
+def with_gradient_accumulation(optimizer: Any, steps: int) -> Any:
+    """Functional form: a fresh copy of a Keras optimizer that accumulates `steps` micro-batches per update.
+
+    Args:
+        optimizer: A Keras 3 optimizer (not yet used: its slots are not copied).
+        steps: Micro-batches per update, at least 2.
+
+    Returns:
+        A new optimizer of the same class and settings, with `gradient_accumulation_steps=steps`.
+
+    Example:
+        >>> import keras
+        >>> with_gradient_accumulation(keras.optimizers.Adam(1e-3), 4).gradient_accumulation_steps
+        4
+    """
+    import keras
+
+    GradAccum(steps=steps)  # validates steps
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        # LossScaleOptimizer rejects the argument itself: it belongs to the inner optimizer.
+        inner = with_gradient_accumulation(optimizer.inner_optimizer, steps)
+        return keras.optimizers.LossScaleOptimizer(inner, **{key: value for key, value in optimizer.get_config().items()
+                                                             if key in ("initial_scale", "dynamic_growth_steps")})
+    return type(optimizer).from_config({**optimizer.get_config(), "gradient_accumulation_steps": steps})
+
+
+def _optimizer_config(optimizer: Any) -> dict[str, Any]:
+    """The serialized optimizer as a mutable dict, whatever form the compile config holds it in."""
+    import keras
+
+    if isinstance(optimizer, str):
+        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
+    if not isinstance(optimizer, dict) or "config" not in optimizer:
+        raise RecipeConfigError(f"grad_accum: cannot read the optimizer from the compile config ({optimizer!r}). "
+                                "Compile the model with a Keras 3 optimizer.")
+    if optimizer.get("class_name") == "LossScaleOptimizer":
+        raise RecipeConfigError(
+            "grad_accum: the model is compiled with a LossScaleOptimizer, which does not take "
+            "gradient_accumulation_steps. Compile with the plain optimizer and use the mixed_precision recipe: "
+            "build() wraps it, and the inner optimizer accumulates.")
+    return {**optimizer, "config": dict(optimizer["config"])}
+
+
+def _loss_reduction(loss: Any) -> str | None:
+    if isinstance(loss, dict):
+        return (loss.get("config") or {}).get("reduction")
+    return None

@@ -1,0 +1,173 @@
+"""Checkpoints that let a killed run resume where it stopped, losing at most the steps since the last one.
+
+Keras' `BackupAndRestore` is not enough here: it restores the weights saved mid-epoch, but then replays
+that epoch from its first batch (it records the batch but never uses it), so a run killed mid-epoch and
+restarted trains more steps than asked and sees some batches twice. tfopt therefore saves the model,
+the optimizer (moments, iteration count, gradient accumulators) and the global step with
+`tf.train.CheckpointManager`, and `train()` skips the batches already trained on when it resumes.
+
+Why these checkpoints survive a kill at any moment: TensorFlow writes a checkpoint's files first and
+only then rewrites the small `checkpoint` state file, atomically (`atomic_write_string_to_file`); with
+asynchronous writing the state file is updated by a callback after the background write finished. A
+kill mid-write therefore leaves the previous checkpoint as the latest one. Every checkpoint gets a new
+name (`ckpt-<global step>`), so no complete checkpoint is ever overwritten in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import keras
+
+from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.errors import NonFiniteLossError
+from tfopt.training.guards import weights_are_finite
+
+_log = logging.getLogger("tfopt")
+
+
+class TrainingCheckpoint:
+    """The model, its optimizer and the training position, saved to and restored from one directory.
+
+    Args:
+        directory: Where checkpoints go; one run per directory.
+        model: A compiled Keras model; its optimizer is built here if it is not yet, so its variables
+            exist to be restored into. Its variables (weights and seed-generator states) and the
+            optimizer's are saved in order, so the same architecture built afresh restores them.
+        steps_per_epoch: Steps in one epoch, stored so a resumed run with other epochs is caught.
+        keep: How many of the newest checkpoints to keep (older ones are deleted after a new one is
+            complete).
+        async_write: Write checkpoint files in a background thread (the values are copied first, so
+            training may change the weights meanwhile).
+
+    Example:
+        >>> import keras, tempfile
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> checkpoint = TrainingCheckpoint(tempfile.mkdtemp(), model, steps_per_epoch=10)
+        >>> checkpoint.restore() is None  # an empty directory: start from step 0
+        True
+    """
+
+    def __init__(self, directory: str | os.PathLike, model: Any, *, steps_per_epoch: int, keep: int = 3,
+                 async_write: bool = True):
+        import tensorflow as tf
+
+        if keep < 1:
+            raise DataError(f"keep_checkpoints must be at least 1; received {keep}.")
+        self.directory = os.fspath(directory)
+        self.model = model
+        self.steps_per_epoch = steps_per_epoch
+        optimizer = model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        # Plain CPU variables: the position is host bookkeeping, not state to mirror across replicas.
+        with tf.device("/cpu:0"):
+            self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self._steps_per_epoch = tf.Variable(steps_per_epoch, dtype=tf.int64, trainable=False,
+                                                name="steps_per_epoch")
+        # The TensorFlow variables under the Keras ones, in order, rather than the Keras objects: TF's
+        # asynchronous checkpointing fails from the second save on with Keras 3 variables
+        # (KerasVariable._copy_trackable_to_cpu creates a tf.Variable inside TF's traced copy function:
+        # "tf.function only supports singleton tf.Variables"); plain ones work. Keras paths cannot be the
+        # keys: Keras makes names unique per process (dense_3 in a second model), so they change.
+        self._checkpoint = tf.train.Checkpoint(model_variables=[v.value for v in model.variables],
+                                               optimizer_variables=[v.value for v in optimizer.variables],
+                                               global_step=self._global_step,
+                                               steps_per_epoch=self._steps_per_epoch)
+        self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory, max_to_keep=keep,
+                                                   checkpoint_name="ckpt")
+        self._options = tf.train.CheckpointOptions(enable_async=async_write)
+        self._async = async_write
+        self._last_saved_step: int | None = None
+
+    @property
+    def latest_path(self) -> str | None:
+        """The newest complete checkpoint (an async write in progress is not complete yet)."""
+        return self._manager.latest_checkpoint
+
+    def restore(self) -> int | None:
+        """Loads the newest checkpoint into the model and optimizer.
+
+        Returns:
+            The global step it was written at, or None where the directory holds no checkpoint.
+
+        Raises:
+            IncompatibleModelError: The checkpoint was written by a different model or optimizer.
+            DataError: It was written with another number of steps per epoch, so the position in the
+                data cannot be recovered.
+        """
+        path = self._manager.latest_checkpoint
+        if path is None:
+            return None
+        try:
+            # A shape mismatch raises ValueError during restore; a missing variable fails the assertion.
+            self._checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+        except (AssertionError, ValueError) as error:
+            raise IncompatibleModelError(
+                f"The checkpoint {path} does not match this model and optimizer ({error}). It was written by "
+                "a different model: train with a new checkpoint_dir, or delete the old one to start over."
+            ) from error
+        saved_steps_per_epoch = int(self._steps_per_epoch.numpy())
+        self._steps_per_epoch.assign(self.steps_per_epoch)
+        if saved_steps_per_epoch != self.steps_per_epoch:
+            raise DataError(
+                f"The checkpoint {path} was written with steps_per_epoch={saved_steps_per_epoch}; this run has "
+                f"steps_per_epoch={self.steps_per_epoch}, so where to resume in the data is unknown. Resume "
+                "with the same dataset and steps_per_epoch, or use a new checkpoint_dir.")
+        step = int(self._global_step.numpy())
+        self._last_saved_step = step
+        _log.info("Resumed from %s at global step %d.", path, step)
+        return step
+
+    def save(self, global_step: int) -> None:
+        """Writes a checkpoint of the current state at `global_step` (once per step).
+
+        Raises:
+            NonFiniteLossError: A weight is NaN or Inf; nothing is written, so the previous checkpoint
+                stays the newest good one.
+        """
+        if global_step == self._last_saved_step:
+            return
+        if not weights_are_finite(self.model):
+            raise NonFiniteLossError(
+                f"Training stopped at step {global_step}: the model's weights contain NaN or Inf, so no "
+                "checkpoint was written from them. Lower the learning rate or check the inputs for NaN/Inf.",
+                step=global_step)
+        self._global_step.assign(global_step)
+        self._manager.save(checkpoint_number=global_step, options=self._options)
+        self._last_saved_step = global_step
+
+    def sync(self) -> None:
+        """Waits until an asynchronous write has finished, so `latest_path` is final."""
+        if self._async:
+            self._checkpoint.sync()
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Saves a `TrainingCheckpoint` every `every_steps` global steps and at every epoch end.
+
+    Args:
+        checkpoint: Where to save.
+        every_steps: Interval in global steps.
+        steps_done: Global steps trained before this `fit()` call.
+    """
+
+    def __init__(self, checkpoint: TrainingCheckpoint, *, every_steps: int, steps_done: int = 0):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.every_steps = every_steps
+        self._epoch_base = steps_done
+        self._step = steps_done
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        previous, self._step = self._step, self._epoch_base + batch + 1
+        # steps_per_execution may run several steps per call: save when an interval boundary was crossed.
+        crossed_interval = self._step // self.every_steps > previous // self.every_steps
+        if crossed_interval or self._step % self.checkpoint.steps_per_epoch == 0:
+            self.checkpoint.save(self._step)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch_base = self._step

@@ -1,0 +1,196 @@
+"""`train()`: run `model.fit` on a built plan so that a killed run resumes and a diverging one stops.
+
+Used by `tfopt.apply(..., train=...)` and `tfopt-recipe run`. With a `checkpoint_dir`, the run is
+saved every `checkpoint_every_steps` steps; started again with the same directory, it restores the
+newest checkpoint and skips the batches already trained on, so it ends after exactly the steps an
+uninterrupted run takes. Whatever happens, a NaN or Inf loss raises `NonFiniteLossError` and no
+checkpoint is ever written from the weights that produced it.
+
+Two data modes keep the position in the data exact:
+
+* one pass per epoch (no `steps_per_epoch`): a finite dataset; a resumed epoch starts at
+  `dataset.skip(steps already done in it)`.
+* a stream (`steps_per_epoch` given): the dataset is repeated if finite and read as one stream across
+  epochs, as Keras does for an infinite dataset; a resumed run starts at `stream.skip(global step)`.
+
+Resuming exactly needs a deterministic dataset (no unseeded shuffle). `skip()` reads the skipped
+batches, so resuming late in a long epoch costs that reading time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tfopt.errors import DataError
+from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
+from tfopt.errors import NonFiniteLossError
+from tfopt.training.guards import NonFiniteLossGuard
+
+_log = logging.getLogger("tfopt")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingResult:
+    """What a `train()` call did.
+
+    Attributes:
+        history: Keras' per-epoch logs of this call (a resumed epoch's values cover its remaining steps).
+        epochs: The epochs asked for.
+        steps_per_epoch: Steps in each epoch.
+        resumed_from_step: The global step restored from a checkpoint, or 0 for a fresh start.
+        steps_run: Steps trained by this call.
+        global_step: Steps trained in total, over all calls on this checkpoint directory.
+        last_checkpoint: The newest checkpoint, or None without a checkpoint_dir.
+    """
+
+    history: dict[str, list[float]]
+    epochs: int
+    steps_per_epoch: int
+    resumed_from_step: int
+    steps_run: int
+    global_step: int
+    last_checkpoint: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
+          checkpoint_dir: str | os.PathLike | None = None, checkpoint_every_steps: int = 100,
+          keep_checkpoints: int = 3, async_checkpoint: bool = True, callbacks: Sequence[Any] = (),
+          validation_data: Any = None, verbose: int | str = 0) -> TrainingResult:
+    """Trains a built plan for `epochs`, resuming from `checkpoint_dir` and stopping on a NaN/Inf loss.
+
+    Args:
+        built: The result of `tfopt.build(plan)` (model, dataset, strategy).
+        epochs: Total epochs, counting those done before a restart.
+        steps_per_epoch: Steps per epoch; None means one pass over the (finite) dataset.
+        checkpoint_dir: Where to save and resume from, or None for no checkpoints.
+        checkpoint_every_steps: Interval between checkpoints in steps; a kill loses at most this many
+            steps (plus one being written). Checkpoints are also written at every epoch end.
+        keep_checkpoints: How many of the newest checkpoints to keep.
+        async_checkpoint: Write checkpoints in a background thread while training continues.
+        callbacks: More Keras callbacks, run after the NaN guard and before the checkpoint.
+        validation_data: Passed to `model.fit`.
+        verbose: Passed to `model.fit`.
+
+    Returns:
+        What was trained, and where the newest checkpoint is.
+
+    Raises:
+        NonFiniteLossError: The loss (or a weight) became NaN or Inf; the message names the step and
+            the last good checkpoint.
+        DataError: The arguments are out of range, or the dataset's length is needed and unknown.
+        IncompatibleModelError: `checkpoint_dir` holds a checkpoint of another model.
+
+    Example:
+        >>> result = train(tfopt.build(plan), epochs=3, checkpoint_dir="run/ckpt")  # doctest: +SKIP
+        >>> result.global_step  # doctest: +SKIP
+        300
+    """
+    model = built.model
+    _check_arguments(epochs, steps_per_epoch, checkpoint_every_steps)
+    stream = steps_per_epoch is not None
+    if stream:
+        dataset = _as_stream(built.dataset)
+    else:
+        dataset, steps_per_epoch = _one_pass(built.dataset)
+    total_steps = epochs * steps_per_epoch
+
+    checkpoint = None
+    start = 0
+    if checkpoint_dir is not None:
+        with built.strategy.scope():
+            checkpoint = TrainingCheckpoint(checkpoint_dir, model, steps_per_epoch=steps_per_epoch,
+                                            keep=keep_checkpoints, async_write=async_checkpoint)
+            start = checkpoint.restore() or 0
+    if start > total_steps:
+        raise DataError(f"The checkpoint in {checkpoint_dir} is at step {start}, past the {total_steps} steps "
+                        f"of epochs={epochs}: raise epochs, or use a new checkpoint_dir.")
+
+    history: dict[str, list[float]] = {}
+    done = start
+    try:
+        for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
+            run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
+            if checkpoint is not None:
+                run_callbacks.append(CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps,
+                                                        steps_done=first_step))
+            fitted = model.fit(callbacks=run_callbacks, validation_data=validation_data, verbose=verbose,
+                               **fit_kwargs)
+            for key, values in fitted.history.items():
+                history.setdefault(key, []).extend(float(value) for value in values)
+            done = first_step + steps
+    except NonFiniteLossError as error:
+        if checkpoint is None:
+            raise
+        checkpoint.sync()
+        raise error.with_checkpoint(checkpoint.latest_path) from None
+    finally:
+        if checkpoint is not None:
+            checkpoint.sync()
+    return TrainingResult(history=history, epochs=epochs, steps_per_epoch=steps_per_epoch, resumed_from_step=start,
+                          steps_run=done - start, global_step=done,
+                          last_checkpoint=checkpoint.latest_path if checkpoint else None)
+
+
+def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, stream: bool):
+    """The `fit()` calls that train from global step `start` to `total_steps`.
+
+    A resumed run that stopped mid-epoch needs two: the rest of that epoch, then the remaining epochs.
+    Yields (first global step, steps, fit keyword arguments).
+    """
+    epoch, step_in_epoch = divmod(start, steps_per_epoch)
+    epochs = total_steps // steps_per_epoch
+    if step_in_epoch:
+        steps = steps_per_epoch - step_in_epoch
+        data = dataset.skip(start) if stream else dataset.skip(step_in_epoch)
+        yield start, steps, dict(x=data, initial_epoch=epoch, epochs=epoch + 1,
+                                 steps_per_epoch=steps if stream else None)
+        epoch += 1
+    if epoch < epochs:
+        first = epoch * steps_per_epoch
+        data = dataset.skip(first) if stream and first else dataset
+        yield first, total_steps - first, dict(x=data, initial_epoch=epoch, epochs=epochs,
+                                               steps_per_epoch=steps_per_epoch if stream else None)
+
+
+def _check_arguments(epochs: int, steps_per_epoch: int | None, checkpoint_every_steps: int) -> None:
+    if not isinstance(epochs, int) or epochs < 1:
+        raise DataError(f"train: epochs must be a positive integer; received {epochs!r}.")
+    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
+        raise DataError(f"train: steps_per_epoch must be a positive integer or None (one pass over the "
+                        f"dataset); received {steps_per_epoch!r}.")
+    if not isinstance(checkpoint_every_steps, int) or checkpoint_every_steps < 1:
+        raise DataError(f"train: checkpoint_every_steps must be a positive integer; received "
+                        f"{checkpoint_every_steps!r}.")
+
+
+def _as_stream(dataset: Any) -> Any:
+    import tensorflow as tf
+
+    infinite = int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    return dataset if infinite else dataset.repeat()
+
+
+def _one_pass(dataset: Any) -> tuple[Any, int]:
+    """The dataset with a known length, and that length in batches (read once where it was unknown)."""
+    import tensorflow as tf
+
+    cardinality = int(dataset.cardinality())
+    if cardinality == int(tf.data.INFINITE_CARDINALITY):
+        raise DataError("train: the dataset repeats forever, so an epoch has no end. Pass steps_per_epoch=N.")
+    if cardinality == int(tf.data.UNKNOWN_CARDINALITY):
+        _log.info("The dataset's length is unknown (filter() or rebatch() hide it): reading it once to count "
+                  "batches. Pass steps_per_epoch= to skip this.")
+        cardinality = int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+        # Tell Keras too: with an unknown length it learns the epoch's end from an OutOfRange error and warns.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
+    if cardinality == 0:
+        raise DataError("train: the dataset yields no batch. Check its source (and drop_remainder=True "
+                        "with a batch larger than the data).")
+    return dataset, cardinality

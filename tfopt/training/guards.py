@@ -1,0 +1,93 @@
+"""Stop training at the first NaN or Inf loss, with a message that says where and what to do.
+
+Keras' own `TerminateOnNaN` only sets `stop_training` and prints a line, so `fit()` returns normally and a
+script goes on to save and evaluate a broken model. This guard raises instead, naming the step, the
+loss, and (under float16) the loss-scale state, because a collapsing loss scale is the usual fp16 story.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from tfopt.errors import NonFiniteLossError
+
+
+def loss_scale_state(optimizer: Any) -> str | None:
+    """Describes a LossScaleOptimizer's dynamic scale, or None for any other optimizer.
+
+    Example:
+        >>> import keras
+        >>> loss_scale_state(keras.optimizers.SGD()) is None
+        True
+    """
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    scale = float(optimizer.dynamic_scale.numpy()) if optimizer.built else float(optimizer.initial_scale)
+    initial = float(optimizer.initial_scale)
+    return (f"float16 loss scale is {scale:g} (started at {initial:g}); a scale that has collapsed far below "
+            "its start means gradients overflow float16 even unscaled")
+
+
+def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
+    """Raises `NonFiniteLossError` if `loss` is NaN or Inf.
+
+    Args:
+        loss: The loss value (a Python number or scalar tensor).
+        step: The global step it belongs to, for the message.
+        optimizer: The model's optimizer; a LossScaleOptimizer's scale is added to the message.
+
+    Raises:
+        NonFiniteLossError: The loss is not finite.
+
+    Example:
+        >>> check_finite_loss(0.5, step=3)  # finite: returns None
+    """
+    value = float(loss)
+    if math.isfinite(value):
+        return
+    scale = loss_scale_state(optimizer)
+    raise NonFiniteLossError(
+        f"Training stopped at step {step}: the loss is {value}. Common causes: a learning rate too high "
+        "for the batch size, inputs containing NaN/Inf (check the dataset), log(0) or division by zero in "
+        "a custom loss, or float16 overflow (compute the last layer and the loss in float32)."
+        + (f" The {scale}." if scale else ""), step=step)
+
+
+def weights_are_finite(model: Any) -> bool:
+    """Whether every variable of `model` holds only finite values (checked before writing a checkpoint)."""
+    import tensorflow as tf
+
+    variables = [v for v in model.variables if keras.backend.is_float_dtype(v.dtype)]
+    if not variables:
+        return True
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables]))
+
+
+class NonFiniteLossGuard(keras.callbacks.Callback):
+    """A callback that raises `NonFiniteLossError` at the first step whose loss is NaN or Inf.
+
+    `logs["loss"]` in Keras 3 is the running mean over the epoch, so it turns non-finite at the first bad
+    step and stays so: checking it at every batch end finds that step. Put it before any callback that
+    saves, so nothing is saved from the bad step.
+
+    Args:
+        steps_done: Global steps already trained before this `fit()` call (a resumed run), so the message
+            names global steps.
+    """
+
+    def __init__(self, steps_done: int = 0):
+        super().__init__()
+        self._epoch_base = steps_done
+        self._step = steps_done
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # `batch` is the index within the epoch of the last step run (steps_per_execution may run several).
+        self._step = self._epoch_base + batch + 1
+        if logs and "loss" in logs:
+            check_finite_loss(logs["loss"], step=self._step, optimizer=self.model.optimizer)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch_base = self._step
