@@ -28,6 +28,7 @@ _PUBLIC = {
     "Report": "tfopt.profiling.report",
     "diagnose": "tfopt.profiling.diagnose",
     "find_batch_size": "tfopt.recipes.batch_size",
+    "load_recipe": "tfopt.recipe_file",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -37,6 +37,7 @@ class ApplyResult:
         after: The optimized setup's measurement, or None when measuring was turned off.
         before_profile: The baseline's profile (trace, breakdown, diagnosis) with profile=True.
         after_profile: The optimized setup's profile with profile=True.
+        tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
     """
 
     model: Any
@@ -48,6 +49,7 @@ class ApplyResult:
     after: Measurement | None
     before_profile: capture.Profile | None = None
     after_profile: capture.Profile | None = None
+    tuning: Any = None
 
     def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
         """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
@@ -80,6 +82,7 @@ class ApplyResult:
             "before": self.before.to_dict() if self.before else None,
             "after": self.after.to_dict() if self.after else None,
             "speedup": self.speedup,
+            "tuning": self.tuning.to_dict() if self.tuning else None,
         }
 
     def summary(self) -> str:
@@ -188,10 +191,12 @@ def apply(
                             "build the pipeline.")
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
+    tuning = None
     if auto:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
         from tfopt.auto import tune
 
-        optimized = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress).plan
+        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress)
+        optimized = tuning.plan
     else:
         recipe.check(baseline)
         optimized = recipe(baseline)
@@ -206,7 +211,7 @@ def apply(
         after, after_profile = _evidence(built, "after", **evidence)
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=optimized,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
-                       after_profile=after_profile)
+                       after_profile=after_profile, tuning=tuning)
 
 
 def _evidence(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,

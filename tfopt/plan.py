@@ -150,7 +150,7 @@ def make_plan(
         compile_config={**compile_config, "jit_compile": False},
         hardware=hardware,
         sample_inputs=sample[0],
-        batch_size=_batch_size(sample[0]),
+        batch_size=batch_size_of(sample[0]),
         weights_from=model if model is not None and model.built else None,
         source=source,
     )
@@ -211,7 +211,8 @@ def _first_batch(dataset: Any) -> tuple[Any, ...]:
     return element
 
 
-def _batch_size(inputs: Any) -> int:
+def batch_size_of(inputs: Any) -> int:
+    """The number of examples in a batch of model inputs (the first dimension of the first input)."""
     import tensorflow as tf
 
     first = tf.nest.flatten(inputs)[0]

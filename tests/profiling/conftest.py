@@ -112,7 +112,8 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
     capture = Capture(logdir=logdir, xplane_path=f"{logdir}/x.xplane.pb", step_times=profiled,
                       step_numbers=tuple(range(3, 3 + steps)), step_end_seconds=ends, samples=samples)
     return Profile(measurement=measurement, capture=capture, breakdown=breakdown,
-                   diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=samples.peak_memory_fraction),
+                   diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=samples.peak_memory_fraction,
+                                                 utilization=measurement.utilization),
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 
 

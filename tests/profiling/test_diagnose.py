@@ -153,3 +153,21 @@ def test_tuned_pipeline_is_not_input_bound(tuned_profile):
     assert tuned_profile.breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT
     assert not tuned_profile.diagnosis.input_bound
     assert tuned_profile.diagnosis.findings == ()
+
+
+def test_ceiling_gap_on_cpu_is_input_cost_even_without_visible_waits():
+    # On a CPU the pipeline competes with training for the cores: little waiting, but slower steps.
+    from tfopt.profiling.diagnose import diagnose_breakdown
+
+    breakdown = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,),
+                              input_seconds=0.002, host_compute_seconds=0.098)
+    cpu = Hardware(cpu_count=2)
+    assert diagnose_breakdown(breakdown, cpu).findings == ()
+    finding = diagnose_breakdown(breakdown, cpu, utilization=0.6).findings[0]
+    assert (finding.bottleneck, finding.severity, finding.recipe) == ("cpu_preprocessing", "high", "data_pipeline")
+    assert finding.percent == pytest.approx(40.0) and "60% of the compute-only ceiling" in finding.reason
+    assert diagnose_breakdown(breakdown, cpu, utilization=0.8).findings[0].severity == "moderate"
+    assert diagnose_breakdown(breakdown, cpu, utilization=0.9).findings == ()  # within measurement noise
+    # On an accelerator the trace sees input waits itself, so the ceiling gap alone decides nothing there.
+    gpu = Hardware(gpus=(Gpu("Fake A100", (8, 0)),), cpu_count=2)
+    assert not diagnose_breakdown(breakdown, gpu, utilization=0.6).input_bound

@@ -281,7 +281,13 @@ def test_failed_write_leaves_the_earlier_report_and_no_temporary_file(tmp_path, 
 
 
 def test_notebooks_display_reports_and_profiles(fake_report, make_fake_profile):
-    assert fake_report._repr_html_() == fake_report.to_html()
+    fragment = fake_report._repr_html_()
+    # A notebook embeds the fragment in its own page: no document, and no style outside the report.
+    assert "<html" not in fragment and "<body" not in fragment
+    assert fragment.split("</style>", 1)[1].strip() in fake_report.to_html()
+    rules = [rule for rule in fragment.split("<style>", 1)[1].split("</style>", 1)[0].split("}") if rule.strip()]
+    assert all(selector.strip().startswith(".tfopt-report") for rule in rules
+               for selector in rule.split("{", 1)[0].split(","))
     single = make_fake_profile()._repr_html_()
     tables = _Tables()
     tables.feed(single)

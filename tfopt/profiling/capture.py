@@ -16,23 +16,19 @@ speed; the profiled one shows what the profiler costs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import keras
 
 from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import STEP_MARKER, StepBreakdown, analyze, find_xplane
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
 from tfopt.profiling.monitor import Monitor, Samples
-from tfopt.profiling.timing import Measurement, StepTimes, _StepTimer, measure
+from tfopt.profiling.timing import Measurement, StepTimer, StepTimes, measure, training_state_restored
 
 _log = logging.getLogger("tfopt")
 
@@ -144,11 +140,12 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
 
         hardware = detect()
     measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size)
-    with _state_restored(model):
+    with training_state_restored(model):
         captured = capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
                            logdir=logdir, monitor_interval_seconds=monitor_interval_seconds)
     breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
-    diagnosis = diagnose_breakdown(breakdown, hardware, peak_memory_fraction=captured.samples.peak_memory_fraction)
+    diagnosis = diagnose_breakdown(breakdown, hardware, peak_memory_fraction=captured.samples.peak_memory_fraction,
+                                   utilization=measurement.utilization)
     return Profile(measurement=measurement, capture=captured, breakdown=breakdown, diagnosis=diagnosis,
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 
@@ -175,8 +172,6 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     Raises:
         MeasurementError: Arguments out of range, another profiler session is running, or training failed.
     """
-    import tensorflow as tf
-
     if steps < 2 or warmup_steps < 1:
         raise MeasurementError(f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
                                f"warmup_steps={warmup_steps}.")
@@ -189,7 +184,7 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     try:
         with monitor:
             model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,
-                      callbacks=[marker])
+                      shuffle=False, callbacks=[marker])
     except BaseException as error:
         marker.close()
         message = (f"The profiled run stopped after {marker.completed} of {warmup_steps + steps + 1} steps "
@@ -211,7 +206,7 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
                    step_end_seconds=tuple(end - monitor.start_time for end in marker.end_times[:steps]))
 
 
-class _ProfiledSteps(_StepTimer):
+class _ProfiledSteps(StepTimer):
     """Times steps like `timing`, marks each one for the profiler, and runs the profiler around them."""
 
     def __init__(self, *, warmup_steps: int, steps: int, logdir: Path):
@@ -280,7 +275,7 @@ def _check_dataset(dataset: Any) -> tuple[int | None, int]:
     """Returns (batches per epoch where known, batch size); rejects datasets that cannot be profiled."""
     import tensorflow as tf
 
-    from tfopt.plan import _batch_size
+    from tfopt.plan import batch_size_of
 
     if not isinstance(dataset, tf.data.Dataset):
         raise DataError(f"Expected a batched tf.data.Dataset, received {type(dataset).__name__}. Wrap arrays "
@@ -299,19 +294,4 @@ def _check_dataset(dataset: Any) -> tuple[int | None, int]:
     if not isinstance(element, tuple) or len(element) not in (2, 3):
         raise DataError(f"Each dataset element must be an (inputs, targets[, sample_weights]) tuple as "
                         f"keras' fit() expects; received {type(element).__name__}.")
-    return (cardinality if cardinality > 0 else None), _batch_size(element[0])
-
-
-@contextlib.contextmanager
-def _state_restored(model: Any) -> Iterator[None]:
-    """Puts the model's weights and optimizer variables back after a run that trains it."""
-    optimizer = model.optimizer
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    state = [*model.weights, *optimizer.variables]
-    saved = [variable.numpy() for variable in state]
-    try:
-        yield
-    finally:
-        for variable, value in zip(state, saved):
-            variable.assign(value)
+    return (cardinality if cardinality > 0 else None), batch_size_of(element[0])

@@ -13,6 +13,14 @@ breakdowns as well as real captures. The thresholds are the TF Profiler's own (t
 | compilation (tfopt's choice)  | >= 3%    | >= 15%|
 
 and device compute in 16-bit types below 10% means mixed precision is left on the table.
+
+The trace alone misses input cost on a CPU-only machine: there the input pipeline does not make the step
+wait so much as compete with training for the same cores, so the cost shows up as slower host compute.
+The measured utilization (real step time against the compute-only ceiling) catches it: on a CPU-only
+machine whose trace shows waits below the 5% threshold, a gap of 15% (moderate) or 30% (high) counts as
+input cost: tfopt's thresholds, higher than the trace's because two timed runs on a shared machine differ
+by up to about 10% by noise alone. On accelerators the trace sees the wait
+and says more (which input stage), so it decides there.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ COLLECTIVES_MODERATE_PERCENT = 3.0
 COLLECTIVES_HIGH_PERCENT = 15.0
 COMPILE_MODERATE_PERCENT = 3.0
 COMPILE_HIGH_PERCENT = 15.0
+CEILING_GAP_MODERATE_PERCENT = 15.0
+CEILING_GAP_HIGH_PERCENT = 30.0
 LOW_16BIT_PERCENT = 10.0
 # A step where the accelerator computes less than half the time, with the input pipeline keeping up,
 # is dominated by fixed per-step costs (dispatch, Python, launches): a larger batch amortises them.
@@ -135,13 +145,14 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
         >>> diagnose(starved, Hardware()).recipes
         ('data_pipeline',)
     """
-    peak_memory_fraction = None
+    peak_memory_fraction = utilization = None
     if isinstance(profile_or_breakdown, StepBreakdown):
         breakdown = profile_or_breakdown
     elif isinstance(getattr(profile_or_breakdown, "breakdown", None), StepBreakdown):
         breakdown = profile_or_breakdown.breakdown
         hardware = hardware or profile_or_breakdown.hardware
         peak_memory_fraction = profile_or_breakdown.samples.peak_memory_fraction
+        utilization = profile_or_breakdown.measurement.utilization
     else:
         raise TypeError(f"diagnose() takes a Profile (from tfopt.profile) or a StepBreakdown; received "
                         f"{type(profile_or_breakdown).__name__}.")
@@ -149,23 +160,26 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
         from tfopt.hardware import detect
 
         hardware = detect()
-    return diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak_memory_fraction)
+    return diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak_memory_fraction,
+                              utilization=utilization)
 
 
 def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *,
-                       peak_memory_fraction: float | None = None) -> Diagnosis:
+                       peak_memory_fraction: float | None = None, utilization: float | None = None) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
     Args:
         breakdown: Where the step time went.
         hardware: The machine it ran on (decides whether 16-bit compute and bigger batches apply).
         peak_memory_fraction: The fullest accelerator's peak memory use (0..1), where it was sampled.
+        utilization: Real step time against the compute-only ceiling (1.0 = the input costs nothing),
+            where it was measured.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
     findings = [finding for finding in (
-        _input(breakdown, hardware),
+        _input(breakdown, hardware, utilization),
         _compilation(breakdown),
         _collectives(breakdown),
         _launch(breakdown),
@@ -186,9 +200,19 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def _input(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
+def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | None) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
+    gap_percent = 100.0 * (1.0 - utilization) if utilization is not None else 0.0
+    gap_severity = _severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
+    if severity is None and gap_severity is not None and hardware.accelerator == "cpu":
+        # The trace shows little waiting, yet training is well below its ceiling: on a CPU-only machine
+        # the input pipeline slows the step by competing with it for the cores.
+        return Finding(CPU_PREPROCESSING, gap_severity, gap_percent, "data_pipeline",
+                       f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
+                       f"{percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
+                       f"training for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
+                       "prefetched stages cut its cost.")
     if severity is None:
         return None
     split = breakdown.input_split or {}

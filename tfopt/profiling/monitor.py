@@ -245,6 +245,8 @@ def _host_reader() -> Callable[[float], list[Sample]]:
 
     def read(now: float) -> list[Sample]:
         # psutil counts 100% per core; divided by the usable cores, 100% means the whole host is busy.
-        return [Sample(now, HOST, process.cpu_percent(None) / cores, int(process.memory_info().rss))]
+        # CPU time is counted in clock ticks (10 ms), so over a short interval the ratio can overshoot.
+        busy = min(100.0, process.cpu_percent(None) / cores)
+        return [Sample(now, HOST, busy, int(process.memory_info().rss))]
 
     return read

@@ -119,15 +119,19 @@ class Report:
 
     def to_html(self) -> str:
         """One self-contained HTML page: inline CSS, figures embedded as base64 PNG, no scripts."""
+        return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>tfopt report</title>'
+                f"<style>{_CSS}</style></head><body>\n{self._html_fragment()}\n</body></html>")
+
+    def _repr_html_(self) -> str:
+        # Notebooks embed this in their own page: a fragment whose styles apply only inside it.
+        return f"<style>{_CSS}</style>\n{self._html_fragment()}"
+
+    def _html_fragment(self) -> str:
         data = self.to_dict()
         names = list(data["runs"])
         figures = "".join(f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,'
                           f'{png_base64(figure)}"></figure>' for name, figure in self.figures().items())
-        parts = [
-            "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>tfopt report</title>',
-            f"<style>{_CSS}</style></head><body>", "<h1>tfopt report</h1>",
-            f"<p>{html.escape(data['hardware'])}</p>",
-        ]
+        parts = ['<div class="tfopt-report">', "<h1>tfopt report</h1>", f"<p>{html.escape(data['hardware'])}</p>"]
         if data["speedup"] is not None:
             parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
                          f"({html.escape(names[-1])} vs {html.escape(names[0])}).</p>")
@@ -153,12 +157,8 @@ class Report:
                   "<h2>Traces</h2><ul>"]
         parts += [f"<li>{html.escape(name)}: <code>tensorboard --logdir {html.escape(run['logdir'])}</code></li>"
                   for name, run in data["runs"].items()]
-        parts.append(f"</ul><footer>tfopt report v{REPORT_VERSION}, {html.escape(data['created'])}</footer>"
-                     "</body></html>")
+        parts.append(f"</ul><footer>tfopt report v{REPORT_VERSION}, {html.escape(data['created'])}</footer></div>")
         return "\n".join(parts)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
 
     def save(self, path: str | Path) -> Path:
         """Writes the report as HTML (.html), Markdown (.md) or JSON (.json), chosen by the suffix.
@@ -346,12 +346,13 @@ def _html_table(header: list[str], rows: list[list[str]], *, table_id: str) -> s
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
-table { border-collapse: collapse; margin: 1rem 0; }
-th, td { border: 1px solid #ccc; padding: 0.3rem 0.7rem; text-align: right; }
-th:first-child { text-align: left; font-weight: normal; }
-thead th { background: #f3f3f3; font-weight: bold; }
-figure { margin: 1rem 0; } img { max-width: 100%; }
-.speedup { font-size: 1.3rem; } code { background: #f3f3f3; padding: 0 0.2rem; }
-footer { margin-top: 2rem; color: #777; font-size: 0.8rem; }
+.tfopt-report { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem;
+                color: #222; }
+.tfopt-report table { border-collapse: collapse; margin: 1rem 0; }
+.tfopt-report th, .tfopt-report td { border: 1px solid #ccc; padding: 0.3rem 0.7rem; text-align: right; }
+.tfopt-report th:first-child { text-align: left; font-weight: normal; }
+.tfopt-report thead th { background: #f3f3f3; font-weight: bold; }
+.tfopt-report figure { margin: 1rem 0; } .tfopt-report img { max-width: 100%; }
+.tfopt-report .speedup { font-size: 1.3rem; } .tfopt-report code { background: #f3f3f3; padding: 0 0.2rem; }
+.tfopt-report footer { margin-top: 2rem; color: #777; font-size: 0.8rem; }
 """

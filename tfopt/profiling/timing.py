@@ -11,9 +11,11 @@ pipeline costs nothing: `utilization = ceiling step time / real step time`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -118,7 +120,7 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
     if steps < 2 or warmup_steps < 1:
         raise MeasurementError(f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
                                f"warmup_steps={warmup_steps}.")
-    timer = _StepTimer(warmup_steps)
+    timer = StepTimer(warmup_steps)
     try:
         model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0,
                   shuffle=False, callbacks=[timer])
@@ -130,18 +132,41 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
 def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int) -> Measurement:
     """Times real training and the compute-only ceiling, then restores the model's state.
 
-    The model's weights and optimizer variables are put back as they were, so a model handed back to
-    the user after measuring starts training where it would have without the measurement.
+    The two are measured in alternating rounds (real, ceiling, real, ceiling) when there are at least 4
+    steps, so a change in the machine's load during the measurement (other processes on a shared box)
+    hits both sides alike instead of biasing their ratio. The model's weights and optimizer variables are
+    put back as they were, so a model handed back to the user starts training where it would have
+    without the measurement.
 
     Args:
         model: A compiled Keras model.
         dataset: Its batched training pipeline.
-        steps: Steps timed in each of the two runs.
-        warmup_steps: Untimed steps before each run.
+        steps: Steps timed on each side, in total over the rounds.
+        warmup_steps: Untimed steps before each side's first round (later rounds warm up one step: the
+            train step is already traced, only the input iterator starts afresh).
         batch_size: Examples per step.
 
     Returns:
         The real and ceiling step times.
+    """
+    ceiling_data = one_batch_repeated(dataset)
+    rounds = [steps - steps // 2, steps // 2] if steps >= 4 else [steps]
+    real: list[float] = []
+    ceiling: list[float] = []
+    with training_state_restored(model):
+        for index, round_steps in enumerate(rounds):
+            warmup = warmup_steps if index == 0 else 1
+            for data, seconds in ((dataset, real), (ceiling_data, ceiling)):
+                seconds.extend(time_training_steps(model, data, steps=round_steps, warmup_steps=warmup,
+                                                   batch_size=batch_size).seconds)
+    return Measurement(real=StepTimes(tuple(real), batch_size), ceiling=StepTimes(tuple(ceiling), batch_size))
+
+
+@contextlib.contextmanager
+def training_state_restored(model: Any) -> Iterator[None]:
+    """Puts the model's weights and optimizer variables back as they were after a block that trains it.
+
+    Measuring trains the model for a few steps; a model handed back to the user must not carry them.
     """
     optimizer = model.optimizer
     if not optimizer.built:
@@ -149,16 +174,13 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     state = [*model.weights, *optimizer.variables]
     saved = [variable.numpy() for variable in state]
     try:
-        real = time_training_steps(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size)
-        ceiling = time_training_steps(model, one_batch_repeated(dataset), steps=steps,
-                                      warmup_steps=warmup_steps, batch_size=batch_size)
+        yield
     finally:
         for variable, value in zip(state, saved):
             variable.assign(value)
-    return Measurement(real=real, ceiling=ceiling)
 
 
-class _StepTimer(keras.callbacks.Callback):
+class StepTimer(keras.callbacks.Callback):
     """Records the wall time between consecutive step ends after the warm-up steps."""
 
     def __init__(self, warmup_steps: int):

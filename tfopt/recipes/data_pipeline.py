@@ -51,7 +51,7 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
     Example:
         >>> import tensorflow as tf
         >>> data = tf.data.Dataset.range(6).map(lambda i: i * 2).batch(2)
-        >>> [list(batch.numpy()) for batch in tune_pipeline(data)]
+        >>> [batch.numpy().tolist() for batch in tune_pipeline(data)]
         [[0, 2], [4, 6], [8, 10]]
     """
     if ram_budget_bytes is None:

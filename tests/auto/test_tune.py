@@ -1,0 +1,101 @@
+"""Auto mode for real, on a tiny model: trials share weights and batches, and apply(recipes="auto") works."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfopt
+from tests.conftest import make_cnn, make_images
+from tfopt.auto import tune
+from tfopt.auto.trials import TrialRunner, _per_step_losses
+from tfopt.errors import RecipeConfigError
+from tfopt.optimize import resolve_recipes
+from tfopt.plan import make_plan
+from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+
+FAST = dict(steps=3, warmup_steps=1, numerics_steps=3)
+
+
+def test_per_step_losses_undo_the_running_mean():
+    # Steps of 8, 8 and 4 examples with losses 3, 1, 2: Keras reports the batch-size-weighted running mean.
+    means = [3.0, 2.0, (24 + 8 + 8) / 20]
+    assert _per_step_losses(means, [8, 8, 4]) == pytest.approx((3.0, 1.0, 2.0))
+
+
+def test_trials_share_weights_batches_and_the_compiled_model(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(count=48), hardware=cpu_hardware)
+    recipes = {"data_pipeline": DataPipeline(), "mixed_bfloat16": MixedPrecision(policy="mixed_bfloat16")}
+    runner = TrialRunner(plan, recipes, **FAST)
+    first, again = runner((), 1e12), runner((), 1e12)
+    data = runner(("data_pipeline",), 1e12)
+    bf16 = runner(("mixed_bfloat16",), 1e12)
+    assert first.measured and len(first.step_times.seconds) == 3 and first.step_times.batch_size == 8
+    assert first.compile_seconds is not None and again.compile_seconds is None  # compiled once, then shared
+    assert data.compile_seconds is None and data.losses == first.losses  # same model: same numerics
+    assert first.losses == again.losses  # every trial starts from the same weights on the same batches
+    assert len(runner._models) == 2
+    assert all(np.isfinite(bf16.losses)) and bf16.losses != first.losses
+    assert np.allclose(bf16.losses, first.losses, rtol=0.02)  # bf16 rounding, not broken numerics
+    model = runner.baseline(1e12).model
+    assert int(model.optimizer.iterations) == 0  # state restored after every trial
+
+
+def test_deadline_stops_a_trial(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+    runner = TrialRunner(plan, {}, **FAST)
+    runner.baseline(1e12)
+    result = runner((), deadline=0.0)  # already past: stops after the first timed-run step
+    assert result.stopped_by_budget and not result.measured
+
+
+def test_a_recipe_that_declines_is_reported(cpu_hardware):
+    import keras
+
+    inputs = keras.Input((4,), dtype="string")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b"], output_mode="one_hot")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(keras.layers.Flatten()(lookup)))
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((tf.constant([["a", "b", "a", "b"]] * 16), tf.zeros(16, "int32")))
+    plan = make_plan(model, data.batch(4), hardware=cpu_hardware)
+    result = TrialRunner(plan, {"xla": Xla(jit_compile=True)}, **FAST)(("xla",), 1e12)
+    assert result.skipped and "xla: skipped: " in result.skipped and not result.measured
+
+
+def test_tune_end_to_end(cpu_hardware):
+    events = []
+    plan = make_plan(make_cnn(), make_images(count=48), hardware=cpu_hardware)
+    tuning = tune(plan, budget_seconds=25, profile=False, on_progress=events.append, **FAST)
+    table = tuning.table
+    assert table.rows[0].configuration == "baseline" and table.rows[0].status == "baseline"
+    labels = {row.configuration for row in table.rows}
+    assert {"mixed_bfloat16", "xla"} <= labels
+    assert {decision.candidate for decision in table.decisions} >= {"mixed_bfloat16", "xla"}
+    assert set(tuning.recipe.recipes) == {
+        {"data_pipeline": DataPipeline(), "mixed_bfloat16": MixedPrecision(policy="mixed_bfloat16"),
+         "xla": Xla(jit_compile=True)}[label] for label in table.chosen}
+    auto_steps = [step for step in tuning.plan.applied if step.recipe == "auto"]
+    assert len(auto_steps) == len(table.decisions)
+    assert table.elapsed_seconds <= 25 * 1.1
+    assert events[0].message == "diagnosing the baseline" and events[-1].message.startswith("chose ")
+    json.dumps(tuning.to_dict())
+
+
+def test_apply_auto(cpu_hardware):
+    user_model = make_cnn()
+    result = tfopt.apply(user_model, make_images(count=48), recipes="auto", hardware=cpu_hardware,
+                         tune_budget_seconds=20, steps=3, warmup_steps=1)
+    assert any(step.recipe == "auto" for step in result.plan.applied)
+    assert result.after.real.examples_per_second > 0
+    assert len(result.tuning.table.decisions) == sum(step.recipe == "auto" for step in result.plan.applied)
+    assert result.to_dict()["tuning"]["trials"] == result.tuning.table.to_dict()
+
+
+def test_auto_has_no_fixed_recipe_list_and_a_bad_budget_is_rejected(cpu_hardware):
+    with pytest.raises(RecipeConfigError, match="recipes='auto' is decided by timing trials"):
+        resolve_recipes("auto")
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+    with pytest.raises(RecipeConfigError, match="tune budget -5 is not valid.*--tune-budget 120s"):
+        tune(plan, budget_seconds=-5)

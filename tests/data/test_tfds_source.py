@@ -1,0 +1,81 @@
+"""Tests of tfopt.data.tfds_source.TfdsSource, on a tiny dataset built locally by a tfds builder."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from .helpers import TfoptTinyPatches, assert_same_batches, collect, unbatched
+from tfopt.data.tfds_source import TfdsSource
+from tfopt.errors import DataError
+
+_SIZE = 30
+
+
+def test_reads_the_prepared_split_as_float_images(tfds_dir):
+    source = TfdsSource("tfopt_tiny_patches", split="train", data_dir=tfds_dir)
+    assert source.num_examples == _SIZE and source.is_image
+    (x, y), = collect(source.pipeline(batch_size=_SIZE, optimized=True, shuffle=False))
+    assert x.dtype == np.float32 and x.shape == (_SIZE, 16, 16, 3)
+    assert y.dtype == np.int32
+    assert np.array_equal(np.argmax(x.mean(axis=(1, 2)), axis=-1), y)
+    reference = tfds.as_numpy(
+        TfoptTinyPatches(data_dir=str(tfds_dir)).as_dataset(split="train", as_supervised=True, shuffle_files=False)
+    )
+    expected = np.stack([image for image, _ in reference]).astype(np.float32) / 255.0
+    np.testing.assert_allclose(x, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_optimized_and_naive_yield_identical_elements(tfds_dir, augment):
+    source = TfdsSource("tfopt_tiny_patches", split="train", data_dir=tfds_dir, image_size=[12, 12], augment=augment)
+    naive = collect(source.pipeline(batch_size=8, optimized=False, shuffle=False))
+    optimized = collect(source.pipeline(batch_size=8, optimized=True, shuffle=False))
+    assert_same_batches(naive, optimized)
+    assert naive[0][0].shape == (8, 12, 12, 3)
+
+
+def test_split_slicing_shuffle_and_sharding(tfds_dir):
+    source = TfdsSource("tfopt_tiny_patches", split="train[:20]", data_dir=tfds_dir)
+    assert source.num_examples == 20
+    everything = unbatched(collect(source.pipeline(batch_size=64, optimized=False, shuffle=False)))
+    shards = [unbatched(collect(source.pipeline(batch_size=3, optimized=True, num_shards=2, shard_index=i))) for i in (0, 1)]
+    assert sorted(shards[0] + shards[1]) == sorted(everything)
+    assert len(shards[0]) == len(shards[1]) == 10
+
+
+def test_config_round_trips(tfds_dir):
+    source = TfdsSource("tfopt_tiny_patches", split="test", data_dir=tfds_dir, image_size=8)
+    config = source.get_config()
+    assert config == {
+        "name": "tfopt_tiny_patches",
+        "split": "test",
+        "data_dir": str(tfds_dir),
+        "download": False,
+        "image_size": [8, 8],
+        "augment": False,
+    }
+    assert TfdsSource(**config).num_examples == 9
+    assert "tfopt_tiny_patches split 'test' (9 examples)" in source.describe()
+
+
+def test_unprepared_dataset_fails_fast_offline_with_how_to_prepare(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(DataError, match="not prepared.*tfds build mnist --data_dir") as caught:
+        TfdsSource("mnist", data_dir=tmp_path)
+    assert "download: true" in str(caught.value)
+    # No network access is attempted: the check reads only the local directory.
+    assert time.monotonic() - started < 30
+
+
+def test_unknown_name_suggests_the_closest(tmp_path):
+    with pytest.raises(DataError, match="'mnistt' is not a TensorFlow Datasets dataset. Did you mean 'mnist'"):
+        TfdsSource("mnistt", data_dir=tmp_path)
+
+
+def test_unknown_split_lists_the_splits(tfds_dir):
+    with pytest.raises(DataError, match="no split 'validation'.*'test', 'train'"):
+        TfdsSource("tfopt_tiny_patches", split="validation", data_dir=tfds_dir)

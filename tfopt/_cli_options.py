@@ -1,0 +1,45 @@
+"""The command line's options as the library takes them: `--set`/`--steps`/`--tune-budget` as recipe
+overrides, durations, and what a worker process started by `run --workers N` repeats and shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` options, with `--steps` and `--tune-budget` as the overrides they stand for."""
+    return (list(args.overrides) + ([f"profile.steps={args.steps}"] if args.steps is not None else [])
+            + ([f"profile.tune_budget_seconds={args.tune_budget}"] if args.tune_budget is not None else []))
+
+
+def seconds(text: str) -> float:
+    """`120`, `120s`, `2m` or `1h` as seconds (argparse type)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit.lower()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; expected e.g. 120s, 2m or 120") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration above 0, e.g. 120s")
+    return seconds
+
+
+def worker_line(line: str) -> None:
+    """Shows a worker's output line, except TensorFlow's C++ start-up lines (absl logs them before
+    TF_CPP_MIN_LOG_LEVEL is read)."""
+    if not re.match(r"\[worker \d+\] ([IWE]\d{4} |WARNING: All log messages before absl)", line):
+        print(line, file=sys.stderr, flush=True)
+
+
+def worker_arguments(args: argparse.Namespace) -> list[str]:
+    """The options of this command that every worker repeats (all but --out, --resume, --workers)."""
+    arguments = [argument for override in args.overrides for argument in ("--set", override)]
+    if args.steps is not None:
+        arguments += ["--steps", str(args.steps)]
+    if args.tune_budget is not None:
+        arguments += ["--tune-budget", f"{args.tune_budget}s"]
+    return arguments + (["--traceback"] if args.traceback else [])

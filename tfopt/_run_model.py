@@ -1,0 +1,104 @@
+"""The recipe's model, built from its data: arguments the data decides, then the honest baseline compile.
+
+The model's `input_shape`, `classes`, `sequence_length` and `vocab_size` follow the data unless the
+recipe wrote them, and the baseline is compiled with `jit_compile=False` so "before" never silently
+includes XLA. A model function's own errors are reported at the `model:` line of the recipe file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+from tfopt.errors import DataError, RecipeFileError, TfoptError
+
+
+def prepare(recipe: Any) -> Any:
+    """Fills in the model arguments that the data decides: `input_shape`, `classes`, `sequence_length`
+    and `vocab_size`, for models that take them.
+
+    They are taken from the data only where the recipe did not write them, so `--set
+    data.image_size=[32,32]` needs no matching `model.input_shape`, and the saved resolved recipe holds
+    the values actually used.
+
+    Raises:
+        DataError: The data source yields no batch or not `(inputs, targets)` pairs.
+    """
+    source = recipe.data.source_object
+    try:
+        dataset = source.pipeline(batch_size=recipe.data.batch_size, optimized=False, shuffle=False)
+    except TfoptError as error:
+        error.args = (f"{' '.join(str(error).split())} ({recipe.where('data')}).",)
+        raise
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise DataError(f"Data source {recipe.data.source} yields {spec}, expected (inputs, targets) pairs "
+                        f"({recipe.where('data', 'source')}).")
+    accepted = set(inspect.signature(recipe.model.builder).parameters) | set(recipe.model.kwargs)
+    derived = _from_data(source, spec[0])
+    kwargs = {**recipe.model.kwargs, **{key: value for key, value in derived.items()
+                                        if key in accepted and key not in recipe.model.given}}
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, kwargs=kwargs))
+
+
+def build_model(recipe: Any) -> Any:
+    """Builds and compiles the recipe's model (without XLA: the baseline must be honest).
+
+    Raises:
+        RecipeFileError: The model rejected its arguments (a ValueError or TypeError), pointing at the
+            `model:` line.
+        TfoptError: The model function raised anything else, or did not return a keras.Model.
+    """
+    import keras
+
+    where = recipe.where("model", "name")
+    try:
+        model = recipe.model.builder(**recipe.model.kwargs)
+    except TfoptError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise RecipeFileError(f"model {recipe.model.name} rejected its arguments: {type(error).__name__}: "
+                              f"{_one_line(error)} ({where}).") from error
+    except Exception as error:  # noqa: BLE001 - the user's model code may raise anything
+        raise TfoptError(f"Building model {recipe.model.name} raised {type(error).__name__}: "
+                         f"{_one_line(error)} ({where}).") from error
+    if not isinstance(model, keras.Model):
+        raise TfoptError(f"model {recipe.model.name} returned a {type(model).__name__}, expected a keras.Model "
+                         f"({where}).")
+    model.compile(**compile_arguments(recipe), jit_compile=False)
+    return model
+
+
+def compile_arguments(recipe: Any) -> dict[str, Any]:
+    """The `compile()` arguments of the `train:` section: optimizer (with its learning rate), loss, metrics."""
+    import keras
+
+    optimizer = type(keras.optimizers.get(recipe.train.optimizer))(learning_rate=recipe.train.learning_rate)
+    return {"optimizer": optimizer, "loss": recipe.train.loss, "metrics": list(recipe.train.metrics)}
+
+
+def _from_data(source: Any, inputs_spec: Any) -> dict[str, Any]:
+    """The model arguments the data implies: its input shape, class count, sequence length and vocabulary."""
+    derived: dict[str, Any] = {}
+    shape = getattr(inputs_spec, "shape", None)
+    if shape is not None:
+        derived["input_shape"] = [None if size is None else int(size) for size in shape[1:]]
+        if len(shape) == 2 and shape[1] is not None:
+            derived["sequence_length"] = int(shape[1])
+    for attribute in ("num_classes", "classes", "class_names"):
+        value = getattr(source, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            derived["classes"] = value
+            break
+        if isinstance(value, (list, tuple)) and value:
+            derived["classes"] = len(value)
+            break
+    vocab_size = getattr(source, "vocab_size", None)
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool):
+        derived["vocab_size"] = vocab_size
+    return derived
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())

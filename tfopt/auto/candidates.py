@@ -1,0 +1,95 @@
+"""Which recipes auto mode tries, decided from the diagnosis and the hardware before anything is timed.
+
+Auto mode compares configurations by examples/s at the same batch size on the same batches, and by
+their loss trajectory from the same weights. That is a fair comparison for recipes that change how
+fast the same training runs: the input pipeline, the dtype policy, XLA. Recipes that change the
+training itself (the batch size, gradient accumulation) or need another machine layout (distribution)
+or files on disk (tfrecord) are never tried: they are named in the table with the reason, so the user
+can apply them explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfopt.hardware import Hardware
+from tfopt.recipes.base import Recipe
+
+INPUT_BOUND_UTILIZATION = 0.8
+"""Below this fraction of the compute-only ceiling, real training is waiting for its input."""
+
+NOT_COMPARABLE = {
+    "batch_size": "it changes the batch size, so examples/s and the loss trajectory are not comparable "
+                  "with the baseline's; apply it explicitly",
+    "grad_accum": "it changes how many examples each update sees, so the loss trajectory is not comparable; "
+                  "apply it explicitly",
+    "distribution": "it changes the device layout; auto mode tunes one process on the devices it has",
+    "tfrecord": "it writes the data to TFRecord files first; apply it explicitly",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """The recipes to try, most promising first, and those left out with the reason.
+
+    Attributes:
+        recipes: Label -> recipe, e.g. {"data_pipeline": DataPipeline(), "mixed_bfloat16": MixedPrecision(...)}.
+        not_tried: Label -> why it is not tried.
+        notes: What the choice was based on (the diagnosis, the utilization).
+    """
+
+    recipes: dict[str, Recipe]
+    not_tried: dict[str, str]
+    notes: tuple[str, ...]
+
+
+def choose_candidates(hardware: Hardware, *, utilization: float | None, diagnosis: Any = None) -> Candidates:
+    """Picks the recipes worth a trial on this hardware for this bottleneck.
+
+    - data_pipeline, where training waits for input: the diagnosis says so, or real training reaches
+      less than `INPUT_BOUND_UTILIZATION` of the compute-only ceiling.
+    - mixed precision in the 16-bit type the hardware computes natively (`choose_policy`), if any.
+    - XLA, always: whether it pays off depends on the model and the machine, which is what trials measure.
+
+    Args:
+        hardware: The machine.
+        utilization: Compute-only ceiling step time / real step time of the baseline, where measured.
+        diagnosis: A `tfopt.profiling.diagnose.Diagnosis` of the baseline, where profiling worked.
+
+    Returns:
+        The candidates.
+
+    Example:
+        >>> from tfopt.hardware import Hardware
+        >>> chosen = choose_candidates(Hardware(cpu_flags=frozenset({"avx512_bf16"})), utilization=0.4)
+        >>> list(chosen.recipes)
+        ['data_pipeline', 'mixed_bfloat16', 'xla']
+    """
+    from tfopt.recipes import DataPipeline, MixedPrecision, Xla, choose_policy
+
+    recipes: dict[str, Recipe] = {}
+    not_tried: dict[str, str] = {}
+    notes = []
+    if diagnosis is not None:
+        notes.append(f"diagnosis: {diagnosis.summary}")
+    if utilization is not None:
+        notes.append(f"baseline utilization: {utilization:.0%} of the compute-only ceiling")
+    input_bound = bool(diagnosis is not None and diagnosis.input_bound) or (
+        utilization is not None and utilization < INPUT_BOUND_UTILIZATION)
+    if input_bound:
+        recipes["data_pipeline"] = DataPipeline()
+    else:
+        measured = f"real training reaches {utilization:.0%} of the compute-only ceiling" \
+            if utilization is not None else "no input wait was measured"
+        not_tried["data_pipeline"] = f"not input-bound: {measured}"
+    policy, reason = choose_policy(hardware)
+    if policy == "float32":
+        not_tried["mixed_precision"] = reason
+    else:
+        recipes[policy] = MixedPrecision(policy=policy)
+    recipes["xla"] = Xla(jit_compile=True)
+    for name in (diagnosis.recipes if diagnosis is not None else ()):
+        if name in NOT_COMPARABLE:
+            not_tried[name] = f"suggested by the diagnosis, but {NOT_COMPARABLE[name]}"
+    return Candidates(recipes=recipes, not_tried=not_tried, notes=tuple(notes))

@@ -1,0 +1,147 @@
+"""Assembles the naive and the optimized `tf.data` pipeline from one source's stages.
+
+Every source reduces to the same stages: cheap undecoded *records* (file paths, serialized examples,
+array rows), a deterministic, expensive `decode`, an optional random `augment` of the decoded example,
+and a cheap element-wise `finish` (e.g. uint8 -> float32 in [0, 1]). This module orders those stages
+twice:
+
+* naive, as a newcomer writes it: shuffle, `map(decode)`, `map(augment)`, `map(finish)`, `batch`,
+  with no parallelism, no cache and no prefetch;
+* optimized, as the tf.data performance guide teaches: parallel maps (AUTOTUNE), `cache()` after the
+  decode and before random augmentation when the decoded data fits a RAM budget, `finish` vectorized
+  after `batch`, and a prefetch bounded by bytes, because an AUTOTUNE prefetch can grow until it
+  exhausts host memory (TF Model Garden pins 32 batches for this reason).
+
+Augmentation uses stateless random ops fed with per-element seeds from
+`tf.data.Dataset.random(rerandomize_each_iteration=True)` zipped in at the same position in both
+pipelines: the augmentation differs per epoch, yet both pipelines yield identical elements, which is
+what lets the tests compare them element by element.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psutil
+import tensorflow as tf
+
+__all__ = ["assemble", "ram_budget_bytes", "prefetch_batches"]
+
+logger = logging.getLogger("tfopt")
+
+# Fractions of the memory available when the pipeline is built. The cache holds the whole decoded
+# (sharded) dataset and the shuffle buffer after it may hold as much again, so caching is allowed only
+# up to a quarter of what is free; prefetch needs only a few batches.
+_CACHE_FRACTION = 0.25
+_PREFETCH_FRACTION = 0.02
+_AUTOTUNE_FRACTION = 0.5
+_MAX_PREFETCH_BATCHES = 16
+
+
+def ram_budget_bytes(fraction: float) -> int:
+    """Returns `fraction` of the host memory available right now, in bytes."""
+    return int(psutil.virtual_memory().available * fraction)
+
+
+def prefetch_batches(batch_bytes: int) -> int:
+    """How many batches to prefetch: as many as fit the prefetch RAM budget, between 1 and 16."""
+    return int(min(_MAX_PREFETCH_BATCHES, max(1, ram_budget_bytes(_PREFETCH_FRACTION) // max(1, batch_bytes))))
+
+
+def assemble(
+    records: tf.data.Dataset,
+    *,
+    decode: Callable,
+    finish: Callable,
+    augment: Callable | None,
+    batch_size: int,
+    optimized: bool,
+    shuffle: bool,
+    seed: int,
+    drop_remainder: bool,
+    num_examples: int,
+    decoded_example_bytes: int,
+    output_example_bytes: int,
+    record_shuffle_buffer: int | None = None,
+    sharded_by_source: bool = False,
+    cache_allowed: bool = True,
+) -> tf.data.Dataset:
+    """Builds the naive or optimized pipeline over already-sharded records.
+
+    Args:
+        records: Undecoded records of this worker's shard, in a deterministic order.
+        decode: `record -> (x, y)`, deterministic; the expensive step worth caching after.
+        finish: `(x, y) -> (x, y)`, element-wise and deterministic; must give the same values applied to
+            one element or to a batch, because the optimized pipeline applies it after `batch`.
+        augment: `(x, y, seed) -> (x, y)` on decoded examples, with stateless random ops seeded by the
+            `[2]` int64 `seed`; None for no augmentation.
+        batch_size: Examples per batch.
+        optimized: Which of the two pipelines to build.
+        shuffle: Shuffle examples, differently in each epoch.
+        seed: Seed of the shuffle and of the augmentation seeds.
+        drop_remainder: Drop the last smaller batch.
+        num_examples: Number of records in this shard (sizes the shuffle buffer and the cache).
+        decoded_example_bytes: Bytes of one decoded example (what the cache holds).
+        output_example_bytes: Bytes of one finished example (what prefetch holds).
+        record_shuffle_buffer: Shuffle buffer over records; None for a full shuffle of `num_examples`.
+        sharded_by_source: The source already split the data between workers, so tf.distribute must
+            not auto-shard it a second time.
+        cache_allowed: False when the records already are in memory (a cache would only copy them).
+
+    Returns:
+        The batched `tf.data.Dataset`.
+    """
+    record_buffer = max(1, num_examples if record_shuffle_buffer is None else record_shuffle_buffer)
+    if not optimized:
+        dataset = records
+        if shuffle:
+            dataset = dataset.shuffle(record_buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.map(decode)
+        dataset = _augment(dataset, augment, seed, parallel=False)
+        dataset = dataset.map(finish)
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        return _with_options(dataset, optimized=False, sharded_by_source=sharded_by_source)
+
+    cache_bytes = num_examples * decoded_example_bytes
+    cache = cache_allowed and cache_bytes <= ram_budget_bytes(_CACHE_FRACTION)
+    dataset = records
+    if shuffle and not cache:
+        dataset = dataset.shuffle(record_buffer, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    if cache:
+        dataset = dataset.cache()
+        if shuffle:
+            budget_examples = ram_budget_bytes(_CACHE_FRACTION) // max(decoded_example_bytes, 1)
+            dataset = dataset.shuffle(
+                max(1, min(num_examples, budget_examples)), seed=seed, reshuffle_each_iteration=True
+            )
+    dataset = _augment(dataset, augment, seed, parallel=True)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    dataset = dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+    buffer_batches = prefetch_batches(batch_size * output_example_bytes)
+    dataset = dataset.prefetch(buffer_batches)
+    logger.debug("optimized pipeline: cache=%s (%d bytes decoded), prefetch=%d batches", cache, cache_bytes, buffer_batches)
+    return _with_options(dataset, optimized=True, sharded_by_source=sharded_by_source)
+
+
+def _augment(dataset, augment, seed, *, parallel):
+    if augment is None:
+        return dataset
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+
+    def augment_with_seed(element, element_seed):
+        return augment(*element, tf.stack([element_seed, tf.constant(seed, tf.int64)]))
+
+    calls = tf.data.AUTOTUNE if parallel else None
+    return tf.data.Dataset.zip((dataset, seeds)).map(augment_with_seed, num_parallel_calls=calls)
+
+
+def _with_options(dataset, *, optimized, sharded_by_source):
+    options = tf.data.Options()
+    if optimized:
+        options.autotune.enabled = True
+        options.autotune.ram_budget = ram_budget_bytes(_AUTOTUNE_FRACTION)
+    if sharded_by_source:
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
