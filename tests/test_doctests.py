@@ -32,7 +32,7 @@ KNOWN_FAILING: dict[str, str] = {}
 
 MISSING_EXAMPLES = {
     # tfopt
-    "tfopt.ApplyResult", "tfopt.Plan", "tfopt.Profile", "tfopt.Report",
+    "tfopt.Profile", "tfopt.Report",
     # tfopt.auto
     "tfopt.auto.Candidates", "tfopt.auto.Decision", "tfopt.auto.ProgressEvent", "tfopt.auto.TrialResult",
     "tfopt.auto.TrialRow", "tfopt.auto.TrialsTable", "tfopt.auto.Tuning", "tfopt.auto.Verdict", "tfopt.auto.search",

@@ -121,16 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
-    """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup."""
+    """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup (GPU
+    memory settings, joining a multi-worker cluster)."""
     from tfopt.recipe_file import load_recipe
 
-    strategy = None
     if start:
         from tfopt._process import start_process
 
-        strategy = start_process(args.file, _cli_options.overrides(args))
-    recipe = load_recipe(args.file, overrides=_cli_options.overrides(args))
-    return (recipe, strategy) if start else recipe
+        start_process(args.file, _cli_options.overrides(args))
+    return load_recipe(args.file, overrides=_cli_options.overrides(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,11 +144,11 @@ def _run(args: argparse.Namespace) -> int:
         return _run_workers(args)
     if args.dry_run:
         return _dry_run(_load(args), args)
-    recipe, strategy = _load(args, start=True)
+    recipe = _load(args, start=True)
     from tfopt import runner
 
     with terminal_progress(args) as progress:
-        outcome = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume, strategy=strategy)
+        outcome = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume)
     _print_outcome(outcome, args)
     return 0
 
@@ -240,7 +239,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    recipe, _ = _load(args, start=True)
+    recipe = _load(args, start=True)
     from tfopt import runner
 
     with terminal_progress(args) as progress:

@@ -38,6 +38,20 @@ class ApplyResult:
         before_profile: The baseline's profile (trace, breakdown, diagnosis) with profile=True.
         after_profile: The optimized setup's profile with profile=True.
         tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> from tfopt.hardware import Hardware
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+        ...                           keras.layers.Dense(3, activation="softmax")])
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((16, 4)), tf.zeros(16, "int32"))).batch(8)
+        >>> result = apply(model, data, hardware=Hardware(cpu_flags=frozenset({"avx512_bf16"})), steps=2,
+        ...                warmup_steps=1)
+        >>> [(step.recipe, step.skipped) for step in result.plan.applied]
+        [('data_pipeline', False), ('mixed_precision', False), ('xla', True)]
+        >>> [layer.compute_dtype for layer in result.model.layers]  # the output layer stays float32
+        ['bfloat16', 'float32']
     """
 
     model: Any

@@ -55,6 +55,19 @@ class Plan:
         strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
         strategy_options: Keyword arguments for that strategy.
         applied: What every recipe did, in order.
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> from tfopt.hardware import Hardware
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((8, 4)), tf.zeros((8, 2)))).batch(4)
+        >>> plan = make_plan(model, data, hardware=Hardware())
+        >>> plan.batch_size, plan.dtype_policy, plan.jit_compile
+        (4, 'float32', False)
+        >>> bf16 = plan.replace(dtype_policy="mixed_bfloat16").record("mine", "why it changed")
+        >>> str(bf16.applied[-1]), plan.applied
+        ('mine: why it changed', ())
     """
 
     model_fn: Callable[[], Any]

@@ -97,8 +97,7 @@ class RunOutcome:
 
 
 def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_root: str | os.PathLike = "runs",
-        progress: Progress | None = None, resume: bool = False, train: bool = True,
-        strategy: Any = None) -> RunOutcome:
+        progress: Progress | None = None, resume: bool = False, train: bool = True) -> RunOutcome:
     """Runs a recipe: measures before and after its recipes, writes the report, trains.
 
     Args:
@@ -110,8 +109,8 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         resume: Continue the run in `out_dir`: keep its report if it was written, and train from its
             newest checkpoint.
         train: Train after measuring (False: measure and report only, as the launcher of workers does).
-        strategy: The MultiWorkerMirroredStrategy this worker joined at start (`tfopt._process`); then
-            nothing is measured (the process that launched the workers did) and only the chief writes.
+            In a worker of a multi-worker cluster nothing is measured (the process that launched the
+            workers did) and only the chief writes.
 
     Returns:
         The run's outcome; `outcome.summary()` is the line to show.
@@ -145,12 +144,12 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         report = _earlier_report(run_dir) if resume else None
         report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
                         if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
-        if report is None and cluster.num_workers == 1 and strategy is None:
+        if report is None and cluster.num_workers == 1:
             progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
             built, report, report_paths = _measure(model, recipe, run_dir, progress)
         else:
             progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
-            built = _build(model, recipe, progress, strategy)
+            built = _build(model, recipe, progress)
         training = None
         if train and recipe.train.epochs:
             from tfopt._run_training import train_model
@@ -183,32 +182,16 @@ def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Pr
     return built, report.to_dict(), paths
 
 
-def _build(model: Any, recipe: RecipeFile, progress: Progress, strategy: Any) -> Any:
-    """Applies the recipes and builds, measuring nothing; under a worker's early strategy, inside it."""
+def _build(model: Any, recipe: RecipeFile, progress: Progress) -> Any:
+    """Applies the recipes and builds, measuring nothing (in a worker, under the cluster it joined)."""
     import tfopt
-    from tfopt.builder import Built, build
+    from tfopt.builder import Built
 
-    if strategy is None:
-        result = tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
-                             model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
-                             batch_size=recipe.data.batch_size, measure_speed=False,
-                             tune_budget_seconds=recipe.profile.tune_budget_seconds, on_tune_progress=progress.tuning)
-        return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
-    from tfopt.hardware import detect
-    from tfopt.optimize import resolve_recipes
-    from tfopt.plan import make_plan
-
-    source = recipe.data.source_object
-    baseline = make_plan(model, source.pipeline(batch_size=recipe.data.batch_size, optimized=False),
-                         hardware=detect(), model_fn=lambda: recipe.model.builder(**recipe.model.kwargs), source=source)
-    chosen = resolve_recipes(_recipes_argument(recipe))
-    chosen.check(baseline)
-    plan = chosen(baseline)
-    # The plan says multi_worker, but TensorFlow allows one MultiWorkerMirroredStrategy per process, made
-    # before its first op: build inside the one made at start ("default" is the strategy in scope).
-    with strategy.scope():
-        built = build(plan.replace(strategy="default", strategy_options={}))
-    return Built(model=built.model, dataset=built.dataset, strategy=strategy, plan=plan)
+    result = tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
+                         model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
+                         batch_size=recipe.data.batch_size, measure_speed=False,
+                         tune_budget_seconds=recipe.profile.tune_budget_seconds, on_tune_progress=progress.tuning)
+    return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
 
 
 def _recipes_argument(recipe: RecipeFile) -> Any:

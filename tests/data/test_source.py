@@ -14,7 +14,7 @@ def test_a_source_must_implement_the_whole_contract():
         def describe(self):
             return "incomplete"
 
-    with pytest.raises(TypeError, match="pipeline"):
+    with pytest.raises(TypeError, match="_build_pipeline"):
         Incomplete()
 
 
@@ -22,8 +22,8 @@ def test_repr_shows_the_config():
     class Fixed(DataSource):
         name = "fixed"
 
-        def pipeline(self, **kwargs):
-            raise NotImplementedError
+        def _build_pipeline(self, request):
+            return request
 
         def describe(self):
             return "fixed"
@@ -32,6 +32,26 @@ def test_repr_shows_the_config():
             return {"size": 3}
 
     assert repr(Fixed()) == "Fixed(size=3)"
+
+
+def test_pipeline_checks_its_arguments_once_for_every_source():
+    class Echo(DataSource):
+        name = "echo"
+
+        def _build_pipeline(self, request):
+            return request
+
+        def describe(self):
+            return "echo"
+
+        def get_config(self):
+            return {}
+
+    request = Echo().pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=1)
+    assert (request.batch_size, request.optimized, request.shuffle, request.seed, request.drop_remainder,
+            request.num_shards, request.shard_index) == (4, True, True, 0, False, 2, 1)
+    with pytest.raises(ValueError, match="echo: shard_index=2 is not in"):
+        Echo().pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=2)
 
 
 @pytest.mark.parametrize("value, expected", [(8, (8, 8)), ([4, 6], (4, 6)), ((5, 7), (5, 7))])

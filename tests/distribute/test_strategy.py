@@ -1,5 +1,10 @@
 """make_strategy: names and options checked before anything is created."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from tfopt.distribute.strategy import communication_options, make_strategy
@@ -26,3 +31,24 @@ def test_communication_options_carry_the_timeout():
     assert communication_options(0).timeout_seconds is None
     with pytest.raises(RecipeConfigError, match="'auto', 'ring'|auto, ring"):
         communication_options(1, implementation="mpi")
+
+
+def test_multi_worker_strategy_is_joined_once_per_process():
+    # TensorFlow allows one MultiWorkerMirroredStrategy per process, made before any op: a second call
+    # must hand back the first (a worker joins at start, build() later asks again), in a fresh process.
+    code = textwrap.dedent("""
+        from tfopt.distribute.strategy import make_strategy
+        from tfopt.errors import DistributionError
+        first = make_strategy("multi_worker", communication_timeout_seconds=30)
+        print("SAME", make_strategy("multi_worker", communication_timeout_seconds=30.0) is first)
+        try:
+            make_strategy("multi_worker", communication_timeout_seconds=60)
+        except DistributionError as error:
+            print("REFUSED", "one MultiWorkerMirroredStrategy per process" in str(error))
+    """)
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
+                             timeout=300)
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert [line for line in process.stdout.splitlines() if line.startswith(("SAME", "REFUSED"))] == \
+        ["SAME True", "REFUSED True"]

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfopt.data import pipeline
-from tfopt.data.source import DataSource, check_pipeline_arguments
+from tfopt.data.source import DataSource, PipelineRequest
 from tfopt.errors import DataError
 
 __all__ = ["NumpySource", "in_memory_pipeline"]
@@ -69,29 +69,12 @@ class NumpySource(DataSource):
         """Number of examples (the length of the first axis)."""
         return len(self.x)
 
-    def pipeline(
-        self,
-        *,
-        batch_size: int,
-        optimized: bool,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_remainder: bool = False,
-        num_shards: int = 1,
-        shard_index: int = 0,
-    ) -> tf.data.Dataset:
-        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
+    def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         return in_memory_pipeline(
             self.x,
             self.y,
             finish=lambda x, y: (x, y),
-            batch_size=batch_size,
-            optimized=optimized,
-            shuffle=shuffle,
-            seed=seed,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
+            request=request,
         )
 
     def _origin(self) -> str:
@@ -122,13 +105,7 @@ def in_memory_pipeline(
     y: np.ndarray,
     *,
     finish,
-    batch_size: int,
-    optimized: bool,
-    shuffle: bool,
-    seed: int,
-    drop_remainder: bool,
-    num_shards: int,
-    shard_index: int,
+    request: PipelineRequest,
 ) -> tf.data.Dataset:
     """The naive or optimized pipeline over arrays already in memory (used by the numpy and synthetic sources).
 
@@ -136,22 +113,18 @@ def in_memory_pipeline(
     batch (optimized); there is nothing to decode and nothing worth caching.
     """
     # Shard the arrays in NumPy before they become constants, so a worker holds only its part.
-    x_shard, y_shard = x[shard_index::num_shards], y[shard_index::num_shards]
+    x_shard, y_shard = x[request.shard_index::request.num_shards], y[request.shard_index::request.num_shards]
     records = tf.data.Dataset.from_tensor_slices((x_shard, y_shard))
     return pipeline.assemble(
         records,
         decode=lambda a, b: (a, b),
         finish=finish,
         augment=None,
-        batch_size=batch_size,
-        optimized=optimized,
-        shuffle=shuffle,
-        seed=seed,
-        drop_remainder=drop_remainder,
+        request=request,
         num_examples=len(x_shard),
         decoded_example_bytes=int(x[:1].nbytes + y[:1].nbytes),
         output_example_bytes=int(4 * x[:1].size + y[:1].nbytes),
-        sharded_by_source=num_shards > 1,
+        sharded_by_source=request.num_shards > 1,
         cache_allowed=False,
     )
 

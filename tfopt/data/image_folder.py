@@ -13,7 +13,7 @@ import pathlib
 import tensorflow as tf
 
 from tfopt.data import images, pipeline
-from tfopt.data.source import DataSource, check_pipeline_arguments, image_size_pair
+from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.errors import DataError
 
 __all__ = ["ImageFolderSource", "IMAGE_EXTENSIONS"]
@@ -69,23 +69,12 @@ class ImageFolderSource(DataSource):
         """Number of image files found."""
         return len(self.files)
 
-    def pipeline(
-        self,
-        *,
-        batch_size: int,
-        optimized: bool,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_remainder: bool = False,
-        num_shards: int = 1,
-        shard_index: int = 0,
-    ) -> tf.data.Dataset:
-        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
+    def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         records = tf.data.Dataset.from_tensor_slices(
             ([str(p) for p in self.files], tf.constant(self.labels, tf.int32))
         )
         # Sharding the list of files is sharding by data at no cost: every worker decodes only its files.
-        records = records.shard(num_shards, shard_index)
+        records = records.shard(request.num_shards, request.shard_index)
         image_size, channels = self.image_size, self.channels
 
         def decode(path, label):
@@ -98,15 +87,11 @@ class ImageFolderSource(DataSource):
             decode=decode,
             finish=images.to_unit_float,
             augment=images.random_augment if self.augment else None,
-            batch_size=batch_size,
-            optimized=optimized,
-            shuffle=shuffle,
-            seed=seed,
-            drop_remainder=drop_remainder,
-            num_examples=len(range(shard_index, self.num_examples, num_shards)),
+            request=request,
+            num_examples=len(range(request.shard_index, self.num_examples, request.num_shards)),
             decoded_example_bytes=pixels,
             output_example_bytes=4 * pixels,
-            sharded_by_source=num_shards > 1,
+            sharded_by_source=request.num_shards > 1,
         )
 
     def describe(self) -> str:

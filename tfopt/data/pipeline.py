@@ -26,6 +26,8 @@ from collections.abc import Callable
 import psutil
 import tensorflow as tf
 
+from tfopt.data.source import PipelineRequest
+
 __all__ = ["assemble", "ram_budget_bytes", "prefetch_batches"]
 
 logger = logging.getLogger("tfopt")
@@ -55,11 +57,7 @@ def assemble(
     decode: Callable,
     finish: Callable,
     augment: Callable | None,
-    batch_size: int,
-    optimized: bool,
-    shuffle: bool,
-    seed: int,
-    drop_remainder: bool,
+    request: PipelineRequest,
     num_examples: int,
     decoded_example_bytes: int,
     output_example_bytes: int,
@@ -76,11 +74,8 @@ def assemble(
             one element or to a batch, because the optimized pipeline applies it after `batch`.
         augment: `(x, y, seed) -> (x, y)` on decoded examples, with stateless random ops seeded by the
             `[2]` int64 `seed`; None for no augmentation.
-        batch_size: Examples per batch.
-        optimized: Which of the two pipelines to build.
-        shuffle: Shuffle examples, differently in each epoch.
-        seed: Seed of the shuffle and of the augmentation seeds.
-        drop_remainder: Drop the last smaller batch.
+        request: What the caller of `DataSource.pipeline` asked for: batch size, naive or optimized,
+            shuffling (differently in each epoch) and its seed (also the augmentation's), drop_remainder.
         num_examples: Number of records in this shard (sizes the shuffle buffer and the cache).
         decoded_example_bytes: Bytes of one decoded example (what the cache holds).
         output_example_bytes: Bytes of one finished example (what prefetch holds).
@@ -93,33 +88,33 @@ def assemble(
         The batched `tf.data.Dataset`.
     """
     record_buffer = max(1, num_examples if record_shuffle_buffer is None else record_shuffle_buffer)
-    if not optimized:
+    if not request.optimized:
         dataset = records
-        if shuffle:
-            dataset = dataset.shuffle(record_buffer, seed=seed, reshuffle_each_iteration=True)
+        if request.shuffle:
+            dataset = dataset.shuffle(record_buffer, seed=request.seed, reshuffle_each_iteration=True)
         dataset = dataset.map(decode)
-        dataset = _augment(dataset, augment, seed, parallel=False)
+        dataset = _augment(dataset, augment, request.seed, parallel=False)
         dataset = dataset.map(finish)
-        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        dataset = dataset.batch(request.batch_size, drop_remainder=request.drop_remainder)
         return _with_options(dataset, optimized=False, sharded_by_source=sharded_by_source)
 
     cache_bytes = num_examples * decoded_example_bytes
     cache = cache_allowed and cache_bytes <= ram_budget_bytes(_CACHE_FRACTION)
     dataset = records
-    if shuffle and not cache:
-        dataset = dataset.shuffle(record_buffer, seed=seed, reshuffle_each_iteration=True)
+    if request.shuffle and not cache:
+        dataset = dataset.shuffle(record_buffer, seed=request.seed, reshuffle_each_iteration=True)
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
         dataset = dataset.cache()
-        if shuffle:
+        if request.shuffle:
             budget_examples = ram_budget_bytes(_CACHE_FRACTION) // max(decoded_example_bytes, 1)
             dataset = dataset.shuffle(
-                max(1, min(num_examples, budget_examples)), seed=seed, reshuffle_each_iteration=True
+                max(1, min(num_examples, budget_examples)), seed=request.seed, reshuffle_each_iteration=True
             )
-    dataset = _augment(dataset, augment, seed, parallel=True)
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    dataset = _augment(dataset, augment, request.seed, parallel=True)
+    dataset = dataset.batch(request.batch_size, drop_remainder=request.drop_remainder)
     dataset = dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
-    buffer_batches = prefetch_batches(batch_size * output_example_bytes)
+    buffer_batches = prefetch_batches(request.batch_size * output_example_bytes)
     dataset = dataset.prefetch(buffer_batches)
     logger.debug("optimized pipeline: cache=%s (%d bytes decoded), prefetch=%d batches", cache, cache_bytes, buffer_batches)
     return _with_options(dataset, optimized=True, sharded_by_source=sharded_by_source)

@@ -15,19 +15,33 @@ item `data: {source: image_folder, path: ..., image_size: [64, 64]}` is exactly
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineRequest:
+    """The arguments of `DataSource.pipeline`, checked once there and handed to each source as one value."""
+
+    batch_size: int
+    optimized: bool
+    shuffle: bool
+    seed: int
+    drop_remainder: bool
+    num_shards: int
+    shard_index: int
 
 
 class DataSource(abc.ABC):
     """A dataset that can build a naive and an optimized `tf.data` pipeline of `(x, y)` batches.
 
     Subclasses set the class attribute `name` (the registry name used in YAML), take their whole
-    configuration as constructor arguments, and implement `pipeline`, `describe` and `get_config`.
+    configuration as constructor arguments, and implement `_build_pipeline` (given a checked
+    `PipelineRequest`), `describe` and `get_config`.
     """
 
     name: ClassVar[str] = ""
 
-    @abc.abstractmethod
     def pipeline(
         self,
         *,
@@ -55,6 +69,14 @@ class DataSource(abc.ABC):
         Returns:
             A `tf.data.Dataset` yielding `(x, y)` batches.
         """
+        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
+        return self._build_pipeline(PipelineRequest(batch_size=batch_size, optimized=optimized, shuffle=shuffle,
+                                                    seed=seed, drop_remainder=drop_remainder,
+                                                    num_shards=num_shards, shard_index=shard_index))
+
+    @abc.abstractmethod
+    def _build_pipeline(self, request: PipelineRequest):
+        """Builds the pipeline `pipeline()` describes, for arguments it has already checked."""
 
     @abc.abstractmethod
     def describe(self) -> str:

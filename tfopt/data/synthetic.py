@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tfopt.data import images
 from tfopt.data.arrays import in_memory_pipeline
-from tfopt.data.source import DataSource, check_pipeline_arguments, image_size_pair
+from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 
 __all__ = ["SyntheticSource"]
 
@@ -93,30 +93,13 @@ class SyntheticSource(DataSource):
             self._arrays = (make(self, rng, labels), labels)
         return self._arrays
 
-    def pipeline(
-        self,
-        *,
-        batch_size: int,
-        optimized: bool,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_remainder: bool = False,
-        num_shards: int = 1,
-        shard_index: int = 0,
-    ) -> tf.data.Dataset:
-        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
+    def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         x, y = self.arrays
         return in_memory_pipeline(
             x,
             y,
             finish=images.to_unit_float if self.kind == "image" else (lambda a, b: (a, b)),
-            batch_size=batch_size,
-            optimized=optimized,
-            shuffle=shuffle,
-            seed=seed,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
+            request=request,
         )
 
     def describe(self) -> str:

@@ -19,7 +19,7 @@ import os
 import tensorflow as tf
 
 from tfopt.data import images, pipeline
-from tfopt.data.source import DataSource, check_pipeline_arguments, image_size_pair
+from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.errors import DataError
 
 __all__ = ["TfdsSource"]
@@ -98,35 +98,24 @@ class TfdsSource(DataSource):
                 "batched as they are. Pass image_size: [height, width]."
             )
 
-    def pipeline(
-        self,
-        *,
-        batch_size: int,
-        optimized: bool,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_remainder: bool = False,
-        num_shards: int = 1,
-        shard_index: int = 0,
-    ) -> tf.data.Dataset:
+    def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         import tensorflow_datasets as tfds
 
-        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
         # With shuffle=False one file is read at a time, so both pipelines see the files' own order.
         read_config = tfds.ReadConfig(
-            shuffle_seed=seed,
-            interleave_cycle_length=None if shuffle else 1,
-            num_parallel_calls_for_decode=tf.data.AUTOTUNE if optimized else 1,
+            shuffle_seed=request.seed,
+            interleave_cycle_length=None if request.shuffle else 1,
+            num_parallel_calls_for_decode=tf.data.AUTOTUNE if request.optimized else 1,
         )
-        skip_decoding = optimized and self.is_image
+        skip_decoding = request.optimized and self.is_image
         records = self.builder.as_dataset(
             split=self.split,
             as_supervised=True,
-            shuffle_files=shuffle,
+            shuffle_files=request.shuffle,
             read_config=read_config,
             decoders={self.x_key: tfds.decode.SkipDecoding()} if skip_decoding else None,
         )
-        records = records.shard(num_shards, shard_index)
+        records = records.shard(request.num_shards, request.shard_index)
         decode, decoded_bytes, output_bytes = self._decode_stage(skip_decoding)
         finish = images.to_unit_float if self.is_image else (lambda x, y: (x, y))
         return pipeline.assemble(
@@ -134,16 +123,12 @@ class TfdsSource(DataSource):
             decode=decode,
             finish=finish,
             augment=images.random_augment if (self.augment and self.is_image) else None,
-            batch_size=batch_size,
-            optimized=optimized,
-            shuffle=shuffle,
-            seed=seed,
-            drop_remainder=drop_remainder,
-            num_examples=len(range(shard_index, self.num_examples, num_shards)),
+            request=request,
+            num_examples=len(range(request.shard_index, self.num_examples, request.num_shards)),
             decoded_example_bytes=decoded_bytes,
             output_example_bytes=output_bytes,
             record_shuffle_buffer=min(self.num_examples, _SHUFFLE_BUFFER),
-            sharded_by_source=num_shards > 1,
+            sharded_by_source=request.num_shards > 1,
         )
 
     def _decode_stage(self, skip_decoding: bool):

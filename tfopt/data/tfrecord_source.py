@@ -18,7 +18,7 @@ import pathlib
 import tensorflow as tf
 
 from tfopt.data import images, pipeline
-from tfopt.data.source import DataSource, check_pipeline_arguments, image_size_pair
+from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.data.tfrecord_manifest import read_manifest
 
 __all__ = ["TFRecordSource"]
@@ -85,58 +85,43 @@ class TFRecordSource(DataSource):
         """The shard files, in record order."""
         return [self.path / shard["file"] for shard in self.manifest["shards"]]
 
-    def pipeline(
-        self,
-        *,
-        batch_size: int,
-        optimized: bool,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_remainder: bool = False,
-        num_shards: int = 1,
-        shard_index: int = 0,
-    ) -> tf.data.Dataset:
-        check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
+    def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         shards = self.manifest["shards"]
-        by_file = len(shards) >= num_shards
+        by_file = len(shards) >= request.num_shards
         if by_file:
-            shards = shards[shard_index::num_shards]
+            shards = shards[request.shard_index::request.num_shards]
             num_examples = sum(shard["records"] for shard in shards)
         else:
-            num_examples = len(range(shard_index, self.num_examples, num_shards))
+            num_examples = len(range(request.shard_index, self.num_examples, request.num_shards))
         files = [str(self.path / shard["file"]) for shard in shards]
         compression = self.manifest["compression"] or ""
-        if optimized:
+        if request.optimized:
             file_names = tf.data.Dataset.from_tensor_slices(files)
-            if shuffle and by_file:
-                file_names = file_names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            if request.shuffle and by_file:
+                file_names = file_names.shuffle(len(files), seed=request.seed, reshuffle_each_iteration=True)
             records = file_names.interleave(
                 lambda name: tf.data.TFRecordDataset(name, compression_type=compression),
                 cycle_length=min(len(files), _MAX_CYCLE_LENGTH),
-                block_length=1 if shuffle else max(1, max(shard["records"] for shard in shards)),
+                block_length=1 if request.shuffle else max(1, max(shard["records"] for shard in shards)),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
         else:
             records = tf.data.TFRecordDataset(files, compression_type=compression)
         if not by_file:
-            records = records.shard(num_shards, shard_index)
+            records = records.shard(request.num_shards, request.shard_index)
         decode, decoded_bytes = self._decode_stage()
         return pipeline.assemble(
             records,
             decode=decode,
             finish=images.to_unit_float if self.is_image else (lambda x, y: (x, y)),
             augment=images.random_augment if self.augment else None,
-            batch_size=batch_size,
-            optimized=optimized,
-            shuffle=shuffle,
-            seed=seed,
-            drop_remainder=drop_remainder,
+            request=request,
             num_examples=num_examples,
             decoded_example_bytes=decoded_bytes,
             output_example_bytes=4 * decoded_bytes,
             record_shuffle_buffer=min(num_examples, _SHUFFLE_BUFFER),
-            sharded_by_source=num_shards > 1,
+            sharded_by_source=request.num_shards > 1,
         )
 
     def _decode_stage(self):

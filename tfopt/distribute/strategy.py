@@ -103,8 +103,30 @@ def communication_options(timeout_seconds: float | None, implementation: str = "
         timeout_seconds=timeout_seconds or None, implementation=implementations[implementation])
 
 
+# TensorFlow allows one MultiWorkerMirroredStrategy per process, created before the process's first op
+# ("Collective ops must be configured at program startup"; a second one hangs). So the first one made
+# is kept and handed out again: a worker can join the cluster at start, and build() later gets the same.
+_joined_cluster: dict[tuple[Any, ...], Any] = {}
+
+
 def _multi_worker(tf: Any, *, communication_timeout_seconds: float | None = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
                   cluster_resolver: str = "tf_config", implementation: str = "auto") -> Any:
+    options = (communication_timeout_seconds, cluster_resolver, implementation)
+    if _joined_cluster:
+        ((joined_options, strategy),) = _joined_cluster.items()
+        if joined_options != options:
+            raise DistributionError(
+                f"This process already joined a multi-worker cluster with (communication_timeout_seconds, "
+                f"cluster_resolver, implementation)={joined_options}; TensorFlow allows one "
+                f"MultiWorkerMirroredStrategy per process, so it cannot join again with {options}. Use the "
+                "same distribution settings everywhere in one process.")
+        return strategy
+    _joined_cluster[options] = _new_multi_worker(tf, communication_timeout_seconds, cluster_resolver, implementation)
+    return _joined_cluster[options]
+
+
+def _new_multi_worker(tf: Any, communication_timeout_seconds: float | None, cluster_resolver: str,
+                      implementation: str) -> Any:
     import os
 
     if cluster_resolver == "tf_config":
