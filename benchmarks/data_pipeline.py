@@ -176,7 +176,7 @@ class _EpochTimer(keras.callbacks.Callback):
 def _time_epochs(model, dataset, examples_per_epoch) -> list[float]:
     """Examples/s of each of EPOCHS epochs of `model.fit` on `dataset`."""
     timer = _EpochTimer()
-    model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[timer])
+    model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[timer])
     return [examples_per_epoch / seconds for seconds in timer.seconds]
 
 
@@ -192,7 +192,7 @@ def _pipeline_table(source, repeats: int) -> None:
         "(d) compute-only ceiling": lambda: _ceiling(source, steps),
     }
     model = _model(size)
-    model.fit(_ceiling(source, 3), epochs=1, verbose=0)  # build and trace once, outside the timings
+    model.fit(_ceiling(source, 3), epochs=1, verbose=0, shuffle=False)  # build and trace once, outside the timings
     first_epoch = {name: [] for name in variants}
     later_epochs = {name: [] for name in variants}
     for _ in range(repeats):

@@ -8,9 +8,9 @@ Importing tfopt does not import TensorFlow: the public names load their modules 
 `tfopt-recipe --help` stays instant.
 """
 
-import importlib
 import os
 
+from tfopt._lazy import lazy_exports
 from tfopt._version import __version__
 
 # TensorFlow's C++ INFO and WARNING lines drown the output people need; users can still lower this.
@@ -34,11 +34,4 @@ _PUBLIC = {
 __all__ = ["__version__", *_PUBLIC]
 
 
-def __getattr__(name):
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'tfopt' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

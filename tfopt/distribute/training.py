@@ -120,7 +120,7 @@ def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_di
     if checkpoint_dir is not None:
         callbacks.append(keras.callbacks.BackupAndRestore(os.fspath(checkpoint_dir)))
     return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
-                     verbose=verbose)
+                     verbose=verbose, shuffle=False)
 
 
 class _Loop:

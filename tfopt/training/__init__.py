@@ -6,7 +6,7 @@ here) does not import Keras.
 
 from __future__ import annotations
 
-import importlib
+from tfopt._lazy import lazy_exports
 
 _EXPORTS = {
     "train": "tfopt.training.fit",
@@ -22,14 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'tfopt.training' has no attribute {name!r}; public names are {__all__}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

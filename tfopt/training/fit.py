@@ -120,8 +120,9 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
             if checkpoint is not None:
                 run_callbacks.append(CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps,
                                                         steps_done=first_step))
+            # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
             fitted = model.fit(callbacks=run_callbacks, validation_data=validation_data, verbose=verbose,
-                               **fit_kwargs)
+                               shuffle=False, **fit_kwargs)
             for key, values in fitted.history.items():
                 history.setdefault(key, []).extend(float(value) for value in values)
             done = first_step + steps
