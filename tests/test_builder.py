@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import make_cnn, make_images
 from tfopt.builder import build, clone_under_current_policy, dtype_policy_scope
@@ -97,3 +98,42 @@ def test_resnet50_small_clone(cpu_hardware):
     assert_same_weights(user_model, built.model)
     assert built.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
     assert built.model.layers[-1].compute_dtype == "float32"
+
+
+def test_functional_model_with_ops_and_residual_adds_clones_under_mixed_precision(cpu_hardware):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4)(inputs)
+    hidden = keras.ops.relu(hidden) + hidden * 2  # keras.ops calls and operators are not layers
+    user_model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    user_model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"))).batch(4)
+    built = build(make_plan(user_model, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert_same_weights(user_model, built.model)
+    batch = np.random.default_rng(0).random((4, 4), dtype=np.float32)
+    np.testing.assert_allclose(built.model(batch), user_model(batch), atol=5e-2)
+
+
+def test_model_built_under_mixed_float16_keeps_it_and_its_loss_scaling(cpu_hardware):
+    with dtype_policy_scope("mixed_float16"):
+        inputs = keras.Input((4,))
+        outputs = keras.layers.Dense(2, dtype="float32")(keras.layers.Dense(8)(inputs))
+        user_model = keras.Model(inputs, outputs)
+        user_model.compile(optimizer="adam", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"))).batch(4)
+    baseline = make_plan(user_model, data, hardware=cpu_hardware)
+    assert baseline.dtype_policy == "mixed_float16"
+    kept = build(baseline).model
+    assert kept.layers[1].compute_dtype == "float16"
+    assert isinstance(kept.optimizer, keras.optimizers.LossScaleOptimizer)
+    # Choosing float32 really rebuilds the mixed layers in float32, without loss scaling.
+    float32 = build(baseline.replace(dtype_policy="float32")).model
+    assert [layer.compute_dtype for layer in float32.layers[1:]] == ["float32", "float32"]
+    assert not isinstance(float32.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_sequential_without_input_that_was_never_called(cpu_hardware):
+    user_model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")])
+    user_model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    built = build(make_plan(user_model, make_images(), hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert built.model.layers[-1].compute_dtype == "float32"
+    assert np.isfinite(built.model.fit(make_images(), epochs=1, verbose=0).history["loss"][0])

@@ -299,7 +299,8 @@ def test_a_diverging_run_exits_1_with_one_paragraph(tmp_path, capsys):
 @pytest.mark.parametrize("extra, fragment", [
     (["--resume"], "--resume needs --out RUN_DIR"),
     (["--workers", "2"], "--workers 2 needs a distribution recipe"),
-    (["--workers", "0"], "--workers 0: expected a number of worker processes >= 1"),
+    (["--workers", "0"], "--workers 0: expected 2 or more worker processes"),
+    (["--workers", "1"], "--workers 1: expected 2 or more worker processes; for one process, run without"),
     (["--tune-budget", "soon"], "'soon' is not a duration"),
 ])
 def test_run_option_mistakes_exit_2(tmp_path, capsys, extra, fragment):

@@ -92,6 +92,7 @@ def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
     ("model.name.first=x", "model.name is \"small_cnn\", not a mapping, so it has no key 'first'"),
     ("train.epochs=-2", "train.epochs: -2 is out of range; expected an integer >= 0 (--set train.epochs=-2)."),
     ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
+    ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
 ])
 def test_override_errors_name_the_option(tmp_path, override, message):
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla]\n")
@@ -269,3 +270,8 @@ def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path
     bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory:\n      growth: 3\n")
     with pytest.raises(RecipeFileError, match=r"growth=3\. Expected true or false .*line 5\)"):
         recipe_item_settings(bad, "gpu_memory")
+
+
+def test_absurdly_deep_nesting_is_a_recipe_error_not_a_crash(tmp_path):
+    path = write(tmp_path, "model: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert "nests its values thousands of levels deep" in load_error(path)

@@ -93,7 +93,9 @@ def test_resume_keeps_the_measurements_and_trains_only_the_missing_steps(tmp_pat
     longer = runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=3"]), out_dir=tmp_path / "run",
                         resume=True)
     assert (longer.training["resumed_from_step"], longer.training["global_step"]) == (4, 6)
-    assert longer.training["steps_run"] == 2 and len(longer.training["history"]["loss"]) == 1
+    # training.json keeps the whole run: the first attempt's two epochs, then the one trained now.
+    assert longer.training["steps_run"] == 2 and len(longer.training["history"]["loss"]) == 3
+    assert longer.training["history"]["loss"][:2] == first.training["history"]["loss"]
     assert (tmp_path / "run" / "report.json").read_text() == report_text and longer.report == first.report
     assert load_recipe(tmp_path / "run" / "recipe.yaml").train.epochs == 3
 
@@ -152,3 +154,11 @@ def test_diagnose_profiles_the_baseline_without_writing_anything(tmp_path):
     assert profile.measurement.utilization > 0
     assert len(profile.breakdown.step_seconds) == 2
     assert sorted(item.name for item in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+def test_resume_that_would_shrink_the_run_is_refused_and_changes_nothing(tmp_path):
+    runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
+    saved = (tmp_path / "run" / "recipe.yaml").read_text()
+    with pytest.raises(TfoptError, match="only train.epochs may grow"):
+        runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=1"]), out_dir=tmp_path / "run", resume=True)
+    assert (tmp_path / "run" / "recipe.yaml").read_text() == saved

@@ -23,8 +23,8 @@ def seconds(text: str) -> float:
         seconds = float(number) * units[unit.lower()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration; expected e.g. 120s, 2m or 120") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration above 0, e.g. 120s")
+    if not 0 < seconds < float("inf"):  # also refuses nan, which passes a plain `<= 0` test
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite duration above 0, e.g. 120s")
     return seconds
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -149,7 +150,8 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
                   str: isinstance(value, str), "path": isinstance(value, str) and value != "",
                   list: isinstance(value, list) and all(isinstance(item, str) for item in value)}[kind]
     out_of_range = valid_type and numeric and (
-        (metadata["at_least"] is not None and value < metadata["at_least"])
+        not math.isfinite(value)  # nan passes every comparison below
+        or (metadata["at_least"] is not None and value < metadata["at_least"])
         or (metadata["above"] is not None and value <= metadata["above"]))
     if not valid_type or out_of_range:
         problem = "is out of range" if out_of_range else f"is a {type_name(value)}"

@@ -119,6 +119,9 @@ def read_yaml(text: str, label: str) -> tuple[Any, dict[tuple, int]]:
         raise RecipeFileError(f"{label} is not a valid recipe file: {problem}{hint} ({label}{where}).") from None
     except yaml.YAMLError as error:
         raise RecipeFileError(f"{label} is not valid YAML: {error}") from None
+    except RecursionError:
+        raise RecipeFileError(f"{label} nests its values thousands of levels deep; a recipe file is a few "
+                              "levels of plain mappings and lists.") from None
     finally:
         loader.dispose()
 

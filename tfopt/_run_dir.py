@@ -71,7 +71,9 @@ def resumed_run_dir(out_dir: str | os.PathLike | None, resolved: dict[str, Any])
         raise TfoptError(f"--resume: {path} holds no run to continue (no {RESOLVED_RECIPE_NAME} in it). Give the "
                          "directory of an earlier run, or drop --resume to start a new run there.")
     earlier = load_recipe(saved).to_dict()
-    blocking = [found for found in differences(earlier, resolved) if found[0] not in _RESUMABLE_CHANGES]
+    changes = differences(earlier, resolved)
+    blocking = [found for found in changes if found[0] not in _RESUMABLE_CHANGES
+                or found[0] == ("train", "epochs") and found[2] < found[1]]
     if blocking:
         key, before, now = blocking[0]
         raise TfoptError(f"--resume: the run in {path} was made with {'.'.join(map(str, key))}: {before!r}, and "

@@ -66,8 +66,19 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
     if chief:
         from tfopt.profiling.report import write_atomic
 
+        record = _continuing(run_dir / TRAINING_NAME, record)
         write_atomic(run_dir / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's record with the earlier attempts' history in front, so training.json keeps it all."""
+    if not record.get("resumed_from_step") or not path.is_file():
+        return record
+    earlier = json.loads(path.read_text(encoding="utf-8")).get("history", {})
+    history = {key: [*earlier.get(key, []), *record.get("history", {}).get(key, [])]
+               for key in dict.fromkeys([*earlier, *record.get("history", {})])}
+    return {**record, "history": history}
 
 
 def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:

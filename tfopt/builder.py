@@ -101,24 +101,36 @@ def dtype_policy_scope(policy: str) -> Iterator[None]:
 def clone_under_current_policy(model: Any) -> Any:
     """Clones a Functional or Sequential model so its layers take the current global dtype policy.
 
-    A layer's config records the policy it was made with ("float32"), so a plain `clone_model` keeps
-    float32 even inside a mixed-precision scope. Layers still on the default float32 policy get the
-    current policy; layers the user pinned to another dtype (e.g. int lookups) keep theirs; the layers
-    producing the model's outputs compute in float32, so softmax and the loss do not lose precision.
-    The clone has fresh weights: `build()` copies the user's in.
+    A layer's config records the policy it was made with, so a plain `clone_model` keeps it even inside
+    another policy's scope. Layers on the policy the model was built under (its default: float32, or the
+    mixed policy that was global when the user built it) get the current policy; layers the user pinned to
+    another dtype (e.g. int lookups) keep theirs; the layers producing the model's outputs compute in
+    float32, so softmax and the loss do not lose precision. Operations that are not layers (`keras.ops`
+    calls, `x + y`) are recreated as they are. The clone has fresh weights: `build()` copies the user's in.
     """
     import keras
 
     policy = keras.config.dtype_policy().name
-    output_layers = {id(tensor._keras_history.operation) for tensor in model.outputs}
+    defaults = {"float32", model_dtype_policy(model)}
+    if model.built:
+        output_layers = {id(tensor._keras_history.operation) for tensor in model.outputs}
+    else:  # a Sequential model without an Input: its last layer makes the output
+        output_layers = {id(model.layers[-1])}
 
     def clone_layer(layer: Any) -> Any:
         config = layer.get_config()
-        if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name == "float32":
+        if isinstance(layer, keras.layers.Layer) and not isinstance(layer, keras.layers.InputLayer) \
+                and layer.dtype_policy.name in defaults:
             config["dtype"] = "float32" if id(layer) in output_layers else policy
         return layer.__class__.from_config(config)
 
     return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+
+
+def model_dtype_policy(model: Any) -> str:
+    """The dtype policy a model was built under: "float32", or a mixed policy set globally at the time."""
+    name = model.dtype_policy.name
+    return name if name in ("mixed_float16", "mixed_bfloat16") else "float32"
 
 
 def _create_model(plan: Plan) -> Any:
@@ -141,8 +153,9 @@ def _with_float32_outputs(model: Any, plan: Plan) -> Any:
     import keras
     import tensorflow as tf
 
-    outputs = tf.nest.flatten(model(plan.sample_inputs, training=False))
-    if all(output.dtype == tf.float32 for output in outputs):
+    # Functional and Sequential models know their output dtypes symbolically; others need one forward pass.
+    outputs = getattr(model, "outputs", None) or tf.nest.flatten(model(plan.sample_inputs, training=False))
+    if all(output.dtype == "float32" for output in outputs):
         return model
     inputs = tf.nest.map_structure(
         lambda tensor: keras.Input(shape=tensor.shape[1:], dtype=tensor.dtype), plan.sample_inputs)

@@ -161,8 +161,9 @@ def _run_workers(args: argparse.Namespace) -> int:
     `python -m tfopt.cli run FILE --out RUN --resume`, so they take up the run this process started, and
     only the chief (worker 0) writes checkpoints and training.json.
     """
-    if args.workers < 1:
-        raise _UsageError(f"--workers {args.workers}: expected a number of worker processes >= 1.")
+    if args.workers < 2:
+        raise _UsageError(f"--workers {args.workers}: expected 2 or more worker processes; for one process, "
+                          "run without --workers.")
     recipe = _load(args)
     if isinstance(recipe.recipes, str) or "distribution" not in {item.name for item in recipe.recipes}:
         raise _UsageError(f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
@@ -180,7 +181,8 @@ def _run_workers(args: argparse.Namespace) -> int:
         launch_local_workers([sys.executable, "-m", "tfopt.cli", "run", args.file, *_cli_options.worker_arguments(args),
                               "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
                              output=_cli_options.worker_line)
-    training = json.loads((measured.run_dir / "training.json").read_text(encoding="utf-8"))
+    record = measured.run_dir / "training.json"  # absent when train.epochs is 0
+    training = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
     _print_outcome(dataclasses.replace(measured, training=training), args)
     return 0
 

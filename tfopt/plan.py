@@ -157,6 +157,8 @@ def make_plan(
         model_fn = _clone_fn(model)
     compile_config = _compile_config(model, compile)
     sample = _first_batch(dataset)
+    from tfopt.builder import model_dtype_policy
+
     return Plan(
         model_fn=model_fn,
         dataset=dataset,
@@ -166,6 +168,8 @@ def make_plan(
         batch_size=batch_size_of(sample[0]),
         weights_from=model if model is not None and model.built else None,
         source=source,
+        # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
+        dtype_policy=model_dtype_policy(model) if model is not None else "float32",
     )
 
 

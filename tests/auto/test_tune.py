@@ -99,3 +99,10 @@ def test_auto_has_no_fixed_recipe_list_and_a_bad_budget_is_rejected(cpu_hardware
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     with pytest.raises(RecipeConfigError, match="tune budget -5 is not valid.*--tune-budget 120s"):
         tune(plan, budget_seconds=-5)
+
+
+def test_several_steps_per_call_is_refused_with_the_fix(cpu_hardware):
+    model = make_cnn()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=4)
+    with pytest.raises(RecipeConfigError, match="steps_per_execution=1 for tuning"):
+        tune(make_plan(model, make_images(), hardware=cpu_hardware), budget_seconds=20)

@@ -210,3 +210,15 @@ def test_bad_inputs_and_options(tmp_path):
         to_tfrecord((np.zeros((2, 1)), np.zeros(2)), tmp_path / "f", records_per_shard=0)
     with pytest.raises(DataError, match="dtype <U1"):
         to_tfrecord((np.array(["a", "b"]), np.zeros(2)), tmp_path / "g")
+
+
+def test_a_directory_of_someone_elses_files_is_refused(tmp_path):
+    import numpy as np
+
+    from tfopt.data import NumpySource, to_tfrecord
+    from tfopt.errors import DataError
+
+    (tmp_path / "part-00000.tfrecord").write_text("MY OWN SHARD DATA")
+    with pytest.raises(DataError, match="named like tfopt.s shards .*part-00000.tfrecord"):
+        to_tfrecord(NumpySource(np.zeros((4, 2), np.float32), np.arange(4)), tmp_path)
+    assert (tmp_path / "part-00000.tfrecord").read_text() == "MY OWN SHARD DATA"

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfopt.hardware import Gpu, Hardware
 from tfopt.profiling.analyze import StepBreakdown
 from tfopt.profiling.capture import Capture, Profile, profile
-from tfopt.profiling.diagnose import diagnose_breakdown
+from tfopt.profiling.diagnose import diagnose_breakdown, relative_spread
 from tfopt.profiling.monitor import HOST, Sample, Samples
 from tfopt.profiling.timing import Measurement, StepTimes
 
@@ -113,7 +113,8 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
                       step_numbers=tuple(range(3, 3 + steps)), step_end_seconds=ends, samples=samples)
     return Profile(measurement=measurement, capture=capture, breakdown=breakdown,
                    diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=samples.peak_memory_fraction,
-                                                 utilization=measurement.utilization),
+                                                 utilization=measurement.utilization,
+                                                 utilization_noise=relative_spread(measurement)),
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 
 

@@ -42,3 +42,12 @@ def test_one_batch_repeated_is_the_first_batch_forever():
 def test_too_few_steps_is_a_clear_error():
     with pytest.raises(MeasurementError, match="steps >= 2 and warmup_steps >= 1"):
         time_training_steps(make_cnn(), make_images(), steps=1, warmup_steps=0, batch_size=8)
+
+
+def test_several_steps_per_call_are_timed_per_step():
+    model = make_cnn()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=4)
+    times = time_training_steps(model, make_images(), steps=6, warmup_steps=1, batch_size=8)
+    # Rounded up to whole calls of 4 steps; each step gets a quarter of its call's time.
+    assert len(times.seconds) == 8
+    assert times.seconds[0] == times.seconds[3] and times.seconds[4] == times.seconds[7]

@@ -161,3 +161,11 @@ def test_unscalable_learning_rate_says_how_to_fix():
 def test_bad_settings(settings, words):
     with pytest.raises(RecipeConfigError, match=words):
         BatchSize(**settings)
+
+
+def test_learning_rate_of_an_optimizer_given_by_name_is_scaled():
+    config, reason = scale_learning_rate({"optimizer": "adam", "loss": "mse"}, old_batch_size=32, new_batch_size=128,
+                                         rule="linear")
+    assert config["optimizer"]["class_name"] == "Adam"
+    assert config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.004)  # Keras' default 0.001 x 4
+    assert "x4" in reason

@@ -83,6 +83,11 @@ def test_deterministic_finite_pipeline_is_cached():
     (lambda: make_images().map(lambda x, y: (tf.image.random_flip_left_right(x), y)), "random op"),
     (lambda: make_images().unbatch().shuffle(16).batch(8), "shuffle"),
     (lambda: make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)), "py_function"),
+    # Random ops whose names lack "Random" are caught by being stateful.
+    (lambda: make_images().map(lambda x, y: (x + tf.random.truncated_normal([12, 12, 3]), y)),
+     "stateful op TruncatedNormal"),
+    (lambda: make_images().map(lambda x, y: (x, tf.cast(tf.random.categorical([[0.5, 0.5]], 1)[0, 0], tf.int32))),
+     "stateful op Multinomial"),
 ])
 def test_cache_refused_where_it_would_change_later_epochs(make, reason):
     plan = recorded(make())

@@ -109,3 +109,15 @@ def test_functional_form_wraps_inner_optimizer_of_loss_scaling():
     wrapped = with_gradient_accumulation(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), 3)
     assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
     assert wrapped.inner_optimizer.gradient_accumulation_steps == 3
+
+
+def test_sum_reduction_on_any_output_is_rejected(cpu_hardware):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, {"o1": keras.layers.Dense(1, name="o1")(inputs),
+                                 "o2": keras.layers.Dense(1, name="o2")(inputs)})
+    model.compile("sgd", loss={"o1": keras.losses.MeanSquaredError(),
+                               "o2": keras.losses.MeanSquaredError(reduction="sum")})
+    x, y = np.ones((16, 4), "float32"), np.ones((16, 1), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, {"o1": y, "o2": y})).batch(8)
+    with pytest.raises(RecipeConfigError, match="reduction='sum'"):
+        GradAccum(steps=2).check(make_plan(model, data, hardware=cpu_hardware))

@@ -84,7 +84,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
         The chosen recipes, the plan they make, and the trials table.
 
     Raises:
-        RecipeConfigError: The budget is not a positive number.
+        RecipeConfigError: The budget is not a positive number, or the model runs several steps per call.
         MeasurementError: The baseline itself could not be trained and timed.
 
     Example:
@@ -94,6 +94,14 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
         raise RecipeConfigError(f"auto: tune budget {budget_seconds!r} is not valid. Expected a positive number "
                                 "of seconds, e.g. 120 (on the command line: --tune-budget 120s).")
+    steps_per_execution = plan.compile_config.get("steps_per_execution") or 1
+    if steps_per_execution != 1:
+        # Keras reports the loss once per call of steps_per_execution steps, so the per-step loss
+        # trajectories that decide "same numerics" cannot be compared.
+        raise RecipeConfigError(
+            f"auto: the model is compiled with steps_per_execution={steps_per_execution}; auto mode compares "
+            "losses step by step, which Keras only reports with steps_per_execution=1. Compile with "
+            "steps_per_execution=1 for tuning, or choose the recipes yourself.")
     clock = time.monotonic
     start = clock()
     _progress(on_progress, "diagnosing the baseline", start, budget_seconds)

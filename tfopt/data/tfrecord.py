@@ -96,6 +96,7 @@ def to_tfrecord(
     if (out_dir / MANIFEST_NAME).exists() and _is_same_conversion(out_dir, conversion, options, overwrite):
         logger.info("to_tfrecord: %s already holds this conversion; nothing to do", out_dir)
         return out_dir
+    _refuse_foreign_files(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = num_workers or os.cpu_count() or 1
     if conversion.records is not None:
@@ -251,6 +252,19 @@ def _write_shard(out_dir: pathlib.Path, index: int, records, compression) -> dic
     finally:
         temporary.unlink(missing_ok=True)
     return {"file": name, **info}
+
+
+def _refuse_foreign_files(out_dir: pathlib.Path) -> None:
+    """Files named like tfopt's shards in a directory without a conversion of tfopt's (manifest or
+    progress journal) are the user's: writing shards there would replace them, so refuse. Other files
+    are left alone and kept."""
+    if not out_dir.is_dir() or (out_dir / MANIFEST_NAME).exists() or (out_dir / _JOURNAL_NAME).exists():
+        return
+    foreign = sorted(path.name for path in out_dir.iterdir() if _OWN_FILE.match(path.name))
+    if foreign:
+        raise DataError(f"to_tfrecord: {out_dir} already holds files named like tfopt's shards that are not "
+                        f"a tfopt conversion ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}). "
+                        "Choose a new or empty directory; tfopt never writes over files it did not make.")
 
 
 def _remove_own_files(out_dir: pathlib.Path) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import STEP_MARKER, StepBreakdown, analyze, find_xplane
-from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
+from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown, relative_spread
 from tfopt.profiling.monitor import Monitor, Samples
 from tfopt.profiling.timing import Measurement, StepTimer, StepTimes, measure, training_state_restored
 
@@ -145,7 +145,8 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
                            logdir=logdir, monitor_interval_seconds=monitor_interval_seconds)
     breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
     diagnosis = diagnose_breakdown(breakdown, hardware, peak_memory_fraction=captured.samples.peak_memory_fraction,
-                                   utilization=measurement.utilization)
+                                   utilization=measurement.utilization,
+                                   utilization_noise=relative_spread(measurement))
     return Profile(measurement=measurement, capture=captured, breakdown=breakdown, diagnosis=diagnosis,
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 

@@ -17,9 +17,9 @@ and device compute in 16-bit types below 10% means mixed precision is left on th
 The trace alone misses input cost on a CPU-only machine: there the input pipeline does not make the step
 wait so much as compete with training for the same cores, so the cost shows up as slower host compute.
 The measured utilization (real step time against the compute-only ceiling) catches it: on a CPU-only
-machine whose trace shows waits below the 5% threshold, a gap of 15% (moderate) or 30% (high) counts as
-input cost: tfopt's thresholds, higher than the trace's because two timed runs on a shared machine differ
-by up to about 10% by noise alone. On accelerators the trace sees the wait
+machine whose trace shows waits below the 5% threshold, a gap of 20% (moderate) or 35% (high) counts as
+input cost, if it is also more than twice the measurement's own spread: tfopt's thresholds, higher than
+the trace's because two timed runs on a shared machine differ by 10-20% by noise alone. On accelerators the trace sees the wait
 and says more (which input stage), so it decides there.
 """
 
@@ -39,8 +39,8 @@ COLLECTIVES_MODERATE_PERCENT = 3.0
 COLLECTIVES_HIGH_PERCENT = 15.0
 COMPILE_MODERATE_PERCENT = 3.0
 COMPILE_HIGH_PERCENT = 15.0
-CEILING_GAP_MODERATE_PERCENT = 15.0
-CEILING_GAP_HIGH_PERCENT = 30.0
+CEILING_GAP_MODERATE_PERCENT = 20.0
+CEILING_GAP_HIGH_PERCENT = 35.0
 LOW_16BIT_PERCENT = 10.0
 # A step where the accelerator computes less than half the time, with the input pipeline keeping up,
 # is dominated by fixed per-step costs (dispatch, Python, launches): a larger batch amortises them.
@@ -146,6 +146,7 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
         ('data_pipeline',)
     """
     peak_memory_fraction = utilization = None
+    utilization_noise = 0.0
     if isinstance(profile_or_breakdown, StepBreakdown):
         breakdown = profile_or_breakdown
     elif isinstance(getattr(profile_or_breakdown, "breakdown", None), StepBreakdown):
@@ -153,6 +154,7 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
         hardware = hardware or profile_or_breakdown.hardware
         peak_memory_fraction = profile_or_breakdown.samples.peak_memory_fraction
         utilization = profile_or_breakdown.measurement.utilization
+        utilization_noise = relative_spread(profile_or_breakdown.measurement)
     else:
         raise TypeError(f"diagnose() takes a Profile (from tfopt.profile) or a StepBreakdown; received "
                         f"{type(profile_or_breakdown).__name__}.")
@@ -161,11 +163,12 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
 
         hardware = detect()
     return diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak_memory_fraction,
-                              utilization=utilization)
+                              utilization=utilization, utilization_noise=utilization_noise)
 
 
 def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *,
-                       peak_memory_fraction: float | None = None, utilization: float | None = None) -> Diagnosis:
+                       peak_memory_fraction: float | None = None, utilization: float | None = None,
+                       utilization_noise: float = 0.0) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
     Args:
@@ -174,12 +177,14 @@ def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *,
         peak_memory_fraction: The fullest accelerator's peak memory use (0..1), where it was sampled.
         utilization: Real step time against the compute-only ceiling (1.0 = the input costs nothing),
             where it was measured.
+        utilization_noise: The measurement's relative spread (`relative_spread`); a ceiling gap within
+            twice of it is not a finding.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
     findings = [finding for finding in (
-        _input(breakdown, hardware, utilization),
+        _input(breakdown, hardware, utilization, utilization_noise),
         _compilation(breakdown),
         _collectives(breakdown),
         _launch(breakdown),
@@ -200,11 +205,18 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | None) -> Finding | None:
+def relative_spread(measurement: Any) -> float:
+    """The larger relative interquartile range of a measurement's real and ceiling step times."""
+    return max(times.spread_seconds / times.median_seconds for times in (measurement.real, measurement.ceiling))
+
+
+def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | None,
+           utilization_noise: float) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
     gap_percent = 100.0 * (1.0 - utilization) if utilization is not None else 0.0
-    gap_severity = _severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
+    gap_severity = (_severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
+                    if gap_percent > 200.0 * utilization_noise else None)
     if severity is None and gap_severity is not None and hardware.accelerator == "cpu":
         # The trace shows little waiting, yet training is well below its ceiling: on a CPU-only machine
         # the input pipeline slows the step by competing with it for the cores.

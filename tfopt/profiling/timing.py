@@ -112,7 +112,9 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
         batch_size: Examples per step, to report examples/s.
 
     Returns:
-        The measured step times.
+        The measured step times. A model compiled with `steps_per_execution=N` runs N steps per call,
+        and Keras reports only the call's end: each of its steps gets an Nth of the call's time, and both
+        counts are rounded up to whole calls.
 
     Raises:
         MeasurementError: The arguments are out of range, or training failed.
@@ -120,12 +122,16 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
     if steps < 2 or warmup_steps < 1:
         raise MeasurementError(f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
                                f"warmup_steps={warmup_steps}.")
-    timer = StepTimer(warmup_steps)
+    per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+    warmup_steps, steps = (-(-count // per_call) * per_call for count in (warmup_steps, steps))
+    timer = StepTimer(warmup_steps, steps_per_execution=per_call)
     try:
         model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0,
                   shuffle=False, callbacks=[timer])
     except Exception as error:
         raise MeasurementError(f"Training failed while timing steps: {type(error).__name__}: {error}") from error
+    if not timer.seconds:
+        raise MeasurementError(f"No step was timed ({steps} steps after {warmup_steps} warm-up steps were asked).")
     return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size)
 
 
@@ -183,9 +189,10 @@ def training_state_restored(model: Any) -> Iterator[None]:
 class StepTimer(keras.callbacks.Callback):
     """Records the wall time between consecutive step ends after the warm-up steps."""
 
-    def __init__(self, warmup_steps: int):
+    def __init__(self, warmup_steps: int, *, steps_per_execution: int = 1):
         super().__init__()
         self.warmup_steps = warmup_steps
+        self.steps_per_execution = steps_per_execution
         self.seconds: list[float] = []
         self._last_end: float | None = None
 
@@ -194,5 +201,7 @@ class StepTimer(keras.callbacks.Callback):
             float(logs["loss"])  # waits for the step to finish on the device
         now = time.perf_counter()
         if batch >= self.warmup_steps and self._last_end is not None:
-            self.seconds.append(now - self._last_end)
+            # One call per `steps_per_execution` steps: each of them gets its share of the call's time.
+            share = (now - self._last_end) / self.steps_per_execution
+            self.seconds.extend([share] * self.steps_per_execution)
         self._last_end = now

@@ -138,6 +138,10 @@ def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: in
         return dict(compile_config), "learning rate kept"
     factor = new_batch_size / old_batch_size if rule == "linear" else math.sqrt(new_batch_size / old_batch_size)
     optimizer = compile_config.get("optimizer")
+    if isinstance(optimizer, str):  # compile(optimizer="adam"): Keras' defaults for that optimizer
+        import keras
+
+        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
     config = dict(optimizer.get("config", {})) if isinstance(optimizer, dict) else None
     rate = config.get("learning_rate") if config else None
     if isinstance(rate, (int, float)):

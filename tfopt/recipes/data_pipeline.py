@@ -137,8 +137,9 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
 def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int) -> tuple[Any, str]:
     import tensorflow as tf
 
-    blockers = sorted({label for fragment, label in _NOT_CACHEABLE.items()
-                       if any(fragment in op for op in _pipeline_ops(dataset))})
+    ops = _pipeline_ops(dataset)
+    blockers = sorted({label for fragment, label in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)}
+                      | {f"stateful op {op}" for op in _stateful_ops(ops)})
     if blockers:
         return dataset, f"no cache: the pipeline contains {', '.join(blockers)}, so caching its output would " \
                         "change what later epochs see (cache before augmentation yourself, or use a tfopt.data source)"
@@ -168,6 +169,17 @@ def _pipeline_ops(dataset: Any) -> set[str]:
     for function in graph.library.function:
         ops.update(node.op for node in function.node_def)
     return ops
+
+
+def _stateful_ops(ops: set[str]) -> set[str]:
+    """Ops whose output can differ between runs (e.g. TruncatedNormal, Multinomial): caching would freeze it.
+
+    Dataset sources and function plumbing are registered as stateful too, but they replay the same data.
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    return {op for op in ops if "Dataset" not in op and op not in ("_Arg", "_Retval")
+            and (definition := op_def_registry.get(op)) is not None and definition.is_stateful}
 
 
 def _element_bytes(dataset: Any) -> int:

@@ -80,8 +80,7 @@ class GradAccum(Recipe):
 
     def check(self, plan: Plan) -> None:
         self.accumulation_steps(plan.batch_size)
-        reduction = _loss_reduction(plan.compile_config.get("loss"))
-        if reduction == "sum":
+        if "sum" in _loss_reductions(plan.compile_config.get("loss")):
             raise RecipeConfigError(
                 "grad_accum: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
                 "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
@@ -146,7 +145,13 @@ def _optimizer_config(optimizer: Any) -> dict[str, Any]:
     return {**optimizer, "config": dict(optimizer["config"])}
 
 
-def _loss_reduction(loss: Any) -> str | None:
+def _loss_reductions(loss: Any) -> set[str]:
+    """The reductions of a serialized loss, or of every output's loss in a dict or list of them."""
+    if isinstance(loss, dict) and "class_name" in loss:
+        reduction = (loss.get("config") or {}).get("reduction")
+        return {reduction} if reduction else set()
     if isinstance(loss, dict):
-        return (loss.get("config") or {}).get("reduction")
-    return None
+        loss = list(loss.values())
+    if isinstance(loss, (list, tuple)):
+        return set().union(*(_loss_reductions(item) for item in loss))
+    return set()

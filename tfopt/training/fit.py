@@ -13,8 +13,12 @@ Two data modes keep the position in the data exact:
 * a stream (`steps_per_epoch` given): the dataset is repeated if finite and read as one stream across
   epochs, as Keras does for an infinite dataset; a resumed run starts at `stream.skip(global step)`.
 
-Resuming exactly needs a deterministic dataset (no unseeded shuffle). `skip()` reads the skipped
-batches, so resuming late in a long epoch costs that reading time.
+Resuming exactly needs a dataset whose order does not change between passes. A tf.data shuffle with
+`reshuffle_each_iteration=True` (seeded or not) draws a new order for every iterator made on it, and a
+restarted process makes a different number of them before training (it skips the measurements), so
+the rest of a resumed epoch comes from another order: some of that epoch's examples are seen twice and
+others not at all (later epochs are whole). The step count and the weights' continuity are exact either
+way. `skip()` reads the skipped batches, so resuming late in a long epoch costs that reading time.
 """
 
 from __future__ import annotations
