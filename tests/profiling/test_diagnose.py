@@ -152,7 +152,9 @@ def test_starved_pipeline_is_input_bound(starved_profile):
 def test_tuned_pipeline_is_not_input_bound(tuned_profile):
     assert tuned_profile.breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT
     assert not tuned_profile.diagnosis.input_bound
-    assert tuned_profile.diagnosis.findings == ()
+    # On 2 CPU cores its 32 Python threads still compete with training (measured ~80% of the ceiling in
+    # CI): that may be a cpu_contention finding, never an input-bound one.
+    assert {finding.bottleneck for finding in tuned_profile.diagnosis.findings} <= {d.CPU_CONTENTION}
 
 
 def test_ceiling_gap_on_cpu_is_input_cost_even_without_visible_waits():
@@ -164,7 +166,8 @@ def test_ceiling_gap_on_cpu_is_input_cost_even_without_visible_waits():
     cpu = Hardware(cpu_count=2)
     assert diagnose_breakdown(breakdown, cpu).findings == ()
     finding = diagnose_breakdown(breakdown, cpu, utilization=0.6).findings[0]
-    assert (finding.bottleneck, finding.severity, finding.recipe) == ("cpu_preprocessing", "high", "data_pipeline")
+    assert (finding.bottleneck, finding.severity, finding.recipe) == ("cpu_contention", "high", "data_pipeline")
+    assert not diagnose_breakdown(breakdown, cpu, utilization=0.6).input_bound  # nothing waits for input
     assert finding.percent == pytest.approx(40.0) and "60% of the compute-only ceiling" in finding.reason
     assert diagnose_breakdown(breakdown, cpu, utilization=0.75).findings[0].severity == "moderate"
     assert diagnose_breakdown(breakdown, cpu, utilization=0.85).findings == ()  # within measurement noise

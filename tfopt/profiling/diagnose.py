@@ -17,8 +17,9 @@ and device compute in 16-bit types below 10% means mixed precision is left on th
 The trace alone misses input cost on a CPU-only machine: there the input pipeline does not make the step
 wait so much as compete with training for the same cores, so the cost shows up as slower host compute.
 The measured utilization (real step time against the compute-only ceiling) catches it: on a CPU-only
-machine whose trace shows waits below the 5% threshold, a gap of 20% (moderate) or 35% (high) counts as
-input cost, if it is also more than twice the measurement's own spread: tfopt's thresholds, higher than
+machine whose trace shows waits below the 5% threshold, a gap of 20% (moderate) or 35% (high) is a
+`cpu_contention` finding (not "input-bound": nothing waits), if it is also more than twice the
+measurement's own spread: tfopt's thresholds, higher than
 the trace's because two timed runs on a shared machine differ by 10-20% by noise alone. On accelerators the trace sees the wait
 and says more (which input stage), so it decides there.
 """
@@ -59,9 +60,11 @@ FP32_COMPUTE = "fp32_compute"
 SMALL_BATCH = "small_batch"
 MULTI_DEVICE_SYNC = "multi_device_sync"
 COMPILATION = "compilation"
+CPU_CONTENTION = "cpu_contention"
 
 INPUT_BOTTLENECKS = frozenset({INPUT_BOUND, CPU_PREPROCESSING, STORAGE_BANDWIDTH})
-"""The classes in which the accelerator waits for data; a run has at most one of them."""
+"""The classes in which the accelerator waits for data; a run has at most one of them. `cpu_contention`
+is not one: the steps do not wait, they run slower because input work shares the CPU cores."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +223,7 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | No
     if severity is None and gap_severity is not None and hardware.accelerator == "cpu":
         # The trace shows little waiting, yet training is well below its ceiling: on a CPU-only machine
         # the input pipeline slows the step by competing with it for the cores.
-        return Finding(CPU_PREPROCESSING, gap_severity, gap_percent, "data_pipeline",
+        return Finding(CPU_CONTENTION, gap_severity, gap_percent, "data_pipeline",
                        f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
                        f"{percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
                        f"training for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
