@@ -64,7 +64,7 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
     except Exception as error:  # noqa: BLE001 - reported as one paragraph with its cause
         raise TfoptError(f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}") from error
     if chief:
-        from tfopt.profiling.report import write_atomic
+        from tfopt._atomic import write_atomic
 
         record = _continuing(run_dir / TRAINING_NAME, record)
         write_atomic(run_dir / TRAINING_NAME, json.dumps(record, indent=2) + "\n")

@@ -18,12 +18,12 @@ import dataclasses
 import datetime
 import os
 import pathlib
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
+from tfopt._atomic import write_atomic
 from tfopt._recipe_resolve import (SECTION_HELP, check_training_names, resolve_data, resolve_model, resolve_recipe_item,
                                    resolve_recipes, yaml_safe)
 from tfopt._recipe_schema import (DataSection, ModelSection, ProfileSection, ReportSection, TrainSection, check_name,
@@ -186,18 +186,7 @@ def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
     header = (f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"
               f" from {recipe.path or 'text'}: every default is filled in.\n"
               f"# Repeat this run with: tfopt-recipe run {path}\n")
-    text = header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None))
 
 
 def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> RecipeFile:

@@ -166,31 +166,32 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
 
 def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, dict, dict]:
     """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once."""
-    import tfopt
-    from tfopt.builder import Built
-
-    result = tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
-                         model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
-                         batch_size=recipe.data.batch_size, steps=recipe.profile.steps,
-                         warmup_steps=recipe.profile.warmup_steps, profile=True,
-                         logdir=os.fspath(logdir(recipe, run_dir)),
-                         tune_budget_seconds=recipe.profile.tune_budget_seconds, on_tune_progress=progress.tuning)
+    result = _apply(model, recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
+                    profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
     progress.phase("writing the report")
     report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
     paths = {name: report.save(run_dir / f"report{REPORT_SUFFIXES[name]}") for name in recipe.report.formats}
-    built = Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
-    return built, report.to_dict(), paths
+    return _built(result), report.to_dict(), paths
 
 
 def _build(model: Any, recipe: RecipeFile, progress: Progress) -> Any:
     """Applies the recipes and builds, measuring nothing (in a worker, under the cluster it joined)."""
+    return _built(_apply(model, recipe, progress, measure_speed=False))
+
+
+def _apply(model: Any, recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
+    """`tfopt.apply` with the recipe file's model, data, recipes and tuning budget."""
     import tfopt
+
+    return tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
+                       model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
+                       batch_size=recipe.data.batch_size, tune_budget_seconds=recipe.profile.tune_budget_seconds,
+                       on_tune_progress=progress.tuning, **measuring)
+
+
+def _built(result: Any) -> Any:
     from tfopt.builder import Built
 
-    result = tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
-                         model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
-                         batch_size=recipe.data.batch_size, measure_speed=False,
-                         tune_budget_seconds=recipe.profile.tune_budget_seconds, on_tune_progress=progress.tuning)
     return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
 
 

@@ -7,7 +7,6 @@ import base64
 import html.parser
 import json
 import math
-import os
 import shutil
 import subprocess
 import types
@@ -15,9 +14,8 @@ import types
 import pytest
 
 from tfopt.plan import Step
-from tfopt.profiling import report as report_module
 from tfopt.profiling.analyze import CATEGORY_LABELS
-from tfopt.profiling.report import SUMMARY_ROWS, Report, compare, write_atomic
+from tfopt.profiling.report import SUMMARY_ROWS, Report, compare
 
 
 class _Tables(html.parser.HTMLParser):
@@ -265,19 +263,6 @@ def test_failed_render_leaves_the_earlier_report(fake_report, tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="matplotlib failed"):
         fake_report.save(path)
     assert path.read_bytes() == original
-
-
-def test_failed_write_leaves_the_earlier_report_and_no_temporary_file(tmp_path, monkeypatch):
-    path = tmp_path / "report.json"
-    write_atomic(path, "old")
-
-    def full_disk(source, target):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(report_module.os, "replace", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        write_atomic(path, "new")
-    assert path.read_text() == "old" and os.listdir(tmp_path) == ["report.json"]
 
 
 def test_notebooks_display_reports_and_profiles(fake_report, make_fake_profile):

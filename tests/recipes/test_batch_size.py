@@ -14,7 +14,6 @@ from tfopt.hardware import Hardware
 from tfopt.plan import make_plan
 from tfopt.recipes import batch_size as batch_size_module
 from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch, scale_learning_rate
-from tfopt.training.peak_memory import host_rss_bytes
 
 MIB = 2**20
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]

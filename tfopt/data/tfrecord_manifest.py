@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 
+from tfopt._atomic import write_atomic
 from tfopt._version import __version__
 from tfopt.errors import DataError
 
@@ -39,13 +40,7 @@ def shard_file_name(index: int, compression: str | None) -> str:
 def write_manifest(out_dir: pathlib.Path, manifest: dict) -> None:
     """Writes the manifest atomically: a reader sees either no manifest or the complete one."""
     content = dict(manifest, format=FORMAT, version=VERSION, created_by=f"tfopt {__version__}")
-    temporary = out_dir / f".{MANIFEST_NAME}.tmp-{os.getpid()}"
-    with open(temporary, "w") as file:
-        json.dump(content, file, indent=2, sort_keys=True)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, out_dir / MANIFEST_NAME)
-    _fsync_directory(out_dir)
+    write_atomic(out_dir / MANIFEST_NAME, json.dumps(content, indent=2, sort_keys=True))
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict:
@@ -90,17 +85,3 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
             f"({manifest.get('created_by', 'unknown')})."
         )
     return manifest
-
-
-def _fsync_directory(directory: pathlib.Path) -> None:
-    """Makes a rename inside `directory` durable (a no-op where directories cannot be opened)."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

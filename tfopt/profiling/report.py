@@ -17,12 +17,11 @@ import datetime
 import html
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.analyze import CATEGORY_LABELS
 from tfopt.profiling.plots import breakdown_figure, png_base64, utilization_figure
@@ -233,22 +232,6 @@ def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = ()
     profiles = {"before": before, "after": after} if after is not None else {"profile": before}
     return Report(profiles=profiles, applied=steps, price_per_hour=price_per_hour, currency=currency,
                   steps_per_epoch=steps_per_epoch)
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Writes `text` to `path` so that readers see the old file or the new one, never a partial one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
