@@ -1,23 +1,30 @@
 """Input-pipeline benchmark: naive vs hand-tuned vs tfopt vs the compute-only ceiling, plus TFRecord I/O.
 
-Run: `python benchmarks/data_pipeline.py [--repeats 3] [--images-per-class 600] [--image-size 128]`.
+Run: `python benchmarks/data_pipeline.py [--repeats 5] [--images-per-class 600] [--image-size 128]
+[--conversion-copies 10]`.
 
 Workload: the shapes dataset as JPEG files (decode + random flip/translation/brightness) feeding a
 small CNN through `model.fit`. All variants are measured in the same run, interleaved round-robin in
-each repeat so that background load hits them alike; the table shows medians over repeats.
+each repeat (in reverse order every other repeat) so that background load hits them alike; the table
+shows medians over repeats (of each variant's median over epochs 2-4). The
+ratios are medians of the ratios within each repeat, whose variants ran seconds apart: on a shared
+machine the speed drifts by tens of percent between repeats, far more than within one.
 
 * (a) naive: what a newcomer writes: `map(load)`, `map(augment)` with stateful random ops, `batch`,
   with TensorFlow's default options;
 * (a') the same with TF's automatic rewrites off (`map_parallelization`, `inject_prefetch`), i.e.
   truly sequential: shows how much TF's defaults already rescue (a);
 * (b) hand-tuned as the tf.data performance guide teaches: parallel `map`, `cache` after decode,
-  `shuffle`, parallel augment, `batch`, `prefetch(AUTOTUNE)`;
-* (c) tfopt: `ImageFolderSource(..., augment=True).pipeline(optimized=True)`;
+  `shuffle`, parallel augment (image by image, as the guide's augmentation examples do), `batch`,
+  `prefetch(AUTOTUNE)`;
+* (c) tfopt: `ImageFolderSource(..., augment=True).pipeline(optimized=True)`: the same stages, with the
+  augmentation vectorized over batches and fused by XLA;
 * (d) compute-only ceiling: one batch cached in memory and repeated, so input costs nothing.
 
 Then TFRecord conversion throughput (MB of source JPEG per second) of a plain sequential
 `tf.io.TFRecordWriter` loop vs `tfopt.data.to_tfrecord`, and read throughput of a sequential
-`TFRecordDataset` vs tfopt's parallel interleave.
+`TFRecordDataset` vs tfopt's parallel interleave. The conversion input is the image folder repeated
+`--conversion-copies` times (hard links), so that a conversion takes long enough to measure.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import tensorflow as tf  # noqa: E402
 from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord  # noqa: E402
 
 BATCH_SIZE = 64
-EPOCHS = 3
+EPOCHS = 4
 
 
 def main() -> None:
@@ -49,6 +56,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--images-per-class", type=int, default=600)
     parser.add_argument("--image-size", type=int, default=128)
+    parser.add_argument("--conversion-copies", type=int, default=10)
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tfopt-bench-"))
     try:
@@ -56,7 +64,7 @@ def main() -> None:
         source = ImageFolderSource(data_dir, image_size=args.image_size, augment=True)
         print(_header(source))
         _pipeline_table(source, args.repeats)
-        _tfrecord_table(source, workdir, args.repeats)
+        _tfrecord_table(_repeated_folder(source, workdir / "repeated", args.conversion_copies), workdir, args.repeats)
         print(f"\n{_load_average()}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -195,25 +203,48 @@ def _pipeline_table(source, repeats: int) -> None:
     model.fit(_ceiling(source, 3), epochs=1, verbose=0, shuffle=False)  # build and trace once, outside the timings
     first_epoch = {name: [] for name in variants}
     later_epochs = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, build in variants.items():
-            rates = _time_epochs(model, build(), examples if "ceiling" not in name else steps * BATCH_SIZE)
+    for repeat in range(repeats):
+        # Every other repeat runs the variants in reverse order, so that a drift of the machine's speed
+        # within a repeat does not always favour the same variant.
+        for name in list(variants)[:: 1 if repeat % 2 == 0 else -1]:
+            rates = _time_epochs(model, variants[name](), examples if "ceiling" not in name else steps * BATCH_SIZE)
             first_epoch[name].append(rates[0])
-            later_epochs[name].append(statistics.mean(rates[1:]))
-    ceiling = statistics.median(later_epochs["(d) compute-only ceiling"])
-    print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s, median of {repeats} repeats")
-    print(f"{'variant':36s} {'epoch 1':>10s} {'epochs 2+':>10s} {'/ceiling':>9s}")
+            later_epochs[name].append(statistics.median(rates[1:]))
+    ceiling = later_epochs["(d) compute-only ceiling"]
+    print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s, median of {repeats} repeats; "
+          "/ceiling: median [min-max] of the ratios within each repeat")
+    print(f"{'variant':36s} {'epoch 1':>10s} {'epochs 2+':>10s} {'/ceiling':>18s}")
     for name in variants:
         later = statistics.median(later_epochs[name])
-        print(f"{name:36s} {statistics.median(first_epoch[name]):10.0f} {later:10.0f} {later / ceiling:9.2f}")
-    tuned = statistics.median(later_epochs["(b) hand-tuned (tf.data guide)"])
-    ours = statistics.median(later_epochs["(c) tfopt optimized"])
-    naive = statistics.median(later_epochs["(a) naive, TF default options"])
-    print(f"(c)/(b) = {ours / tuned:.2f}   (c)/(a) = {ours / naive:.2f}   targets: (c)/ceiling >= 0.95, (c)/(b) >= 1.0")
+        print(f"{name:36s} {statistics.median(first_epoch[name]):10.0f} {later:10.0f} "
+              f"{_ratio_summary(later_epochs[name], ceiling):>18s}")
+    ours = later_epochs["(c) tfopt optimized"]
+    print(f"(c)/(b) = {_ratio_summary(ours, later_epochs['(b) hand-tuned (tf.data guide)'])}   "
+          f"(c)/(a) = {_ratio_summary(ours, later_epochs['(a) naive, TF default options'])}   "
+          "targets: (c)/ceiling >= 0.95, (c)/(b) >= 1.0")
+
+
+def _ratio_summary(numerators: list[float], denominators: list[float]) -> str:
+    """`median [min-max]` of the ratios of values measured in the same repeat."""
+    ratios = [a / b for a, b in zip(numerators, denominators)]
+    return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
 # ---------------------------------------------------------------------------------------------------
 # TFRecord I/O
+
+
+def _repeated_folder(source, root: pathlib.Path, copies: int):
+    """The source's image folder `copies` times over, as hard links (copies where links fail)."""
+    for copy in range(copies):
+        for path in source.files:
+            target = root / path.parent.name / f"{copy}-{path.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copyfile(path, target)
+    return ImageFolderSource(root, image_size=source.image_size)
 
 
 def _sequential_tf_writer(source, out_dir: pathlib.Path, compression: str | None) -> None:
@@ -275,13 +306,12 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
                 _read_all(build())
                 rows.setdefault(name, []).append(megabytes / (time.perf_counter() - started))
     print(f"\nTFRecord conversion of {megabytes:.1f} MB of JPEG files ({source.num_examples} images), MB/s, "
-          f"median of {repeats} repeats")
+          f"median of {repeats} repeats; ratio to the sequential row: median [min-max] within each repeat")
     baselines = {}
     for name, rates in rows.items():
-        median = statistics.median(rates)
         kind = name.split(",")[0] + name[name.index("[") :]
-        baselines.setdefault(kind, median)
-        print(f"{name:52s} {median:8.1f} MB/s  x{median / baselines[kind]:.2f}")
+        baselines.setdefault(kind, rates)
+        print(f"{name:52s} {statistics.median(rates):8.1f} MB/s  x{_ratio_summary(rates, baselines[kind])}")
 
 
 if __name__ == "__main__":

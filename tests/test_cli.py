@@ -253,10 +253,10 @@ def test_convert_writes_the_recipe_data_as_tfrecord_files(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def starved_recipe(tmp_path_factory):
-    """A recipe whose input is the bottleneck: 384x384 JPEGs decoded and resized to 16x16 one at a time,
+    """A recipe whose input is the bottleneck: 512x512 JPEGs decoded and resized to 16x16 one at a time,
     for a CNN with 4 filters."""
     directory = tmp_path_factory.mktemp("starved")
-    images = generate_shapes(directory / "shapes", images_per_class=8, image_size=384)
+    images = generate_shapes(directory / "shapes", images_per_class=8, image_size=512)
     path = directory / "starved.yaml"
     path.write_text(f"model: {{name: small_cnn, filters: [4]}}\n"
                     f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: 8}}\n"

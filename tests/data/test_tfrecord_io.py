@@ -9,17 +9,25 @@ import tensorflow as tf
 from tfopt.data.tfrecord_io import CorruptRecordError, encode_example, read_records, write_records
 
 
-def test_encoded_example_parses_like_a_tf_train_example():
-    encoded = encode_example({"x": b"\x00\xffpixels", "y": [3, -1, 2**40]})
+@pytest.mark.parametrize("size", [0, 9, 127, 128, 20_000, 3_000_000])  # 1-, 2-, 3- and 4-byte length varints
+def test_encoded_example_equals_a_tf_train_example(size):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    labels = list(range(size % 200))
+    encoded = encode_example({"image": data, "label": labels, "": b"\x01"})
     reference = tf.train.Example(
         features=tf.train.Features(
             feature={
-                "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x00\xffpixels"])),
-                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[3, -1, 2**40])),
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=labels)),
+                "": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x01"])),
             }
         )
     )
     assert tf.train.Example.FromString(encoded) == reference
+
+
+def test_encoded_example_parses_like_a_tf_train_example():
+    encoded = encode_example({"x": b"\x00\xffpixels", "y": [3, -1, 2**40]})
     parsed = tf.io.parse_single_example(
         encoded, {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([3], tf.int64)}
     )

@@ -5,8 +5,9 @@ of the memory of its float32 form, so four times more datasets fit the cache bud
 copies a quarter of the bytes. Conversion to float32 in [0, 1] is the last, `finish` stage,
 element-wise so the optimized pipeline runs it once per batch.
 
-Augmentation uses only stateless random ops driven by an explicit seed, so the naive and optimized
-pipelines, fed the same seeds, produce identical augmented images (see `tfopt.data.pipeline`).
+Augmentation works on batches and uses only stateless random ops driven by an explicit seed, so the
+naive and optimized pipelines, fed the same seeds, produce identical augmented images (see
+`tfopt.data.pipeline`).
 """
 
 from __future__ import annotations
@@ -55,28 +56,40 @@ def to_unit_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def random_augment(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Random horizontal flip, zero-pad-and-crop translation and brightness shift on a uint8 image.
+    """Random horizontal flip, translation and brightness shift of each image of a uint8 batch.
 
-    It works on uint8 pixels, before the conversion to float: the copies that flip, pad and crop make
-    move a quarter of the bytes, and the float conversion can then run once per batch.
+    It works on whole batches so that the optimized pipeline can compile it with XLA into one pass over
+    the batch: applied image by image in a tf.data map, the same work cost ~105 us of CPU per 128x128
+    image (a dozen small ops, each a copy), the fused batch version ~45 us, measured on this project's
+    2-core CPU. Everything is integer arithmetic, so XLA and plain TensorFlow give identical pixels.
+
+    Each image is mirrored with probability 1/2, moved by up to 1/8 of its size in each direction with
+    the uncovered border black (the classic pad-and-crop of the CIFAR/ResNet recipe), and brightened or
+    darkened by up to 25 of 255 levels, saturating.
 
     Args:
-        x: A uint8 `[height, width, channels]` image with a static shape.
-        y: The label, passed through.
-        seed: An int64 `[2]` tensor; the same seed gives the same augmentation.
+        x: A uint8 `[batch, height, width, channels]` batch with static height, width and channels.
+        y: The labels, passed through.
+        seed: An int64 `[2]` tensor; the same seed gives the same augmentation of the same batch.
 
     Returns:
-        The augmented uint8 image (same shape) and the label.
+        The augmented uint8 batch (same shape) and the labels.
     """
-    height, width, channels = x.shape
-    flip_seed, crop_seed, brightness_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
-    x = tf.image.stateless_random_flip_left_right(x, flip_seed)
-    pad = max(1, min(height, width) // 8)
-    # Zero padding, as in the classic CIFAR/ResNet recipe: mode="REFLECT" (MirrorPad) measured 5x slower
-    # on CPU (3,200 vs 16,700 128x128 uint8 images/s), enough to make augmentation the bottleneck.
-    x = tf.pad(x, [[pad, pad], [pad, pad], [0, 0]])
-    x = tf.image.stateless_random_crop(x, (height, width, channels), crop_seed)
-    # A brightness shift of up to +-10% of the range, saturating, in integers.
-    shift = tf.random.stateless_uniform([], brightness_seed, minval=-25, maxval=26, dtype=tf.int32)
-    x = tf.cast(tf.clip_by_value(tf.cast(x, tf.int32) + shift, 0, 255), tf.uint8)
-    return x, y
+    height, width = x.shape[1], x.shape[2]
+    count = tf.shape(x)[0]
+    max_shift = max(1, min(height, width) // 8)
+    draws = tf.random.stateless_uniform([4, count], seed, minval=0, maxval=2**31 - 1, dtype=tf.int32)
+    flip = draws[0] % 2 == 1
+    shift_rows = draws[1] % (2 * max_shift + 1) - max_shift
+    shift_columns = draws[2] % (2 * max_shift + 1) - max_shift
+    brightness = draws[3] % 51 - 25
+    # Output pixel (i, j) of image b reads input pixel (i + shift_rows[b], j' + shift_columns[b]), with j'
+    # mirrored when flipping; reads from outside the image give black. Gathering with clamped indices
+    # and masking afterwards avoids materializing a padded copy of the batch.
+    rows = shift_rows[:, None] + tf.range(height)[None]
+    columns = shift_columns[:, None] + tf.where(flip[:, None], tf.range(width - 1, -1, -1)[None], tf.range(width)[None])
+    x = tf.gather(x, tf.clip_by_value(rows, 0, height - 1), axis=1, batch_dims=1)
+    x = tf.gather(x, tf.clip_by_value(columns, 0, width - 1), axis=2, batch_dims=1)
+    inside = ((rows >= 0) & (rows < height))[:, :, None, None] & ((columns >= 0) & (columns < width))[:, None, :, None]
+    brightened = tf.cast(tf.clip_by_value(tf.cast(x, tf.int32) + brightness[:, None, None, None], 0, 255), tf.uint8)
+    return tf.where(inside, brightened, tf.zeros_like(x)), y

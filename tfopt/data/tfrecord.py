@@ -9,14 +9,16 @@ Safety rules, because a conversion can take hours and is often killed (preemptio
   complete conversion or unusable, never half-used (`tfopt.data.verify` re-checks every byte);
 * converting the same input with the same options again is a no-op.
 
-Shards are written by a thread pool. `tf.io.TFRecordWriter` holds the GIL, so threads gain nothing
-with it (measured); tfopt's own writer (`tfrecord_io`) spends its time in zlib, sha256 and file I/O,
-which release the GIL, and threads avoid the seconds a worker process needs to import TensorFlow.
+Shards are written in parallel with tfopt's own TensorFlow-free writer (`tfrecord_io`):
+`tf.io.TFRecordWriter` holds the GIL, so nothing runs beside it (measured). Image files are converted
+by worker processes (`tfrecord_workers`), because reading and encoding records is GIL-bound Python;
+in-memory inputs (arrays, datasets) by threads, which still overlap compression, hashing and I/O.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,7 +31,8 @@ from collections.abc import Iterator
 
 from tfopt.data import tfrecord_io
 from tfopt.data.tfrecord_inputs import ConversionInput, conversion_input
-from tfopt.data.tfrecord_manifest import MANIFEST_NAME, read_manifest, shard_file_name, write_manifest
+from tfopt.data.tfrecord_manifest import MANIFEST_NAME, read_manifest, write_manifest
+from tfopt.data.tfrecord_workers import ShardWriterPool, write_shard
 from tfopt.errors import DataError
 
 __all__ = ["to_tfrecord"]
@@ -68,7 +71,8 @@ def to_tfrecord(
             There are at least 8 shards when the dataset has 8 examples or more.
         records_per_shard: Exact number of records per shard (the last one may hold fewer).
         compression: None, "GZIP" or "ZLIB".
-        num_workers: Shards written at the same time (default: the number of CPUs).
+        num_workers: Shards written at the same time (default: the number of CPUs); by worker processes
+            for an image folder, by threads otherwise.
         overwrite: Replace a complete conversion of a different input found in `out_dir`.
 
     Returns:
@@ -178,20 +182,28 @@ def _write_random_access(out_dir, conversion: ConversionInput, options: dict, wo
     header = {"fingerprint": conversion.fingerprint, "options": options, "plan": plan}
     done = _resume(out_dir, header)
     journal_lock = threading.Lock()
-
-    def write(index: int) -> dict:
-        start, stop = plan[index]
-        shard = _write_shard(out_dir, index, conversion.records(start, stop), options["compression"])
-        with journal_lock, open(out_dir / _JOURNAL_NAME, "a") as journal:
-            journal.write(json.dumps(dict(shard, index=index)) + "\n")
-            journal.flush()
-            os.fsync(journal.fileno())
-        return shard
-
     todo = [index for index in range(len(plan)) if index not in done]
     if done:
         logger.info("to_tfrecord: resuming %s, %d of %d shards already written", out_dir, len(done), len(plan))
-    with concurrent.futures.ThreadPoolExecutor(min(workers, max(1, len(todo)))) as pool:
+    workers = min(workers, max(1, len(todo)))
+    in_processes = conversion.task is not None and workers > 1
+    # The worker processes are stopped before the threads are joined, so that on an error or Ctrl-C the
+    # threads waiting for a worker's answer fail at once instead of waiting for their shards to finish.
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool, contextlib.ExitStack() as stack:
+        processes = stack.enter_context(ShardWriterPool(workers)) if in_processes else None
+
+        def write(index: int) -> dict:
+            start, stop = plan[index]
+            if processes is not None:
+                shard = processes.write(out_dir, index, conversion.task(start, stop), options["compression"])
+            else:
+                shard = write_shard(out_dir, index, conversion.records(start, stop), options["compression"])
+            with journal_lock, open(out_dir / _JOURNAL_NAME, "a") as journal:
+                journal.write(json.dumps(dict(shard, index=index)) + "\n")
+                journal.flush()
+                os.fsync(journal.fileno())
+            return shard
+
         written = dict(zip(todo, pool.map(write, todo)))
     return [done.get(index) or written[index] for index in range(len(plan))]
 
@@ -216,6 +228,8 @@ def _resume(out_dir: pathlib.Path, header: dict) -> dict[int, dict]:
     if not done:
         _remove_own_files(out_dir)
         journal.write_text(json.dumps(header) + "\n")
+    for path in out_dir.glob(".part-*.tmp-*"):  # shards a killed run left half-written
+        path.unlink(missing_ok=True)
     return done
 
 
@@ -232,26 +246,15 @@ def _write_sequential(out_dir, conversion: ConversionInput, options: dict, worke
             pending_bytes += len(record)
             full = len(pending) >= limit_records if limit_records else pending_bytes >= options["shard_bytes"]
             if full:
-                futures.append(pool.submit(_write_shard, out_dir, len(futures), pending, options["compression"]))
+                futures.append(pool.submit(write_shard, out_dir, len(futures), pending, options["compression"]))
                 pending, pending_bytes = [], 0
                 # Bound the shards held in memory while writers catch up.
                 while sum(not f.done() for f in futures) > 2 * workers:
                     concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
         if pending or not futures:
-            futures.append(pool.submit(_write_shard, out_dir, len(futures), pending, options["compression"]))
+            futures.append(pool.submit(write_shard, out_dir, len(futures), pending, options["compression"]))
         shards = [future.result() for future in futures]
     return shards, "content:" + digest.hexdigest()
-
-
-def _write_shard(out_dir: pathlib.Path, index: int, records, compression) -> dict:
-    name = shard_file_name(index, compression)
-    temporary = out_dir / f".{name}.tmp-{os.getpid()}"
-    try:
-        info = tfrecord_io.write_records(temporary, records, compression)
-        os.replace(temporary, out_dir / name)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return {"file": name, **info}
 
 
 def _refuse_foreign_files(out_dir: pathlib.Path) -> None:

@@ -1,7 +1,8 @@
 """What `to_tfrecord` can convert, reduced to one shape: a feature spec plus serialized records.
 
 Inputs with random access (an image folder, NumPy arrays, the synthetic source) give records for any
-index range, so shard writers can each produce their own records in parallel, and they have a cheap
+index range, so shard writers can each produce their own records in parallel (an image folder also as
+a JSON *task* naming its files, which a worker process turns into records on its own), and they have a cheap
 fingerprint (file names/sizes/mtimes, or a hash of the arrays), so converting the same input again is
 recognised without re-reading it. Sequential inputs (a `tf.data.Dataset`, a tfds split) are read once
 in order; a dataset has no identity short of its content, so its fingerprint is the sha256 of its
@@ -14,13 +15,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import pathlib
 import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from tfopt.data.tfrecord_io import encode_example
+from tfopt.data.tfrecord_workers import task_records
 from tfopt.errors import DataError
 
 __all__ = ["ConversionInput", "conversion_input"]
@@ -39,6 +40,8 @@ class ConversionInput:
         example_bytes: Estimated serialized bytes per example (for shard sizing).
         records: `records(start, stop)` for random-access inputs, else None.
         stream: `stream()` yielding every record in order, for sequential inputs, else None.
+        task: `task(start, stop)`: the records of `records(start, stop)` described as JSON that
+            `tfrecord_workers.task_records` turns into records in another process, for inputs on disk; else None.
     """
 
     description: str
@@ -49,6 +52,7 @@ class ConversionInput:
     example_bytes: int
     records: Callable[[int, int], Iterator[bytes]] | None = None
     stream: Callable[[], Iterator[bytes]] | None = None
+    task: Callable[[int, int], dict] | None = None
 
 
 def conversion_input(source) -> ConversionInput:
@@ -106,15 +110,18 @@ def _from_image_folder(source) -> ConversionInput:
     listing = hashlib.sha256()
     total_bytes = 0
     for path, label in zip(files, labels):
-        stat = os.stat(path)
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            raise DataError(f"to_tfrecord: {path} no longer exists: the image folder changed after the "
+                            "ImageFolderSource listed it. Create the source again to convert what is there now.") from None
         total_bytes += stat.st_size
         listing.update(f"{path[root_length:]}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
     config = {key: value for key, value in source.get_config().items() if key != "augment"}
     fingerprint = _hash({"kind": "image_folder", "config": config, "files": listing.hexdigest()})
 
-    def records(start: int, stop: int) -> Iterator[bytes]:
-        for path, label in zip(files[start:stop], labels[start:stop]):
-            yield encode_example({"x": pathlib.Path(path).read_bytes(), "y": [label]})
+    def task(start: int, stop: int) -> dict:
+        return {"kind": "image_files", "files": files[start:stop], "labels": labels[start:stop]}
 
     features = {
         "x": {"kind": "image", "channels": source.channels, "image_size": list(source.image_size)},
@@ -127,8 +134,10 @@ def _from_image_folder(source) -> ConversionInput:
         fingerprint=fingerprint,
         num_examples=len(files),
         example_bytes=max(1, total_bytes // len(files)) + 32,
-        records=records,
+        records=lambda start, stop: task_records(task(start, stop)),
+        task=task,
     )
+
 
 
 def _from_arrays(x: np.ndarray, y: np.ndarray, finish: str | None, description: str) -> ConversionInput:
