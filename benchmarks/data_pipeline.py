@@ -10,6 +10,12 @@ shows medians over repeats (of each variant's median over epochs 2-4). The
 ratios are medians of the ratios within each repeat, whose variants ran seconds apart: on a shared
 machine the speed drifts by tens of percent between repeats, far more than within one.
 
+Each variant's epochs are read from one iterator (`fit(dataset.repeat(), steps_per_epoch=one pass)`,
+as `tfopt.training.fit.train` does). Given the finite dataset, Keras makes a new iterator per epoch and keeps the
+previous one alive into the next epoch, and with tf.data's autotuning on, about a third of those
+epochs run the training step at half speed with a core idle, whichever pipeline feeds it (measured
+here; never with one iterator, never with autotuning off). Row (c') shows tfopt's pipeline fed that way.
+
 * (a) naive: what a newcomer writes: `map(load)`, `map(augment)` with stateful random ops, `batch`,
   with TensorFlow's default options;
 * (a') the same with TF's automatic rewrites off (`map_parallelization`, `inject_prefetch`), i.e.
@@ -19,6 +25,7 @@ machine the speed drifts by tens of percent between repeats, far more than withi
   `prefetch(AUTOTUNE)`;
 * (c) tfopt: `ImageFolderSource(..., augment=True).pipeline(optimized=True)`: the same stages, with the
   augmentation vectorized over batches and fused by XLA;
+* (c') the same pipeline passed to `fit(dataset, epochs=...)` as is, so Keras iterates it anew each epoch;
 * (d) compute-only ceiling: one batch cached in memory and repeated, so input costs nothing.
 
 Then TFRecord conversion throughput (MB of source JPEG per second) of a plain sequential
@@ -181,10 +188,17 @@ class _EpochTimer(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-def _time_epochs(model, dataset, examples_per_epoch) -> list[float]:
-    """Examples/s of each of EPOCHS epochs of `model.fit` on `dataset`."""
+def _time_epochs(model, dataset, examples_per_epoch, *, one_iterator=True) -> list[float]:
+    """Examples/s of each of EPOCHS epochs of `model.fit` on the finite `dataset` (one pass per epoch).
+
+    one_iterator: read all epochs from one iterator of `dataset.repeat()`; False passes `dataset` as is.
+    """
     timer = _EpochTimer()
-    model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[timer])
+    if one_iterator:
+        steps = int(dataset.cardinality())
+        model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[timer])
+    else:
+        model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[timer])
     return [examples_per_epoch / seconds for seconds in timer.seconds]
 
 
@@ -197,6 +211,7 @@ def _pipeline_table(source, repeats: int) -> None:
         "(a') naive, TF auto-rewrites off": lambda: _naive(source, tf_rewrites=False),
         "(b) hand-tuned (tf.data guide)": lambda: _hand_tuned(source),
         "(c) tfopt optimized": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
+        "(c') tfopt, new iterator per epoch": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
         "(d) compute-only ceiling": lambda: _ceiling(source, steps),
     }
     model = _model(size)
@@ -207,7 +222,8 @@ def _pipeline_table(source, repeats: int) -> None:
         # Every other repeat runs the variants in reverse order, so that a drift of the machine's speed
         # within a repeat does not always favour the same variant.
         for name in list(variants)[:: 1 if repeat % 2 == 0 else -1]:
-            rates = _time_epochs(model, variants[name](), examples if "ceiling" not in name else steps * BATCH_SIZE)
+            rates = _time_epochs(model, variants[name](), examples if "ceiling" not in name else steps * BATCH_SIZE,
+                                 one_iterator="new iterator" not in name)
             first_epoch[name].append(rates[0])
             later_epochs[name].append(statistics.median(rates[1:]))
     ceiling = later_epochs["(d) compute-only ceiling"]

@@ -28,7 +28,9 @@ class ApplyResult:
     """The optimized training setup and the evidence that it is faster.
 
     Attributes:
-        model: The rebuilt, compiled model with the user's weights; train it with `model.fit(dataset)`.
+        model: The rebuilt, compiled model with the user's weights; train it with
+            `model.fit(dataset.repeat(), steps_per_epoch=len(dataset), epochs=...)` (one iterator for all
+            epochs; see `tfopt.training.fit`).
         dataset: The optimized input pipeline.
         strategy: The tf.distribute strategy the model lives under.
         plan: The applied plan; `plan.applied` says what each recipe did and why.

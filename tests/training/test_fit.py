@@ -82,6 +82,28 @@ def built_steps(directory):
     return int(reader.get_tensor("steps_per_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
+def test_one_pass_per_epoch_reads_all_epochs_from_one_iterator_and_trains_as_keras_does():
+    built, reference = make_built(), make_built()
+    calls = []
+    fit = built.model.fit
+
+    def recording_fit(**kwargs):
+        calls.append(kwargs)
+        return fit(**kwargs)
+
+    built.model.fit = recording_fit
+    result = train(built, epochs=3)
+
+    # One fit call over the repeated dataset: one iterator, where Keras makes one per epoch.
+    assert len(calls) == 1 and calls[0]["steps_per_epoch"] == STEPS_PER_EPOCH and calls[0]["epochs"] == 3
+    assert int(calls[0]["x"].cardinality()) == -1  # tf.data.INFINITE_CARDINALITY
+    assert result.global_step == 3 * STEPS_PER_EPOCH and len(result.history["loss"]) == 3
+    # Each epoch is one whole pass in order: the same weights as Keras' own epochs over the finite dataset.
+    reference.model.fit(reference.dataset, epochs=3, verbose=0, shuffle=False)
+    for ours, keras_own in zip(weights(built), weights(reference)):
+        np.testing.assert_array_equal(ours, keras_own)
+
+
 def test_finished_run_started_again_trains_nothing(tmp_path):
     train(make_built(), epochs=2, checkpoint_dir=tmp_path)
     again = train(make_built(), epochs=2, checkpoint_dir=tmp_path)
