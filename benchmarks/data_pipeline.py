@@ -26,7 +26,15 @@ here; never with one iterator, never with autotuning off). Row (c') shows tfopt'
 * (c) tfopt: `ImageFolderSource(..., augment=True).pipeline(optimized=True)`: the same stages, with the
   augmentation vectorized over batches and fused by XLA;
 * (c') the same pipeline passed to `fit(dataset, epochs=...)` as is, so Keras iterates it anew each epoch;
-* (d) compute-only ceiling: one batch cached in memory and repeated, so input costs nothing.
+* (c-) tfopt's pipeline without augmentation: about half the CPU per image of (c) after the first epoch;
+* (d) compute-only ceiling: one batch cached in memory and repeated, so input costs nothing;
+* (e) a whole epoch of (c)'s finished batches held in memory: different batches every step, as in (c),
+  but no pipeline running beside the model.
+
+(c-) and (e) locate what separates (c) from the ceiling on a CPU-only machine, where the pipeline and
+the model share the cores: (e) trains at the ceiling, so fresh, cache-cold batches cost the model
+nothing and the gap is the pipeline's work running beside the model; (c-) shows how much of that is
+the augmentation's.
 
 Then TFRecord conversion throughput (MB of source JPEG per second) of a plain sequential
 `tf.io.TFRecordWriter` loop vs `tfopt.data.to_tfrecord`, and read throughput of a sequential
@@ -153,6 +161,14 @@ def _ceiling(source, steps):
     return batch.repeat(steps)
 
 
+def _finished_batches(source):
+    """One epoch of tfopt's finished batches, read once here so that every later pass only replays memory."""
+    batches = source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0).cache()
+    for _ in batches:
+        pass
+    return batches
+
+
 def _model(size: int) -> keras.Model:
     keras.utils.set_random_seed(0)
     layers = keras.layers
@@ -206,13 +222,17 @@ def _pipeline_table(source, repeats: int) -> None:
     size = source.image_size[0]
     steps = -(-source.num_examples // BATCH_SIZE)
     examples = source.num_examples
+    unaugmented = ImageFolderSource(source.path, image_size=source.image_size, augment=False)
+    finished = _finished_batches(source)
     variants = {
         "(a) naive, TF default options": lambda: _naive(source, tf_rewrites=True),
         "(a') naive, TF auto-rewrites off": lambda: _naive(source, tf_rewrites=False),
         "(b) hand-tuned (tf.data guide)": lambda: _hand_tuned(source),
         "(c) tfopt optimized": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
         "(c') tfopt, new iterator per epoch": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
+        "(c-) tfopt, no augmentation": lambda: unaugmented.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
         "(d) compute-only ceiling": lambda: _ceiling(source, steps),
+        "(e) finished batches in memory": lambda: finished,
     }
     model = _model(size)
     model.fit(_ceiling(source, 3), epochs=1, verbose=0, shuffle=False)  # build and trace once, outside the timings

@@ -42,6 +42,33 @@ def test_single_device_matches_keras_fit():
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_keras_engine_reads_one_pass_per_epoch_from_one_iterator(tmp_path):
+    model, calls = make_model(), []
+    keras_fit = model.fit
+    model.fit = lambda x, **kwargs: calls.append((x, kwargs)) or keras_fit(x, **kwargs)
+    history = fit(model, make_dataset(), epochs=3, engine="keras")
+
+    (x, kwargs), = calls
+    assert int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and kwargs["steps_per_epoch"] == 6
+    assert history.epoch == [0, 1, 2] and int(model.optimizer.iterations.numpy()) == 18
+    reference = make_model()  # Keras' own epochs over the finite dataset: the same passes, the same weights
+    reference.fit(make_dataset(), epochs=3, verbose=0, shuffle=False)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    # Killed in its third epoch and resumed by BackupAndRestore: the third epoch is again one whole pass.
+    def crash(epoch, logs):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(make_model(), make_dataset(), epochs=3, checkpoint_dir=tmp_path, engine="keras",
+            callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=crash)])
+    resumed = make_model()
+    assert fit(resumed, make_dataset(), epochs=3, checkpoint_dir=tmp_path, engine="keras").epoch == [2]
+    for got, want in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_callbacks_and_steps_per_epoch_keep_one_iterator():
     seen = []
     callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: seen.append(step))

@@ -66,7 +66,8 @@ def fit(model: Any, dataset: Any, *, strategy: Any = None, epochs: int = 1, step
         raise RecipeConfigError(f"epochs={epochs!r}: expected a positive integer.")
     strategy = strategy or tf.distribute.get_strategy()
     if _choose_engine(engine, strategy) == "keras":
-        return _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose)
+        return _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose,
+                          one_iterator=not is_multi_worker(strategy))
     return _Loop(model, dataset, strategy, steps_per_epoch).run(epochs, callbacks, checkpoint_dir, verbose)
 
 
@@ -113,12 +114,23 @@ def _choose_engine(engine: str, strategy: Any) -> str:
     return "keras" if cached_keras_fit_works() else "tfopt"
 
 
-def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose):
+def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose, *, one_iterator):
+    """`model.fit`; one pass per epoch is read as `dataset.repeat()` with `steps_per_epoch` = its length.
+
+    Given a finite dataset, Keras makes a new iterator per epoch while the previous one is still alive,
+    and with tf.data's autotuning about a third of those epochs train at half speed on CPU (see
+    `tfopt.training.fit`); one iterator for all epochs never does, and each epoch is still one whole
+    pass. Only on one worker: under several, each worker's share of a pass is not the dataset's length.
+    BackupAndRestore saves at epoch ends, so a resumed fit starts its iterator at a pass boundary too.
+    """
     import keras
 
     callbacks = list(callbacks or [])
     if checkpoint_dir is not None:
         callbacks.append(keras.callbacks.BackupAndRestore(os.fspath(checkpoint_dir)))
+    length = int(dataset.cardinality())
+    if one_iterator and steps_per_epoch is None and length > 0:
+        dataset, steps_per_epoch = dataset.repeat(), length
     return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
                      verbose=verbose, shuffle=False)
 
