@@ -28,6 +28,17 @@ def test_baseline_plan(cpu_hardware):
     assert plan.applied == ()
 
 
+def test_repr_shows_decisions_not_tensors(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(batch_size=8), hardware=cpu_hardware)
+    plan = plan.replace(dtype_policy="mixed_bfloat16").record("mixed_precision", "bf16: the CPU has it")
+    text = repr(plan)
+    assert text.splitlines() == [
+        "Plan(batch_size=8, dtype_policy='mixed_bfloat16', jit_compile=False, strategy='default', "
+        f"hardware={cpu_hardware.describe()!r}, applied=1 steps)",
+        "  mixed_precision: bf16: the CPU has it"]
+    assert "tf.Tensor" not in text and "array" not in text
+
+
 def test_plan_is_immutable(cpu_hardware):
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     with pytest.raises(AttributeError):

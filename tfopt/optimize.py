@@ -23,7 +23,7 @@ from tfopt.recipes.base import Recipe, chain
 _log = logging.getLogger("tfopt")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class ApplyResult:
     """The optimized training setup and the evidence that it is faster.
 
@@ -108,6 +108,10 @@ class ApplyResult:
         return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
                 f"examples/s ({self.speedup:.2f}x); utilization {self.before.utilization:.0%} -> "
                 f"{self.after.utilization:.0%} of the compute-only ceiling")
+
+    def __repr__(self) -> str:
+        # The generated repr printed the model, the dataset and the plan's sample batch (a whole tensor).
+        return f"ApplyResult({self.summary()}; model={self.model.name!r}, {self.plan!r})"
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{html.escape(step.recipe)}</td><td>{'skipped' if step.skipped else 'applied'}"

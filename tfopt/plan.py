@@ -36,7 +36,7 @@ class Step:
         return f"{self.recipe}: {'skipped: ' if self.skipped else ''}{self.detail}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Plan:
     """An immutable description of the model, data and settings that `build()` turns into a training setup.
 
@@ -92,6 +92,14 @@ class Plan:
     def jit_compile(self) -> bool:
         """Whether the model is compiled with XLA."""
         return bool(self.compile_config.get("jit_compile", False))
+
+    def __repr__(self) -> str:
+        # The generated repr printed the sample batch (a whole image tensor), the dataset and the model:
+        # show the decisions instead.
+        steps = "".join(f"\n  {step}" for step in self.applied)
+        return (f"Plan(batch_size={self.batch_size}, dtype_policy={self.dtype_policy!r}, "
+                f"jit_compile={self.jit_compile}, strategy={self.strategy!r}, "
+                f"hardware={self.hardware.describe()!r}, applied={len(self.applied)} steps){steps}")
 
     def replace(self, **changes: Any) -> Plan:
         """Returns a copy with `changes` applied (a thin `dataclasses.replace`)."""

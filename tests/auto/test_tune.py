@@ -106,3 +106,12 @@ def test_several_steps_per_call_is_refused_with_the_fix(cpu_hardware):
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=4)
     with pytest.raises(RecipeConfigError, match="steps_per_execution=1 for tuning"):
         tune(make_plan(model, make_images(), hardware=cpu_hardware), budget_seconds=20)
+
+
+def test_trial_models_build_their_optimizer_in_the_plans_strategy(cpu_hardware):
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware).replace(
+        strategy="one_device", strategy_options={"device": "/cpu:0"})
+    compiled = TrialRunner(plan, {}, **FAST)._compiled(plan)
+    model = compiled.built.model
+    assert model.distribute_strategy is compiled.built.strategy
+    assert len(model.optimizer.variables) == 2 + 2 * len(model.trainable_variables)  # Adam: 2 slots each

@@ -79,3 +79,20 @@ def test_callback_saves_at_intervals_and_epoch_ends(tmp_path, built):
                     callbacks=[CheckpointCallback(checkpoint, every_steps=4, steps_done=0)])
     steps = sorted(int(path.name.split("-")[1].split(".")[0]) for path in tmp_path.glob("*.index"))
     assert steps == [4, 8, 10, 12, 16, 20]
+
+
+def test_builds_the_optimizer_in_the_models_strategy(tmp_path):
+    # A model built under OneDeviceStrategy (the distribution recipe on one GPU) refuses optimizer
+    # variables created outside its scope: 'Need to be inside "with strategy.scope()"'.
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    checkpoint = TrainingCheckpoint(tmp_path, model, steps_per_epoch=STEPS_PER_EPOCH, async_write=False)
+    checkpoint.save(1)
+    # iteration, learning rate, and Adam's two moments for the kernel and the bias
+    assert len(model.optimizer.variables) == 6
+    assert checkpoint.latest_path.endswith("ckpt-1")

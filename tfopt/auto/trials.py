@@ -108,7 +108,8 @@ class TrialRunner:
                 # every configuration starts from the baseline's instead.
                 model.set_weights(self._initial_weights)
             if not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
+                with built.strategy.scope():  # slots live where the weights do; outside it strategies refuse
+                    model.optimizer.build(model.trainable_variables)
             state = [*model.weights, *model.optimizer.variables]
             self._models[key] = _Compiled(built, state, [variable.numpy() for variable in state])
         return self._models[key]

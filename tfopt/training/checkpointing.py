@@ -33,9 +33,10 @@ class TrainingCheckpoint:
 
     Args:
         directory: Where checkpoints go; one run per directory.
-        model: A compiled Keras model; its optimizer is built here if it is not yet, so its variables
-            exist to be restored into. Its variables (weights and seed-generator states) and the
-            optimizer's are saved in order, so the same architecture built afresh restores them.
+        model: A compiled Keras model; its optimizer is built here (in the model's strategy scope) if it
+            is not yet, so its variables exist to be restored into. Its variables (weights and
+            seed-generator states) and the optimizer's are saved in order, so the same architecture built
+            afresh restores them.
         steps_per_epoch: Steps in one epoch, stored so a resumed run with other epochs is caught.
         keep: How many of the newest checkpoints to keep (older ones are deleted after a new one is
             complete).
@@ -62,7 +63,10 @@ class TrainingCheckpoint:
         self.steps_per_epoch = steps_per_epoch
         optimizer = model.optimizer
         if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
+            # Optimizer slots must be created in the strategy the model's variables live under: outside
+            # it, OneDeviceStrategy and MirroredStrategy refuse ('Need to be inside "with strategy.scope()"').
+            with model.distribute_strategy.scope():
+                optimizer.build(model.trainable_variables)
         # Plain CPU variables: the position is host bookkeeping, not state to mirror across replicas.
         with tf.device("/cpu:0"):
             self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
