@@ -119,19 +119,41 @@ def detect() -> Hardware:
     )
 
 
-def _describe_gpu(index: int, device) -> Gpu:
+def _describe_gpu(position: int, device) -> Gpu:
     import tensorflow as tf
 
     details = tf.config.experimental.get_device_details(device)
     return Gpu(
         name=details.get("device_name", device.name),
         compute_capability=tuple(details.get("compute_capability", (0, 0))),
-        memory_bytes=_nvml_memory_bytes(index),
+        memory_bytes=_nvml_memory_bytes(position),
     )
 
 
-def _nvml_memory_bytes(index: int) -> int | None:
-    """Total memory of GPU `index` from NVML, which TensorFlow does not report before allocating."""
+def visible_gpu_nvml_indices(count: int) -> list[int]:
+    """NVML indices of the GPUs TensorFlow sees, in TensorFlow's order (its GPU:0 first).
+
+    NVML numbers every GPU in the machine; CUDA_VISIBLE_DEVICES renumbers the ones a process sees
+    (TensorFlow's GPU:0 is the first one listed). Without this mapping a job pinned to GPU 3 would read
+    GPU 0's memory and utilization. UUID entries (GPU-...) are not mapped: all `count` GPUs are returned.
+
+    Args:
+        count: The number of GPUs NVML sees (`nvmlDeviceGetCount()`).
+
+    Returns:
+        NVML indices, position i for TensorFlow's GPU:i.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    if not all(entry.isdigit() for entry in entries):
+        return list(range(count))
+    return [int(entry) for entry in entries if int(entry) < count]
+
+
+def _nvml_memory_bytes(position: int) -> int | None:
+    """Total memory of TensorFlow's GPU:`position` from NVML (TensorFlow reports none before allocating)."""
     try:
         import pynvml
     except ImportError:
@@ -139,11 +161,14 @@ def _nvml_memory_bytes(index: int) -> int | None:
     try:
         pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+            indices = visible_gpu_nvml_indices(pynvml.nvmlDeviceGetCount())
+            if position >= len(indices):
+                return None
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(indices[position])).total)
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError as error:
-        _log.debug("NVML could not read GPU %d memory: %s", index, error)
+        _log.debug("NVML could not read the memory of TensorFlow's GPU:%d: %s", position, error)
         return None
 
 

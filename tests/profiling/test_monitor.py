@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from tfopt.profiling.monitor import HOST, Monitor, Sample, Samples, _visible_gpu_indices
+from tfopt.profiling.monitor import HOST, Monitor, Sample, Samples
 
 
 def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType:
@@ -81,17 +81,6 @@ def test_nvml_follows_cuda_visible_devices(monkeypatch):
     assert monitor.samples.accelerator_devices == ("gpu:0",)
     assert {s.utilization_percent for s in monitor.samples.of("gpu:0")} == {40.0}
     assert fake.calls["handles"] == [3]
-
-
-@pytest.mark.parametrize(("visible", "count", "expected"), [
-    (None, 3, [0, 1, 2]), ("1,0", 3, [1, 0]), ("", 2, []), ("GPU-abc,GPU-def", 2, [0, 1]), ("0,5", 2, [0]),
-])
-def test_visible_gpu_indices(monkeypatch, visible, count, expected):
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert list(_visible_gpu_indices(count)) == expected
 
 
 def test_nvml_failure_falls_back_to_host_unless_required(monkeypatch):

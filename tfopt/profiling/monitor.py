@@ -16,8 +16,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
+
+from tfopt.hardware import visible_gpu_nvml_indices
 
 _log = logging.getLogger("tfopt")
 
@@ -196,7 +198,7 @@ class Monitor:
             return None
         try:
             pynvml.nvmlInit()
-            indices = _visible_gpu_indices(pynvml.nvmlDeviceGetCount())
+            indices = visible_gpu_nvml_indices(pynvml.nvmlDeviceGetCount())  # TF's GPU:i is gpu:i here
             handles = {f"gpu:{position}": pynvml.nvmlDeviceGetHandleByIndex(index)
                        for position, index in enumerate(indices)}
             self._totals = {device: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
@@ -218,22 +220,6 @@ class Monitor:
                     for device, handle in handles.items()]
 
         return read
-
-
-def _visible_gpu_indices(count: int) -> Sequence[int]:
-    """NVML indices of the GPUs TensorFlow sees, in TensorFlow's order.
-
-    NVML numbers every GPU in the machine; CUDA_VISIBLE_DEVICES renumbers the ones a process sees
-    (TensorFlow's GPU:0 is the first one listed). Without this, a job pinned to GPU 3 would report the
-    utilization of GPU 0. UUID entries (GPU-...) are not mapped; all GPUs are sampled then.
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
-    if not all(entry.isdigit() for entry in entries):
-        return list(range(count))
-    return [int(entry) for entry in entries if int(entry) < count]
 
 
 def _host_reader() -> Callable[[float], list[Sample]]:
