@@ -28,6 +28,9 @@ BASE_RECIPE = {
     "data": {"source": "synthetic", "kind": "image", "batch_size": 8},
     "train": {"epochs": 0},
 }
+# A figure names the machine as `tfopt.hardware.detect().describe()` writes it, not "a 2-core CPU" everywhere.
+MEASURED_ON = re.compile(r"measured on (.{0,100})", re.IGNORECASE)
+HARDWARE = re.compile(r"CPU: [^,]+, \d+ cores|\d+x [^(]+ \(cc \d+\.\d+|TPU: \d+ cores")
 CARDS = ("mixed_precision", "xla", "data_pipeline", "tfrecord", "distribution", "batch_size", "grad_accum",
          "gpu_memory")
 
@@ -48,9 +51,21 @@ def test_every_recipe_has_a_method_card_and_the_guides_exist():
     assert (DOCS / "reading-the-report.md").is_file() and (DOCS / "troubleshooting.md").is_file()
     for name in CARDS:
         text = (DOCS / "recipes" / f"{name}.md").read_text()
-        assert "measured on a 2-core cpu, no gpu" in " ".join(text.split()).lower(), f"{name}.md: say where the numbers were measured"
+        measured = MEASURED_ON.findall(" ".join(text.split()))
+        assert measured, f"{name}.md: say which hardware its numbers were measured on"
+        for hardware in measured:
+            assert HARDWARE.match(hardware), (
+                f"{name}.md: 'measured on {hardware[:60]}...' names no hardware as "
+                "tfopt.hardware.detect().describe() writes it (CPU: <model>, <n> cores / <n>x <GPU> (cc ...) / TPU: ...)")
         for heading in ("## When it helps", "## When it hurts", "## Use it", "## Interactions", "## References"):
             assert heading in text, f"{name}.md lacks the section {heading!r}"
+
+
+def test_the_hardware_pattern_is_what_describe_writes():
+    from tests.conftest import FAKE_HARDWARE
+
+    for hardware in FAKE_HARDWARE.values():
+        assert HARDWARE.match(hardware.describe()), hardware.describe()
 
 
 def make_model():

@@ -7,7 +7,7 @@ import pytest
 
 from tfopt import registry
 from tfopt.errors import RecipeClashError, RecipeConfigError
-from tfopt.recipes import DataPipeline, MixedPrecision, Xla, chain
+from tfopt.recipes import BatchSize, DataPipeline, Distribution, GradAccum, MixedPrecision, Xla, chain
 from tfopt.recipes.base import Recipe, Stage
 
 
@@ -40,6 +40,15 @@ def test_bad_items(item):
 def test_chain_orders_by_stage_and_nests():
     combined = chain(Xla(), chain(MixedPrecision(), DataPipeline()))
     assert [recipe.name for recipe in combined.recipes] == ["data_pipeline", "mixed_precision", "xla"]
+
+
+def test_batch_size_is_searched_after_numerics_and_compile_and_before_placement():
+    # The search times the step mixed precision and XLA made; distribution multiplies the per-replica batch
+    # it found; gradient accumulation is set from the final batch.
+    combined = chain(GradAccum(steps=2), Distribution(), BatchSize(batch_size=16), Xla(), MixedPrecision(),
+                     DataPipeline())
+    assert [recipe.name for recipe in combined.recipes] == [
+        "data_pipeline", "mixed_precision", "xla", "batch_size", "distribution", "grad_accum"]
 
 
 def test_chain_rejects_duplicates():

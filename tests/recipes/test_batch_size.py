@@ -1,4 +1,5 @@
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.errors import MeasurementError, RecipeConfigError
-from tfopt.hardware import Hardware
+from tfopt.hardware import Hardware, detect
 from tfopt.plan import make_plan
 from tfopt.recipes import batch_size as batch_size_module
 from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch, scale_learning_rate
@@ -52,8 +53,9 @@ print("SEARCH", json.dumps({"budget": budget, "search": search.to_dict(), "table
 def test_finder_picks_the_fastest_trial_within_a_low_ram_budget():
     # A fresh process: the budget is on the process's resident memory, and a process that already holds
     # memory from earlier tests reuses it without growing, so a long test session could never exceed it.
+    # GPUs are hidden from it: this is the CPU's bound (on a GPU the model's memory is the GPU's).
     process = subprocess.run([sys.executable, "-c", LOW_BUDGET_SEARCH], capture_output=True, text=True,
-                             cwd=REPOSITORY, timeout=600)
+                             cwd=REPOSITORY, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert process.returncode == 0, process.stderr[-3000:]
     (line,) = [line for line in process.stdout.splitlines() if line.startswith("SEARCH ")]
     result = json.loads(line[len("SEARCH "):])
@@ -68,22 +70,7 @@ def test_finder_picks_the_fastest_trial_within_a_low_ram_budget():
 
 def test_gpu_path_backs_off_on_out_of_memory(monkeypatch):
     """A faked 16 GiB V100: 64 MiB per example, device OOM from 128 up, peaks read from get_memory_info."""
-    requested = []
-
-    def fake_time_trial(model, plan, batch_size, steps, warmup_steps):
-        requested.append(batch_size)
-        if batch_size >= 128:
-            error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
-            raise MeasurementError("Training failed while timing steps") from error
-        from tfopt.profiling.timing import StepTimes
-
-        return StepTimes(seconds=(0.001 * batch_size ** 0.8,) * 3, batch_size=batch_size)
-
-    memory = {"peak": 0}
-    monkeypatch.setattr(batch_size_module, "_time_trial", fake_time_trial)
-    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: memory.update(peak=0))
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
-                        lambda device: {"current": 0, "peak": requested[-1] * 64 * MIB if requested else 0})
+    fake_trials(monkeypatch, out_of_memory_from=128)
     search = find_batch_size(conv_plan(hardware=FAKE_HARDWARE["v100"]), min_batch_size=16, max_batch_size=1024)
     statuses = {trial.batch_size: trial.status for trial in search.trials}
     assert statuses[128] == "out_of_memory"
@@ -123,7 +110,8 @@ def test_auto_recipe_records_the_trials():
     plan = make_plan(make_cnn(), make_images(count=32, batch_size=8), hardware=Hardware())
     result = BatchSize(min_batch_size=8, max_batch_size=16, trial_steps=2)(plan)
     detail = result.applied[-1].detail
-    assert "trials within the host RSS bound (8: " in detail and "16: " in detail
+    kind = "GPU memory" if tf.config.list_logical_devices("GPU") else "host RSS"  # where the model trains
+    assert f"trials within the {kind} bound (8: " in detail and "16: " in detail
     assert result.batch_size in (8, 12, 16)  # 12: the refinement at 3/4 of 16
 
 
@@ -168,3 +156,77 @@ def test_learning_rate_of_an_optimizer_given_by_name_is_scaled():
     assert config["optimizer"]["class_name"] == "Adam"
     assert config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.004)  # Keras' default 0.001 x 4
     assert "x4" in reason
+
+
+def fake_trials(monkeypatch, seen=None, memory_per_example=64 * MIB, out_of_memory_from=None):
+    """Trials that take no time: throughput grows with the batch; GPU peaks come from a faked allocator.
+
+    `seen` collects the (compute dtype, jit_compile) of the model each trial trains; from the batch
+    `out_of_memory_from` up, a trial fails as a GPU out of memory does.
+    """
+    requested = []
+
+    def fake_time_trial(model, plan, batch_size, steps, warmup_steps):
+        requested.append(batch_size)
+        if seen is not None:
+            seen.append((model.layers[1].compute_dtype, model.jit_compile))
+        if out_of_memory_from and batch_size >= out_of_memory_from:
+            error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+            raise MeasurementError("Training failed while timing steps") from error
+        from tfopt.profiling.timing import StepTimes
+
+        return StepTimes(seconds=(0.001 * batch_size ** 0.8,) * 3, batch_size=batch_size)
+
+    monkeypatch.setattr(batch_size_module, "_time_trial", fake_time_trial)
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: None)
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", lambda device: {
+        "current": 0, "peak": requested[-1] * memory_per_example if requested else 0})
+
+
+def test_search_times_the_step_mixed_precision_and_xla_made(monkeypatch):
+    # batch_size was ordered first (stage DATA), so the search timed a float32 model without XLA.
+    from tfopt.recipes import MixedPrecision, Xla, chain
+
+    seen = []
+    fake_trials(monkeypatch, seen)
+    recipe = chain(BatchSize(min_batch_size=16, max_batch_size=32, trial_steps=2),
+                   Xla(jit_compile=True), MixedPrecision(policy="mixed_bfloat16"))
+    assert [r.name for r in recipe.recipes] == ["mixed_precision", "xla", "batch_size"]
+    plan = recipe(conv_plan())
+    assert seen and set(seen) == {("bfloat16", True)}
+    assert plan.batch_size == 32 and plan.jit_compile and plan.dtype_policy == "mixed_bfloat16"
+
+
+def test_gpu_budget_is_the_limit_given_to_the_allocator(monkeypatch):
+    # An 80 GiB H100 whose process may use 4 GiB (gpu_memory's limit_bytes): 90% of 80 GiB would let
+    # trials far past what the allocator can give.
+    fake_trials(monkeypatch, memory_per_example=64 * MIB)
+    physical = ["/physical_device:GPU:0"]
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: physical if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
+                        lambda device: [tf.config.LogicalDeviceConfiguration(memory_limit=4096)])
+    search = find_batch_size(conv_plan(hardware=FAKE_HARDWARE["h100"]), min_batch_size=16, max_batch_size=1024)
+    assert search.memory_kind == "GPU memory" and search.memory_budget_bytes == int(0.9 * 4 * 2**30)
+    statuses = {trial.batch_size: trial.status for trial in search.trials}
+    assert statuses[32] == "ok" and search.best_batch_size == 48  # 48 x 64 MiB = 3 GiB fits; 64 (4 GiB) does not
+    assert statuses[64] in ("over_budget", "skipped")
+
+
+def test_a_model_on_a_gpu_is_bounded_by_gpu_memory_even_when_the_plan_says_cpu(monkeypatch):
+    # On the H100 a test plan with Hardware() trained on the GPU and was bounded by host RSS.
+    fake_trials(monkeypatch)
+    monkeypatch.setattr(batch_size_module, "_lives_on_gpu", lambda model: True)
+    search = find_batch_size(conv_plan(hardware=Hardware()), min_batch_size=16, max_batch_size=64,
+                             memory_budget_bytes=3 * 2**30)
+    assert search.memory_kind == "GPU memory"
+    assert [trial.peak_memory_bytes for trial in search.trials if trial.status == "ok"][:2] == [2**30, 2 * 2**30]
+
+
+@pytest.mark.gpu
+def test_gpu_search_reads_the_allocator():
+    if not tf.config.list_logical_devices("GPU"):
+        pytest.skip("needs a GPU: on CPU the bound is host RSS (test_finder_picks_the_fastest_trial_within_...)")
+    search = find_batch_size(conv_plan(hardware=detect()), min_batch_size=8, max_batch_size=32, trial_steps=2)
+    assert search.memory_kind == "GPU memory"
+    peaks = [trial.peak_memory_bytes for trial in search.trials if trial.status == "ok"]
+    assert peaks and all(peak > 8 * 64 * 64 * 3 * 4 for peak in peaks)  # at least one input batch on the device

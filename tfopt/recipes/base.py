@@ -18,13 +18,17 @@ from tfopt.plan import Plan
 
 
 class Stage(enum.IntEnum):
-    """Build order: the data feeds the model, the dtype decides how layers are made, placement decides
-    where variables live, and compile-time settings come last."""
+    """Build order: the data feeds the model, the dtype decides how layers are made, and the compile-time
+    step settings (XLA) decide what a batch costs. Only then is the batch sized by timing that step (a
+    float32 step without XLA would be the wrong step to time); placement multiplies the per-replica batch
+    over the replicas, and the update (gradient accumulation) is set from the final batch."""
 
     DATA = 0
     NUMERICS = 1
-    PLACEMENT = 2
-    COMPILE = 3
+    COMPILE = 2
+    BATCH = 3
+    PLACEMENT = 4
+    UPDATE = 5
 
 
 class Recipe(abc.ABC):
@@ -106,7 +110,7 @@ class Chain(Recipe):
 
 
 def chain(*recipes: Recipe) -> Chain:
-    """Combines recipes into one, applied in build order (data, numerics, placement, compile).
+    """Combines recipes into one, applied in build order (data, numerics, compile, batch, placement, update).
 
     Args:
         *recipes: Recipe objects or other chains.

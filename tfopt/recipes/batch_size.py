@@ -45,8 +45,9 @@ def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int 
         min_batch_size: The first size tried.
         max_batch_size: The largest size tried; also capped at the dataset's size where it is known.
         memory_budget_bytes: The peak a trial may reach: GPU allocator memory (default 90% of the
-            smallest GPU's memory) or the process' RSS on CPU (default: what it holds now plus 80% of
-            the RAM available when the search starts).
+            smallest GPU's memory, or of the limit `gpu_memory` gave the allocator) when the model
+            trains on a GPU, else the process' RSS (default: what it holds now plus 80% of the RAM
+            available when the search starts).
         trial_steps: Timed steps per trial (after `warmup_steps` untimed ones).
         warmup_steps: Untimed steps per trial: tracing and pipeline warm-up.
         refine: Also try 3/4 and 3/2 of the best power of two.
@@ -62,23 +63,24 @@ def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int 
         >>> search = find_batch_size(plan, max_batch_size=256)  # doctest: +SKIP
         >>> print(search.to_markdown())  # doctest: +SKIP
     """
-    from tfopt.training.peak_memory import host_rss_bytes, track_peak_memory
+    from tfopt.training.peak_memory import gpu_memory_in_use_bytes, host_rss_bytes, track_peak_memory
 
     _check_bounds(min_batch_size, max_batch_size, trial_steps, warmup_steps)
     max_batch_size = min(max_batch_size, _examples_upper_bound(plan) or max_batch_size)
-    gpu_count = len(plan.hardware.gpus)
+    model = _trial_model(plan)
+    # The memory that fills up is where the trial model lives: a plan that says "CPU" while TensorFlow
+    # places the model on a GPU anyway must still be bounded by the GPU's allocator, not host RSS.
+    gpu_count = len(plan.hardware.gpus) or int(_lives_on_gpu(model))
     if gpu_count:
         kind = "GPU memory"
         budget = memory_budget_bytes or _gpu_budget(plan)
-        baseline = _gpu_baseline(gpu_count)
+        baseline = gpu_memory_in_use_bytes(gpu_count)
     else:
         import psutil
 
         kind = "host RSS"
         baseline = host_rss_bytes()
         budget = memory_budget_bytes or int(baseline + 0.8 * psutil.virtual_memory().available)
-
-    model = _trial_model(plan)
 
     def run_trial(batch_size: int) -> Trial:
         with track_peak_memory(gpu_count) as peak:
@@ -182,7 +184,7 @@ class BatchSize(Recipe):
     """
 
     name: ClassVar[str] = "batch_size"
-    stage: ClassVar[Stage] = Stage.DATA
+    stage: ClassVar[Stage] = Stage.BATCH  # times the step as mixed_precision and xla made it
 
     batch_size: int | str = "auto"
     min_batch_size: int = 8
@@ -260,15 +262,28 @@ def _examples_upper_bound(plan: Plan) -> int | None:
     return batches * plan.batch_size
 
 
+def _lives_on_gpu(model: Any) -> bool:
+    variables = model.trainable_variables
+    return bool(variables) and ":GPU:" in variables[0].value.device
+
+
 def _gpu_budget(plan: Plan) -> int | None:
-    known = [gpu.memory_bytes for gpu in plan.hardware.gpus if gpu.memory_bytes]
+    """90% of the smallest GPU's memory: the limit its allocator was given (gpu_memory's limit_bytes)
+    where one is set, which is all this process may use, else the device's total from the hardware."""
+    limits = _allocator_limits_bytes()
+    known = limits or [gpu.memory_bytes for gpu in plan.hardware.gpus if gpu.memory_bytes]
     return int(0.9 * min(known)) if known else None
 
 
-def _gpu_baseline(gpu_count: int) -> int:
-    from tfopt.training.peak_memory import gpu_memory_in_use_bytes
+def _allocator_limits_bytes() -> list[int]:
+    """The memory limits set on this process' GPUs with a logical device configuration, in bytes."""
+    import tensorflow as tf
 
-    return gpu_memory_in_use_bytes(gpu_count)
+    limits = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        limits += [config.memory_limit * 2**20 for config in tf.config.get_logical_device_configuration(gpu) or []
+                   if config.memory_limit]  # in MiB
+    return limits
 
 
 def _check_bounds(min_batch_size: Any, max_batch_size: Any, trial_steps: Any, warmup_steps: Any) -> None:

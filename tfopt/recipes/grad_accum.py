@@ -44,7 +44,7 @@ class GradAccum(Recipe):
     """
 
     name: ClassVar[str] = "grad_accum"
-    stage: ClassVar[Stage] = Stage.COMPILE
+    stage: ClassVar[Stage] = Stage.UPDATE  # from the final batch: after batch_size and distribution
 
     steps: int = 2
     effective_batch_size: int | None = None
