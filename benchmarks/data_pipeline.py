@@ -1,7 +1,14 @@
 """Input-pipeline benchmark: naive vs hand-tuned vs tfopt vs the compute-only ceiling, plus TFRecord I/O.
 
 Run: `python benchmarks/data_pipeline.py [--repeats 5] [--images-per-class 600] [--image-size 128]
-[--conversion-copies 10]`.
+[--conversion-copies 10] [--cases py_function pipeline tfrecord]`.
+
+First the tf.data performance guide's own case, the one `tf.data.Options` cannot fix: a `map` over a
+`tf.py_function` that costs 4 ms per element (here a sleep, as in the guide), batch 16, read as fast
+as possible with no model. The naive pipeline (sequential map, batch), the guide's
+(`num_parallel_calls=AUTOTUNE`, batch, `prefetch(AUTOTUNE)`) and tfopt's (`tune_pipeline`, the
+`data_pipeline` recipe's functional form, applied to the naive pipeline: its graph rewrite) are timed
+side by side, one full pass each, interleaved within each repeat.
 
 Workload: the shapes dataset as JPEG files (decode + random flip/translation/brightness) feeding a
 small CNN through `model.fit`. All variants are measured in the same run, interleaved round-robin in
@@ -61,9 +68,15 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord  # noqa: E402
+from tfopt.hardware import detect  # noqa: E402
+from tfopt.recipes.data_pipeline import tune_pipeline  # noqa: E402
 
 BATCH_SIZE = 64
 EPOCHS = 4
+CASES = ("py_function", "pipeline", "tfrecord")
+GUIDE_ELEMENTS = 512
+GUIDE_BATCH_SIZE = 16
+GUIDE_SECONDS_PER_ELEMENT = 0.004
 
 
 def main() -> None:
@@ -72,24 +85,33 @@ def main() -> None:
     parser.add_argument("--images-per-class", type=int, default=600)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--conversion-copies", type=int, default=10)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                        help="which tables to measure (default: all)")
     args = parser.parse_args()
+    print(_header())
+    if "py_function" in args.cases:
+        _guide_table(args.repeats)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tfopt-bench-"))
     try:
         data_dir = generate_shapes(workdir / "shapes", images_per_class=args.images_per_class, image_size=args.image_size)
         source = ImageFolderSource(data_dir, image_size=args.image_size, augment=True)
-        print(_header(source))
-        _pipeline_table(source, args.repeats)
-        _tfrecord_table(_repeated_folder(source, workdir / "repeated", args.conversion_copies), workdir, args.repeats)
+        if "pipeline" in args.cases:
+            print(f"\nWorkload: {source.describe()}; batch {BATCH_SIZE}; {EPOCHS} epochs per variant per repeat.")
+            _pipeline_table(source, args.repeats)
+        if "tfrecord" in args.cases:
+            _tfrecord_table(_repeated_folder(source, workdir / "repeated", args.conversion_copies), workdir,
+                            args.repeats)
         print(f"\n{_load_average()}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _header(source) -> str:
+def _header() -> str:
+    """The machine the numbers come from: the device that trains and the cores that feed it."""
     return (
-        f"tfopt input-pipeline benchmark, measured on this CPU: {_cpu_name()}, {os.cpu_count()} logical cores, "
-        f"no GPU used; TensorFlow {tf.__version__}, Keras {keras.__version__}. {_load_average()}\n"
-        f"Workload: {source.describe()}; batch {BATCH_SIZE}; {EPOCHS} epochs per variant per repeat."
+        f"tfopt input-pipeline benchmark. Trains on: {detect().describe()}. Host CPU: {_cpu_name()}, "
+        f"{os.cpu_count()} logical cores (tf.data runs there). TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__}. {_load_average()}"
     )
 
 
@@ -110,6 +132,55 @@ def _load_average() -> str:
     except OSError:
         return ""
     return f"Load average now: {one:.1f} (1 min), {five:.1f} (5 min)."
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tf.data guide's py_function case
+
+
+def _costly(element):
+    time.sleep(GUIDE_SECONDS_PER_ELEMENT)  # "some hard pre-processing", as the guide's example sleeps
+    return element
+
+
+def _guide_naive():
+    return tf.data.Dataset.range(GUIDE_ELEMENTS).map(lambda i: tf.py_function(_costly, [i], tf.int64)).batch(
+        GUIDE_BATCH_SIZE)
+
+
+def _guide_tuned():
+    dataset = tf.data.Dataset.range(GUIDE_ELEMENTS).map(lambda i: tf.py_function(_costly, [i], tf.int64),
+                                                        num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(GUIDE_BATCH_SIZE).prefetch(tf.data.AUTOTUNE)
+
+
+def _elements_per_second(dataset) -> float:
+    """One full pass, the iterator's creation included (every variant pays it alike)."""
+    start = time.perf_counter()
+    for _ in dataset:
+        pass
+    return GUIDE_ELEMENTS / (time.perf_counter() - start)
+
+
+def _guide_table(repeats: int) -> None:
+    variants = {
+        "naive: map(py_function), batch": _guide_naive,
+        "guide: num_parallel_calls=AUTOTUNE, prefetch": _guide_tuned,
+        "tfopt: data_pipeline on the naive pipeline": lambda: tune_pipeline(_guide_naive()),
+    }
+    rates = {name: [] for name in variants}
+    for repeat in range(repeats):
+        for name in list(variants)[:: 1 if repeat % 2 == 0 else -1]:
+            dataset = variants[name]()  # built (and for tfopt, rewritten) outside the timing
+            rates[name].append(_elements_per_second(dataset))
+    guide = rates["guide: num_parallel_calls=AUTOTUNE, prefetch"]
+    print(f"\nThe tf.data guide's case: map over a {GUIDE_SECONDS_PER_ELEMENT * 1e3:.0f} ms py_function, batch "
+          f"{GUIDE_BATCH_SIZE}, {GUIDE_ELEMENTS} elements per pass, no model; elements/s, median of {repeats} repeats; "
+          "/guide: median [min-max] of the ratios within each repeat")
+    print(f"{'variant':48s} {'elements/s':>10s} {'/guide':>18s}")
+    for name, values in rates.items():
+        print(f"{name:48s} {statistics.median(values):10.0f} {_ratio_summary(values, guide):>18s}")
+    print("target: tfopt/guide >= 0.95")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -238,6 +309,10 @@ def _pipeline_table(source, repeats: int) -> None:
     model.fit(_ceiling(source, 3), epochs=1, verbose=0, shuffle=False)  # build and trace once, outside the timings
     first_epoch = {name: [] for name in variants}
     later_epochs = {name: [] for name in variants}
+    # On an accelerator the fit-based ceiling (d) still copies its batch from the host every step; the
+    # ceiling is then the step fed one batch already in device memory (tfopt.profiling.timing).
+    on_device = detect().accelerator == "gpu"
+    device_ceiling = []
     for repeat in range(repeats):
         # Every other repeat runs the variants in reverse order, so that a drift of the machine's speed
         # within a repeat does not always favour the same variant.
@@ -246,11 +321,19 @@ def _pipeline_table(source, repeats: int) -> None:
                                  one_iterator="new iterator" not in name)
             first_epoch[name].append(rates[0])
             later_epochs[name].append(statistics.median(rates[1:]))
-    ceiling = later_epochs["(d) compute-only ceiling"]
+        if on_device:
+            from tfopt.profiling.timing import time_ceiling_steps
+
+            device_ceiling.append(time_ceiling_steps(model, finished, steps=steps, warmup_steps=5,
+                                                     batch_size=BATCH_SIZE).examples_per_second)
+    if on_device:
+        first_epoch["(d*) on-device ceiling (timing.py)"] = device_ceiling
+        later_epochs["(d*) on-device ceiling (timing.py)"] = device_ceiling
+    ceiling = device_ceiling if on_device else later_epochs["(d) compute-only ceiling"]
     print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s, median of {repeats} repeats; "
           "/ceiling: median [min-max] of the ratios within each repeat")
     print(f"{'variant':36s} {'epoch 1':>10s} {'epochs 2+':>10s} {'/ceiling':>18s}")
-    for name in variants:
+    for name in later_epochs:
         later = statistics.median(later_epochs[name])
         print(f"{name:36s} {statistics.median(first_epoch[name]):10.0f} {later:10.0f} "
               f"{_ratio_summary(later_epochs[name], ceiling):>18s}")

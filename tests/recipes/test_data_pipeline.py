@@ -127,7 +127,53 @@ def test_original_dataset_untouched():
     assert not has_cache(original)
 
 
-def test_py_function_pipeline_is_called_out():
-    pipeline = make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y))
-    detail = recorded(pipeline).applied[-1].detail
-    assert "py_function, which tf.data cannot parallelize" in detail
+def graph_ops(dataset):
+    from tfopt.data.graph import serialize
+
+    return [node.op for node in serialize(dataset).node]
+
+
+def py_function_pipeline():
+    images = np.random.default_rng(0).random((32, 12, 12, 3), dtype=np.float32)
+    data = tf.data.Dataset.from_tensor_slices((images, np.arange(32, dtype=np.int32) % 3))
+    return data.map(lambda x, y: (tf.py_function(lambda a: a * 2.0, [x], tf.float32), y)).batch(8)
+
+
+def test_py_function_map_is_parallelized_with_the_same_elements():
+    pipeline = py_function_pipeline()
+    plan = recorded(pipeline)
+    ops = graph_ops(plan.dataset)
+    assert "MapDataset" not in ops and ops.count("ParallelMapDatasetV2") == 1 and "ParallelBatchDataset" in ops
+    detail = plan.applied[-1].detail
+    assert "parallel map (AUTOTUNE calls, order kept): map 1 'lambda'" in detail
+    assert "parallel_python_maps=False" in detail
+    first, second = (list(tf.nest.map_structure(np.asarray, e) for e in d) for d in (py_function_pipeline(), plan.dataset))
+    assert len(first) == len(second) == 4
+    for (x1, y1), (x2, y2) in zip(first, second):
+        np.testing.assert_array_equal(x1.reshape(len(y1), 12, 12, 3), x2.reshape(len(y2), 12, 12, 3))
+        np.testing.assert_array_equal(y1, y2)
+
+
+def test_python_maps_opt_out():
+    plan = recorded(py_function_pipeline(), parallel_python_maps=False)
+    assert graph_ops(plan.dataset).count("MapDataset") == 1
+    assert "kept sequential: map 1 'lambda' (Python function, parallel_python_maps=False)" in plan.applied[-1].detail
+
+
+def test_tuning_twice_changes_nothing():
+    once = tune_pipeline(py_function_pipeline(), ram_budget_bytes=BUDGET)
+    twice = tune_pipeline(once, ram_budget_bytes=BUDGET)
+    assert twice is once
+
+
+def test_unrewritable_pipeline_is_left_with_the_reason():
+    pipeline = make_images().apply(tf.data.experimental.copy_to_device("/cpu:0"))
+    plan = recorded(pipeline)
+    assert "pipeline left as it was: its graph cannot be serialized" in plan.applied[-1].detail
+    assert_same_elements(make_images(), plan.dataset)
+
+
+@pytest.mark.parametrize("setting", ["parallel_random_maps", "parallel_python_maps", "deterministic"])
+def test_settings_must_be_booleans(setting):
+    with pytest.raises(RecipeConfigError, match=f"{setting}='no' must be true or false"):
+        DataPipeline(**{setting: "no"})

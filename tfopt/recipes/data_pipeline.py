@@ -2,20 +2,18 @@
 
 For a dataset tfopt knows the source of (`tfopt.data` sources), the source builds its own optimized
 pipeline (parallel interleave and decode, cache after decode and before augmentation). For any other
-`tf.data.Dataset` this recipe can only tune what is there, from the outside:
+`tf.data.Dataset` this recipe tunes what is there:
 
-- `tf.data.Options`: autotuning within an explicit RAM budget, stateless maps run in parallel,
-  parallel batching, and (optionally) non-deterministic order.
+- its graph is rewritten (`tfopt.data.rewrite`): sequential maps run in parallel (AUTOTUNE, order
+  kept), batches are made in parallel, and the pipeline ends with a prefetch bounded by the RAM
+  budget. `tf.data.Options` alone cannot do this: TF's `map_parallelization` skips stateful maps,
+  and py_function, numpy_function and every random op are stateful (measured on an H100 host, the
+  tf.data guide's py_function case: 0.08x the guide's `num_parallel_calls` after Options alone).
+  Maps with random ops and maps calling Python are parallelized by default, with an opt-out each.
+- `tf.data.Options`: autotuning within an explicit RAM budget, and (optionally) non-deterministic order.
 - a cache at the end of the pipeline, but only where that is valid: the pipeline has no random op or
   shuffle (a cache would freeze augmentation and order), no py_function (tfopt cannot see inside),
   is finite, and fits the RAM budget.
-- prefetching with AUTOTUNE, which the RAM budget bounds: the default budget (half the RAM) lets
-  autotuned buffers of large batches exhaust memory, so tfopt sets a smaller one.
-
-What it cannot do from outside is parallelize a stateful map: tf.data only parallelizes stateless
-functions, and a `tf.py_function` is stateful. A pipeline built on one stays sequential (measured:
-97% input-bound after this recipe); the recipe says so, and the fix is `num_parallel_calls` in the
-user's own map, or a `tfopt.data` source.
 """
 
 from __future__ import annotations
@@ -34,7 +32,8 @@ _NOT_CACHEABLE = {"Random": "random op", "Shuffle": "shuffle", "PyFunc": "py_fun
 
 
 def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = True,
-                  ram_budget_bytes: int | None = None) -> Any:
+                  ram_budget_bytes: int | None = None, parallel_random_maps: bool = True,
+                  parallel_python_maps: bool = True) -> Any:
     """Functional form: the same elements, delivered faster.
 
     Args:
@@ -44,6 +43,10 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
         deterministic: Keep element order. False lets parallel stages deliver out of order (faster).
         ram_budget_bytes: RAM that autotuned buffers and an automatic cache may use; a quarter of the
             available memory when None.
+        parallel_random_maps: Run maps whose only state is random ops in parallel: the draws keep their
+            distribution, not their assignment to elements. False keeps the exact draw order.
+        parallel_python_maps: Run maps calling py_function/numpy_function in parallel. False for a
+            Python function with mutable state shared between calls.
 
     Returns:
         The tuned dataset.
@@ -58,7 +61,8 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
         import psutil
 
         ram_budget_bytes = psutil.virtual_memory().available // 4
-    tuned, _ = _tune(dataset, cache=cache, deterministic=deterministic, ram_budget_bytes=ram_budget_bytes)
+    tuned, _ = _tune(dataset, cache=cache, deterministic=deterministic, ram_budget_bytes=ram_budget_bytes,
+                     parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps)
     return tuned
 
 
@@ -71,10 +75,13 @@ class DataPipeline(Recipe):
         cache: "auto", "memory", "none" or a file path prefix (see `tune_pipeline`).
         deterministic: Keep element order.
         ram_budget_fraction: Share of host RAM that autotuned buffers and the cache may use, in (0, 0.9].
+        parallel_random_maps: Parallelize maps whose only state is random ops; false keeps the exact draws.
+        parallel_python_maps: Parallelize maps calling Python; false for Python functions with shared state.
 
     Example:
-        >>> DataPipeline(cache="none").get_config()
-        {'cache': 'none', 'deterministic': True, 'ram_budget_fraction': 0.25}
+        >>> DataPipeline(cache="none").get_config()  # doctest: +NORMALIZE_WHITESPACE
+        {'cache': 'none', 'deterministic': True, 'ram_budget_fraction': 0.25, 'parallel_random_maps': True,
+         'parallel_python_maps': True}
     """
 
     name: ClassVar[str] = "data_pipeline"
@@ -83,13 +90,16 @@ class DataPipeline(Recipe):
     cache: str = "auto"
     deterministic: bool = True
     ram_budget_fraction: float = 0.25
+    parallel_random_maps: bool = True
+    parallel_python_maps: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, str) or not self.cache:
             raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is not valid. Expected one of "
                                     f"{', '.join(map(repr, CACHE_CHOICES))} or a file path prefix.")
-        if not isinstance(self.deterministic, bool):
-            raise RecipeConfigError(f"data_pipeline: deterministic={self.deterministic!r} must be true or false.")
+        for setting in ("deterministic", "parallel_random_maps", "parallel_python_maps"):
+            if not isinstance(getattr(self, setting), bool):
+                raise RecipeConfigError(f"data_pipeline: {setting}={getattr(self, setting)!r} must be true or false.")
         if isinstance(self.ram_budget_fraction, bool) or not isinstance(self.ram_budget_fraction, (int, float)) \
                 or not 0 < self.ram_budget_fraction <= 0.9:
             raise RecipeConfigError(f"data_pipeline: ram_budget_fraction={self.ram_budget_fraction!r} is out of "
@@ -109,35 +119,53 @@ class DataPipeline(Recipe):
             return plan.replace(dataset=dataset).record(
                 self.name, f"rebuilt from the source ({plan.source.describe()}) as an optimized pipeline")
         dataset, notes = _tune(plan.dataset, cache=self.cache, deterministic=self.deterministic,
-                               ram_budget_bytes=budget)
+                               ram_budget_bytes=budget, parallel_random_maps=self.parallel_random_maps,
+                               parallel_python_maps=self.parallel_python_maps)
         return plan.replace(dataset=dataset).record(self.name, "; ".join(notes))
 
 
-def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: int) -> tuple[Any, list[str]]:
+def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: int, parallel_random_maps: bool,
+          parallel_python_maps: bool) -> tuple[Any, list[str]]:
+    """Cache where valid, then rewrite for parallelism (which adds the final prefetch), then options.
+
+    Applied to its own output it changes nothing: the rewrite returns a pipeline with nothing left to
+    parallelize as it is, the cache is refused on a pipeline that holds one, and options already set
+    are not set again.
+    """
     import tensorflow as tf
 
+    from tfopt.data.pipeline import prefetch_batches
+    from tfopt.data.rewrite import parallelize
+
     notes = []
-    if any("PyFunc" in op for op in _pipeline_ops(dataset)):
-        notes.append("the pipeline calls a py_function, which tf.data cannot parallelize from outside: "
-                     "pass num_parallel_calls=tf.data.AUTOTUNE to that map yourself")
+    element_bytes = _element_bytes(dataset)
     if cache != "none":
-        dataset, note = _cache_where_valid(dataset, cache, ram_budget_bytes)
+        dataset, note = _cache_where_valid(dataset, cache, ram_budget_bytes, element_bytes)
         notes.append(note)
+    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch_batches(element_bytes),
+                                         parallel_random_maps=parallel_random_maps,
+                                         parallel_python_maps=parallel_python_maps)
+    notes.extend(rewrite_notes)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.autotune.ram_budget = ram_budget_bytes
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
     options.deterministic = deterministic
-    notes.append(f"parallel map and batch, autotune within {ram_budget_bytes / 2**30:.1f} GiB of RAM, "
-                 f"{'deterministic' if deterministic else 'non-deterministic'} order, AUTOTUNE prefetch")
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE), notes
+    if dataset.options().merge(options) != dataset.options():
+        dataset = dataset.with_options(options)
+    notes.append(f"autotune within {ram_budget_bytes / 2**30:.1f} GiB of RAM, "
+                 f"{'deterministic' if deterministic else 'non-deterministic'} order")
+    return dataset, notes
 
 
-def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int) -> tuple[Any, str]:
+def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int, element_bytes: int) -> tuple[Any, str]:
     import tensorflow as tf
 
-    ops = _pipeline_ops(dataset)
+    try:
+        ops = _pipeline_ops(dataset)
+    except tf.errors.OpError as error:
+        return dataset, f"no cache: tfopt cannot read the pipeline's graph to check it ({error.message.splitlines()[0]})"
     blockers = sorted({label for fragment, label in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)}
                       | {f"stateful op {op}" for op in _stateful_ops(ops)})
     if blockers:
@@ -151,7 +179,7 @@ def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int) -> tuple
         return dataset.cache(target), f"cached in {'memory' if cache == 'memory' else cache!r} as requested"
     if count == tf.data.UNKNOWN_CARDINALITY:
         return dataset, "no cache: the pipeline's length is unknown, so its size cannot be checked against the budget"
-    size_bytes = count * _element_bytes(dataset)
+    size_bytes = count * element_bytes
     if size_bytes > ram_budget_bytes:
         return dataset, (f"no cache: the data ({size_bytes / 2**30:.2f} GiB) exceeds the RAM budget "
                          f"({ram_budget_bytes / 2**30:.2f} GiB)")
@@ -160,21 +188,18 @@ def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int) -> tuple
 
 def _pipeline_ops(dataset: Any) -> set[str]:
     """The op names in the dataset's graph, including those inside map/filter functions."""
-    import tensorflow as tf
+    from tfopt.data import graph as pipeline_graph
 
-    serialized = dataset._as_serialized_graph(
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
-    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    ops = {node.op for node in graph.node}
-    for function in graph.library.function:
-        ops.update(node.op for node in function.node_def)
-    return ops
+    return pipeline_graph.pipeline_ops(pipeline_graph.serialize(dataset))
 
 
 def _stateful_ops(ops: set[str]) -> set[str]:
     """Ops whose output can differ between runs (e.g. TruncatedNormal, Multinomial): caching would freeze it.
 
-    Dataset sources and function plumbing are registered as stateful too, but they replay the same data.
+    Stricter than `tfopt.data.graph.stateful_kinds`, which asks whether call order matters: a variable
+    read gives the same value to parallel calls, yet a cache would freeze a value that later epochs
+    should see change. Dataset sources and function plumbing are registered as stateful too, but they
+    replay the same data.
     """
     from tensorflow.python.framework import op_def_registry
 
