@@ -1,5 +1,10 @@
 """XLA is set explicitly, left off on CPU by 'auto', and refused with the layer named when unsupported."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -7,7 +12,10 @@ import pytest
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.builder import build
 from tfopt.plan import make_plan
-from tfopt.recipes.xla import Xla, xla_blockers
+from tfopt.recipes.batch_size import BatchSize
+from tfopt.recipes.xla import Xla, static_batches, xla_blockers
+
+REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
 
 
 class NoJitLayer(keras.layers.Layer):
@@ -74,3 +82,59 @@ def test_off_is_explicit_false(cpu_hardware):
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     assert plan.compile_config["jit_compile"] is False  # the honest baseline
     assert Xla(jit_compile=False)(plan).compile_config["jit_compile"] is False
+
+
+def test_xla_keeps_batch_shapes_static_and_says_what_it_drops():
+    # 20 examples in batches of 8: the last batch of 4 compiled the XLA step again every epoch.
+    plan = Xla()(make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"]))
+    assert plan.jit_compile is True
+    assert plan.dataset.element_spec[0].shape.as_list() == [8, 12, 12, 3]
+    assert [int(x.shape[0]) for x, _ in plan.dataset] == [8, 8] and len(plan.dataset) == 2
+    assert "the last 4 examples of each pass are dropped" in plan.applied[-1].detail
+
+
+def test_static_batches_leaves_full_batches_alone_and_counts_what_it_cannot_know():
+    import tensorflow as tf
+
+    full = make_images(count=16, batch_size=8).unbatch().batch(8, drop_remainder=True)
+    assert static_batches(full, 8) == (full, 0)
+    repeated = tf.data.Dataset.range(20).repeat().batch(8)  # repeated before batching: never a partial batch
+    assert static_batches(repeated, 8)[1] == 0
+    filtered, dropped = static_batches(tf.data.Dataset.range(20).filter(lambda i: i % 3 > 0).batch(8), 8)
+    assert dropped is None and [len(batch) for batch in filtered] == [8]  # 13 examples: 5 dropped, count unknown
+
+
+def test_a_new_batch_size_under_xla_says_what_it_drops():
+    plan = Xla(jit_compile=True)(make_plan(make_cnn(), make_images(count=20, batch_size=8),
+                                           hardware=FAKE_HARDWARE["cpu_bf16"]))
+    resized = BatchSize(batch_size=6)(plan)  # the 16 examples xla kept: 2 batches of 6, 4 more dropped
+    assert [int(x.shape[0]) for x, _ in resized.dataset] == [6, 6] and len(resized.dataset) == 2
+    assert resized.dataset.element_spec[0].shape[0] == 6
+    assert "the last 4 examples of each pass are dropped" in resized.applied[-1].detail
+
+
+COMPILE_THREE_EPOCHS = """
+import sys
+from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
+from tfopt.builder import build
+from tfopt.plan import make_plan
+from tfopt.recipes.xla import Xla
+
+plan = make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"])
+plan = Xla()(plan) if sys.argv[1] == "recipe" else plan.with_compile(jit_compile=True)
+built = build(plan)
+built.model.fit(built.dataset, epochs=3, verbose=0)
+"""
+
+
+@pytest.mark.slow
+def test_the_xla_step_compiles_once_over_three_epochs(tmp_path):
+    """XLA's own count: with --xla_dump_to, XLA writes one module per compilation of the train step."""
+    compilations = {}
+    for how in ("recipe", "jit_compile only"):
+        dump = tmp_path / how.replace(" ", "_")
+        subprocess.run([sys.executable, "-c", COMPILE_THREE_EPOCHS, how], check=True, cwd=REPOSITORY, timeout=600,
+                       capture_output=True, env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"})
+        compilations[how] = len(list(dump.glob("*one_step_on_data*before_optimizations.txt")))
+    # Without static shapes the partial batch of 4 compiles the step a second time (then XLA caches it).
+    assert compilations == {"recipe": 1, "jit_compile only": 2}

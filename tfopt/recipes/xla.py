@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.batch_size import describe_dropped, rebatch_counted
 from tfopt.registry import register
 
 
@@ -51,6 +52,35 @@ def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return [f"XLA could not compile the forward pass: {first_line}"]
     return []
+
+
+def static_batches(dataset: Any, batch_size: int) -> tuple[Any, int | None]:
+    """Functional form: the dataset with every batch full, and how many examples per pass that drops.
+
+    XLA compiles a step per input shape, and Keras traces the step with the batch dimension unknown, so
+    a partial last batch compiles it again every epoch (20 s and more for ResNet-50 on an H100, where the
+    other 18 steps of an epoch took 0.3 s). Rebatching with `drop_remainder=True` makes the batch
+    dimension static.
+
+    Args:
+        dataset: A batched dataset.
+        batch_size: Its batch size.
+
+    Returns:
+        The dataset with static batches, and the examples dropped per pass over the data (0 where the
+        batches were full already, None where tf.data does not know how many examples a pass holds).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> data, dropped = static_batches(tf.data.Dataset.range(20).batch(8), 8)
+        >>> [len(batch) for batch in data], dropped, len(data), data.element_spec.shape
+        ([8, 8], 4, 2, TensorShape([8]))
+    """
+    import tensorflow as tf
+
+    if tf.nest.flatten(dataset.element_spec)[0].shape[0] is not None:
+        return dataset, 0
+    return rebatch_counted(dataset, batch_size, drop_remainder=True)
 
 
 @register
@@ -91,9 +121,10 @@ class Xla(Recipe):
         if blockers:
             return plan.with_compile(jit_compile=False).record(
                 self.name, "; ".join(blockers), skipped=True)
-        return plan.with_compile(jit_compile=True).record(
+        dataset, dropped = static_batches(plan.dataset, plan.batch_size)
+        return plan.with_compile(jit_compile=True).replace(dataset=dataset).record(
             self.name, "on: every layer lowers to XLA; jit_compile=True set explicitly, since Keras' 'auto' "
-            "turns it off under distribution strategies and on CPU")
+            f"turns it off under distribution strategies and on CPU; {describe_dropped(dropped, plan.batch_size)}")
 
     @staticmethod
     def _blockers(plan: Plan) -> list[str]:
