@@ -71,6 +71,17 @@ def make_images(count=32, image_size=12, num_classes=3, batch_size=8, seed=0):
 
 
 @pytest.fixture
+def ieee_float32():
+    """For tests comparing two float32 computations to ~1e-5: on GPUs of compute capability 8.0+ TensorFlow
+    runs float32 matmuls and convolutions in TF32 (10-bit mantissa, ~1e-3 relative), so these run in IEEE
+    float32. No effect on a CPU."""
+    from tfopt.recipes.mixed_precision import float32_matmul_scope
+
+    with float32_matmul_scope(tf32=False):
+        yield
+
+
+@pytest.fixture
 def tiny_cnn():
     return make_cnn()
 

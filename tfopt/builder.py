@@ -61,7 +61,13 @@ def build(plan: Plan) -> Built:
 
     from tfopt.distribute.strategy import make_strategy
 
+    import tensorflow as tf
+
     strategy = make_strategy(plan.strategy, **plan.strategy_options)
+    if bool(tf.config.experimental.tensor_float_32_execution_enabled()) != plan.tf32:
+        # A process setting, not a scope: matmul kernels read it when they run, so it must stay in force
+        # while the model trains.
+        tf.config.experimental.enable_tensor_float_32_execution(plan.tf32)
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
         if plan.weights_from is not None:

@@ -73,6 +73,12 @@ class Hardware:
         return min(gpu.compute_capability for gpu in self.gpus)
 
     @property
+    def has_tf32(self) -> bool:
+        """Whether float32 matmuls and convolutions may run in TF32 (10-bit mantissa): GPUs of compute
+        capability 8.0+ (Ampere, Hopper), where TensorFlow turns it on by default."""
+        return self.accelerator == "gpu" and self.min_compute_capability >= (8, 0)
+
+    @property
     def cpu_supports_bf16(self) -> bool:
         """Whether the host CPU has native bfloat16 instructions (AVX512-BF16 or AMX)."""
         return bool(self.cpu_flags & BF16_CPU_FLAGS)

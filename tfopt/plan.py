@@ -54,6 +54,8 @@ class Plan:
         dtype_policy: The Keras dtype policy name the model is built under.
         strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
         strategy_options: Keyword arguments for that strategy.
+        tf32: Whether float32 matmuls and convolutions may run in TF32 where the GPU has it (TensorFlow's
+            process setting `enable_tensor_float_32_execution`, which `build()` applies).
         applied: What every recipe did, in order.
 
     Example:
@@ -81,6 +83,7 @@ class Plan:
     dtype_policy: str = "float32"
     strategy: str = "default"
     strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tf32: bool = True
     applied: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
@@ -167,6 +170,7 @@ def make_plan(
     sample = _first_batch(dataset)
     from tfopt.builder import model_dtype_policy
 
+    tf32 = bool(tf.config.experimental.tensor_float_32_execution_enabled())
     return Plan(
         model_fn=model_fn,
         dataset=dataset,
@@ -178,7 +182,18 @@ def make_plan(
         source=source,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
         dtype_policy=model_dtype_policy(model) if model is not None else "float32",
+        tf32=tf32,
+        # A "float32" baseline on an Ampere+ GPU is not IEEE float32: say so, or its numbers mislead.
+        applied=(Step("baseline", tf32_note(hardware)),) if tf32 and hardware.has_tf32 else (),
     )
+
+
+def tf32_note(hardware: Hardware) -> str:
+    """What float32 means on a GPU with TF32, for the plan and the report."""
+    major, minor = hardware.min_compute_capability
+    return (f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow runs "
+            "float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE "
+            "float32")
 
 
 def _clone_fn(model: Any) -> Callable[[], Any]:

@@ -31,7 +31,7 @@ def make_dataset():
     return tf.data.Dataset.from_tensor_slices((features, features[:, :1] * 2.0)).batch(8)
 
 
-def test_single_device_matches_keras_fit():
+def test_single_device_matches_keras_fit(ieee_float32):
     reference = make_model()
     expected = reference.fit(make_dataset(), epochs=2, verbose=0, shuffle=False).history["loss"]
     model = make_model()

@@ -31,10 +31,10 @@ def train(optimizer, batch_size, reduction="sum_over_batch_size"):
     return model
 
 
-# float32 with a different summation order: equal to ~1e-7 relative; 1e-5 leaves room for Adam's sqrt.
+# IEEE float32 with a different summation order: equal to ~1e-7 relative; 1e-5 leaves room for Adam's sqrt.
 @pytest.mark.parametrize("optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
                                        lambda: keras.optimizers.Adam(0.01)], ids=["sgd", "adam"])
-def test_accumulated_micro_batches_equal_one_large_batch(optimizer):
+def test_accumulated_micro_batches_equal_one_large_batch(optimizer, ieee_float32):
     accumulated = train(with_gradient_accumulation(optimizer(), STEPS), MICRO_BATCH)
     large = train(optimizer(), MICRO_BATCH * STEPS)
     initial = dense_model()

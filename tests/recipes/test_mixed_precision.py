@@ -105,3 +105,45 @@ def test_policy_scope_restores_the_global_policy():
     with pytest.raises(RecipeConfigError):
         with policy_scope("half"):
             pass
+
+
+@pytest.mark.parametrize("machine, has_tf32", [("a100", True), ("h100", True), ("v100", False), ("t4", False),
+                                               ("cpu_bf16", False), ("tpu", False)])
+def test_tf32_is_named_in_the_baseline_plan_on_ampere_and_newer(machine, has_tf32, ieee_float32):
+    import tensorflow as tf
+
+    hardware = FAKE_HARDWARE[machine]
+    assert hardware.has_tf32 is has_tf32
+    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default; the fixture restores
+    plan = make_plan(make_cnn(), make_images(), hardware=hardware)
+    assert plan.tf32 is True
+    notes = [step.detail for step in plan.applied if step.recipe == "baseline"]
+    if has_tf32:
+        major, minor = hardware.min_compute_capability
+        assert notes == [f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow "
+                         "runs float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false "
+                         "gives IEEE float32"]
+    else:
+        assert notes == []
+
+
+def test_tf32_off_is_planned_and_built(ieee_float32):
+    import tensorflow as tf
+
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    plan = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["h100"])
+    ieee = MixedPrecision(policy="float32", tf32=False)(plan)
+    assert ieee.tf32 is False and plan.tf32 is True
+    assert "float32 math in IEEE float32 (TF32 turned off" in ieee.applied[-1].detail
+    kept = MixedPrecision()(plan)
+    assert kept.tf32 is True and "float32 math runs in TF32 on this GPU (tf32: false" in kept.applied[-1].detail
+    build(ieee)
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is False  # kept for training
+    build(plan)
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is True  # the baseline is measured as it was
+
+
+def test_tf32_setting_must_be_a_boolean():
+    with pytest.raises(RecipeConfigError, match="tf32='off'. Expected true"):
+        MixedPrecision(tf32="off")
+    assert MixedPrecision(tf32=False).get_config() == {"policy": "auto", "tf32": False}

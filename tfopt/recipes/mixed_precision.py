@@ -61,22 +61,31 @@ class MixedPrecision(Recipe):
 
     Args:
         policy: "auto" (chosen by the hardware), "mixed_float16", "mixed_bfloat16" or "float32".
+        tf32: What float32 math (the float32 policy, and the float32 layers of a mixed one) means on GPUs
+            of compute capability 8.0+: True runs matmuls and convolutions in TF32 (10-bit mantissa,
+            TensorFlow's default there), False in IEEE float32 (exact to float32 rounding, slower), None
+            keeps the process' setting. No effect on other hardware, which has no TF32.
 
     Example:
         >>> MixedPrecision(policy="mixed_bfloat16").get_config()
-        {'policy': 'mixed_bfloat16'}
+        {'policy': 'mixed_bfloat16', 'tf32': None}
     """
 
     name: ClassVar[str] = "mixed_precision"
     stage: ClassVar[Stage] = Stage.NUMERICS
 
     policy: str = "auto"
+    tf32: bool | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise RecipeConfigError(
                 f"mixed_precision: policy={self.policy!r} is not a policy. Expected one of "
                 f"{', '.join(repr(policy) for policy in POLICIES)}.")
+        if self.tf32 is not None and not isinstance(self.tf32, bool):
+            raise RecipeConfigError(f"mixed_precision: tf32={self.tf32!r}. Expected true (TF32 float32 math on "
+                                    "GPUs of compute capability 8.0+), false (IEEE float32) or null (keep "
+                                    "TensorFlow's setting).")
 
     def check(self, plan: Plan) -> None:
         if self.policy == "mixed_float16" and plan.hardware.accelerator == "tpu":
@@ -91,11 +100,47 @@ class MixedPrecision(Recipe):
             recommended, _ = choose_policy(plan.hardware)
             if policy != recommended:
                 reason += f" (on this hardware 'auto' would choose {recommended!r})"
+        tf32 = plan.tf32 if self.tf32 is None else self.tf32
+        float32 = _float32_math(plan.hardware, tf32)
         if policy == "float32":
-            return plan.replace(dtype_policy="float32").record(self.name, f"kept float32: {reason}", skipped=True)
+            return plan.replace(dtype_policy="float32", tf32=tf32).record(
+                self.name, f"kept float32: {reason}{float32}", skipped=True)
         scaling = "; Keras wraps the optimizer in LossScaleOptimizer" if policy == "mixed_float16" else ""
-        return plan.replace(dtype_policy=policy).record(
-            self.name, f"{policy}: {reason}; output layers compute in float32{scaling}")
+        return plan.replace(dtype_policy=policy, tf32=tf32).record(
+            self.name, f"{policy}: {reason}; output layers compute in float32{scaling}{float32}")
+
+
+def _float32_math(hardware: Hardware, tf32: bool) -> str:
+    if not hardware.has_tf32:
+        return ""
+    if tf32:
+        return "; float32 math runs in TF32 on this GPU (tf32: false for IEEE float32)"
+    return "; float32 math in IEEE float32 (TF32 turned off: exact, slower matmuls)"
+
+
+@contextlib.contextmanager
+def float32_matmul_scope(*, tf32: bool) -> Iterator[None]:
+    """Functional form: float32 matmuls and convolutions in TF32 (True) or IEEE float32 (False) in the block.
+
+    TensorFlow's TF32 switch is process-wide and read when kernels run; the previous setting is restored
+    after the block. Tests that compare two float32 computations to 1e-5 need tf32=False on Ampere+ GPUs.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> with float32_matmul_scope(tf32=False):
+        ...     tf.config.experimental.tensor_float_32_execution_enabled()
+        False
+        >>> tf.config.experimental.tensor_float_32_execution_enabled()
+        True
+    """
+    import tensorflow as tf
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)
 
 
 @contextlib.contextmanager
