@@ -49,13 +49,41 @@ def test_limit_becomes_a_logical_device_in_mib(monkeypatch):
 
 def test_too_late_says_to_call_it_first(monkeypatch):
     FakeGpuConfig(monkeypatch, initialised=True)
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     with pytest.raises(RecipeConfigError, match="before TensorFlow initialises the GPUs") as error:
         configure_gpu_memory(growth=True)
-    assert "configure_gpu_memory(growth=True, limit_bytes=None)" in str(error.value)
+    message = str(error.value)
+    assert "configure_gpu_memory(growth=True, limit_bytes=None)" in message
+    assert "restart the kernel" in message and "TF_FORCE_GPU_ALLOW_GROWTH=true" in message
+
+
+def test_a_notebook_cell_run_again_after_the_gpus_started_works(monkeypatch):
+    fake = FakeGpuConfig(monkeypatch)
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    configure_gpu_memory(growth=True)
+    fake.initialised = True  # the next cells trained a model
+    assert configure_gpu_memory(growth=True) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
+    with pytest.raises(RecipeConfigError, match="restart the kernel"):
+        configure_gpu_memory(growth=False, limit_bytes=2**30)  # a different setting cannot be made now
+
+
+@pytest.mark.parametrize("forced, in_force", [("true", True), ("TRUE", True), ("false", False)])
+def test_tf_force_gpu_allow_growth_decides_growth(monkeypatch, v100_plan, forced, in_force):
+    # On the H100 the suite ran with TF_FORCE_GPU_ALLOW_GROWTH=true after other tests had started the GPU:
+    # growth was in force, yet get_memory_growth() said False and the recipe refused.
+    FakeGpuConfig(monkeypatch, initialised=True)
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", forced)
+    if in_force:
+        assert configure_gpu_memory(growth=True) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
+        GpuMemory().check(v100_plan)
+    else:
+        with pytest.raises(RecipeConfigError, match="memory growth is not in force"):
+            GpuMemory().check(v100_plan)
 
 
 def test_check_passes_when_in_force_and_fails_otherwise(monkeypatch, v100_plan):
     fake = FakeGpuConfig(monkeypatch)
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     with pytest.raises(RecipeConfigError, match="memory growth is not in force"):
         GpuMemory().check(v100_plan)
     configure_gpu_memory(growth=True)

@@ -15,6 +15,7 @@ Peak memory before and after a change is measured with `tfopt.training.peak_memo
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import ClassVar
 
 from tfopt.errors import RecipeConfigError
@@ -23,9 +24,10 @@ from tfopt.recipes.base import Recipe, Stage
 from tfopt.registry import register
 
 _TOO_LATE = ("GPU memory settings must be made before TensorFlow initialises the GPUs (its first op or "
-             "device query). Call tfopt.recipes.memory.configure_gpu_memory({args}) at the top of your script, "
-             "before building models or datasets, or list gpu_memory in the recipe file: `tfopt-recipe run` "
-             "applies it first.")
+             "device query), and this process already did. Call tfopt.recipes.configure_gpu_memory({args}) at the "
+             "top of your script, before building models or datasets; in a notebook, restart the kernel and call it "
+             "in the first cell. Or set the environment variable TF_FORCE_GPU_ALLOW_GROWTH=true before Python "
+             "starts (for memory growth), or list gpu_memory in the recipe file: `tfopt-recipe run` applies it first.")
 
 
 @register
@@ -98,8 +100,10 @@ def configure_gpu_memory(*, growth: bool = True, limit_bytes: int | None = None)
     """
     import tensorflow as tf
 
-    GpuMemory(growth=growth, limit_bytes=limit_bytes)  # validates the combination
+    recipe = GpuMemory(growth=growth, limit_bytes=limit_bytes)  # validates the combination
     gpus = tf.config.list_physical_devices("GPU")
+    if _in_force(recipe):  # a notebook cell run twice, or TF_FORCE_GPU_ALLOW_GROWTH: nothing left to do
+        return [gpu.name for gpu in gpus]
     for gpu in gpus:
         try:
             if limit_bytes is not None:
@@ -116,11 +120,14 @@ def configure_gpu_memory(*, growth: bool = True, limit_bytes: int | None = None)
 def _in_force(recipe: GpuMemory) -> bool:
     import tensorflow as tf
 
+    # TensorFlow's allocator reads TF_FORCE_GPU_ALLOW_GROWTH ("true"/"false") over set_memory_growth, and
+    # get_memory_growth() reports only what set_memory_growth was told.
+    forced = {"true": True, "false": False}.get(os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower())
     for gpu in tf.config.list_physical_devices("GPU"):
         if recipe.limit_bytes is not None:
             limits = [config.memory_limit for config in tf.config.get_logical_device_configuration(gpu) or []]
             if limits != [recipe.limit_bytes // 2**20]:
                 return False
-        elif bool(tf.config.experimental.get_memory_growth(gpu)) != recipe.growth:
+        elif (bool(tf.config.experimental.get_memory_growth(gpu)) if forced is None else forced) != recipe.growth:
             return False
     return True
