@@ -27,6 +27,8 @@ here; never with one iterator, never with autotuning off). Row (c') shows tfopt'
   with TensorFlow's default options;
 * (a') the same with TF's automatic rewrites off (`map_parallelization`, `inject_prefetch`), i.e.
   truly sequential: shows how much TF's defaults already rescue (a);
+* (a+) (a) through the `data_pipeline` recipe's `tune_pipeline`: its maps (the augmentation's random
+  ops included) and batch rewritten to run in parallel, a bounded prefetch at the end;
 * (b) hand-tuned as the tf.data performance guide teaches: parallel `map`, `cache` after decode,
   `shuffle`, parallel augment (image by image, as the guide's augmentation examples do), `batch`,
   `prefetch(AUTOTUNE)`;
@@ -298,6 +300,7 @@ def _pipeline_table(source, repeats: int) -> None:
     variants = {
         "(a) naive, TF default options": lambda: _naive(source, tf_rewrites=True),
         "(a') naive, TF auto-rewrites off": lambda: _naive(source, tf_rewrites=False),
+        "(a+) naive + tfopt data_pipeline": lambda: tune_pipeline(_naive(source, tf_rewrites=True)),
         "(b) hand-tuned (tf.data guide)": lambda: _hand_tuned(source),
         "(c) tfopt optimized": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
         "(c') tfopt, new iterator per epoch": lambda: source.pipeline(batch_size=BATCH_SIZE, optimized=True, seed=0),
