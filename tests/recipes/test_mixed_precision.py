@@ -147,3 +147,49 @@ def test_tf32_setting_must_be_a_boolean():
     with pytest.raises(RecipeConfigError, match="tf32='off'. Expected true"):
         MixedPrecision(tf32="off")
     assert MixedPrecision(tf32=False).get_config() == {"policy": "auto", "tf32": False}
+
+
+def compiled_step_hlo(model, stage):
+    """The HLO of one XLA-compiled training step (forward, loss and gradients) of `model` on tiny images."""
+    import tensorflow as tf
+
+    images, labels = next(iter(make_images(count=8)))
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    return step.experimental_get_compiler_ir(images, labels)(stage=stage)
+
+
+def test_bf16_step_convolves_in_bf16(cpu_hardware):
+    # The faked-hardware side of the GPU test below: what the policy makes the compiled step compute in.
+    model = build(MixedPrecision(policy="mixed_bfloat16")(make_plan(make_cnn(), make_images(),
+                                                                    hardware=cpu_hardware))).model
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["mixed_bfloat16"] * 3 + ["float32"]
+    convolutions = [line for line in compiled_step_hlo(model, "hlo").splitlines() if " convolution(" in line]
+    assert convolutions and all(line.split("=", 1)[1].lstrip().startswith("bf16[") for line in convolutions)
+
+
+@pytest.mark.gpu
+def test_the_policy_for_this_gpu_runs_its_convolutions_in_16_bits():
+    import tensorflow as tf
+
+    from tfopt.hardware import detect
+
+    if not tf.config.list_logical_devices("GPU"):
+        pytest.skip("needs a GPU: the policy choice is tested with faked GPUs (test_auto_policy_for_each_machine)")
+    hardware = detect()
+    policy, _ = choose_policy(hardware)
+    plan = MixedPrecision()(make_plan(make_cnn(), make_images(), hardware=hardware))
+    model = build(plan).model
+    assert plan.dtype_policy == policy
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == [policy] * 3 + ["float32"]
+    hlo_dtype = {"mixed_bfloat16": "bf16", "mixed_float16": "f16"}.get(policy)
+    if hlo_dtype is None:
+        pytest.skip(f"{hardware.describe()}: no 16-bit tensor cores, float32 kept")
+    # cuDNN runs the convolutions: forward and both backward ones, all on 16-bit operands (tensor cores).
+    convolutions = [line for line in compiled_step_hlo(model, "optimized_hlo").splitlines() if "__cudnn$conv" in line]
+    assert convolutions and all(f"{hlo_dtype}[" in line.split("custom-call(", 1)[1] for line in convolutions)

@@ -127,14 +127,25 @@ built.model.fit(built.dataset, epochs=3, verbose=0)
 """
 
 
+def xla_step_compilations(directory, how):
+    """XLA's own count: with --xla_dump_to, XLA writes one module per compilation of the train step."""
+    dump = directory / how.replace(" ", "_")
+    subprocess.run([sys.executable, "-c", COMPILE_THREE_EPOCHS, how], check=True, cwd=REPOSITORY, timeout=600,
+                   capture_output=True, env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"})
+    return len(list(dump.glob("*one_step_on_data*before_optimizations.txt")))
+
+
 @pytest.mark.slow
 def test_the_xla_step_compiles_once_over_three_epochs(tmp_path):
-    """XLA's own count: with --xla_dump_to, XLA writes one module per compilation of the train step."""
-    compilations = {}
-    for how in ("recipe", "jit_compile only"):
-        dump = tmp_path / how.replace(" ", "_")
-        subprocess.run([sys.executable, "-c", COMPILE_THREE_EPOCHS, how], check=True, cwd=REPOSITORY, timeout=600,
-                       capture_output=True, env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"})
-        compilations[how] = len(list(dump.glob("*one_step_on_data*before_optimizations.txt")))
+    compilations = {how: xla_step_compilations(tmp_path, how) for how in ("recipe", "jit_compile only")}
     # Without static shapes the partial batch of 4 compiles the step a second time (then XLA caches it).
     assert compilations == {"recipe": 1, "jit_compile only": 2}
+
+
+@pytest.mark.gpu
+def test_the_xla_step_compiles_once_on_the_gpu(tmp_path):
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        pytest.skip("needs a GPU; on CPU test_the_xla_step_compiles_once_over_three_epochs counts the same")
+    assert xla_step_compilations(tmp_path, "recipe") == 1  # 3 epochs of 20 examples in batches of 8
