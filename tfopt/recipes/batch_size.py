@@ -26,6 +26,7 @@ from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.registry import register
+from tfopt.data.batches import describe_dropped, examples_per_pass, rebatch_counted
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
 
 _log = logging.getLogger("tfopt")
@@ -118,70 +119,6 @@ def rebatch(dataset: Any, batch_size: int) -> Any:
     static_batch = tf.nest.flatten(dataset.element_spec)[0].shape[0]
     # A static batch dimension means the pipeline drops remainders (XLA needs it); keep doing so.
     return rebatch_counted(dataset, batch_size, drop_remainder=static_batch is not None)[0]
-
-
-def rebatch_counted(dataset: Any, batch_size: int, *, drop_remainder: bool) -> tuple[Any, int | None]:
-    """`dataset.rebatch`, keeping the length it loses, and the examples per pass in a partial last batch.
-
-    `Dataset.rebatch` leaves tf.data's cardinality unknown, which breaks `len(dataset)` and the
-    `steps_per_epoch=len(dataset)` that one-iterator training needs; where the examples of one pass are
-    known (the input of the pipeline's batch op), `assert_cardinality` restores it.
-
-    Returns:
-        The rebatched dataset, and the examples of a pass that do not fill a batch (dropped where
-        `drop_remainder`), or None where tf.data does not know how many examples a pass holds.
-    """
-    import tensorflow as tf
-
-    examples, one_pass = _examples_per_pass(dataset)
-    rebatched = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
-    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
-        rebatched = rebatched.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    elif one_pass and examples is not None:
-        length = examples // batch_size if drop_remainder else -(-examples // batch_size)
-        rebatched = rebatched.apply(tf.data.experimental.assert_cardinality(length))
-    return rebatched, None if examples is None else examples % batch_size
-
-
-def describe_dropped(dropped: int | None, batch_size: int) -> str:
-    """What keeping batches full (static, for XLA) costs the data, for a plan's record."""
-    if dropped == 0:
-        return f"batches of {batch_size} are full (a static shape: the step compiles once)"
-    count = f"up to {batch_size - 1}" if dropped is None else str(dropped)
-    return (f"batches of {batch_size} kept full, so the step compiles once: the last {count} examples of each "
-            "pass are dropped (a partial batch would compile the step again every epoch); shuffle the data "
-            "each epoch so that other examples are dropped each time")
-
-
-def _examples_per_pass(dataset: Any) -> tuple[int | None, bool]:
-    """The examples of one pass over a batched dataset (0 for an endless stream, which never ends a batch
-    early; None where tf.data does not know), and whether the dataset is exactly one pass.
-
-    A batched dataset knows its number of batches, not of examples: with a static batch dimension that
-    is enough; otherwise the input of the pipeline's batch op knows.
-    """
-    import tensorflow as tf
-
-    infinite = int(tf.data.INFINITE_CARDINALITY)
-    batches = int(dataset.cardinality())
-    static_batch = tf.nest.flatten(dataset.element_spec)[0].shape[0]
-    if static_batch is not None:  # every batch is full, so the batches count the examples
-        if batches == infinite:
-            return 0, False
-        return (batches * static_batch if batches >= 0 else None), batches >= 0
-    node = _batch_op(dataset)
-    examples = int(node._input_dataset.cardinality()) if node is not None else int(tf.data.UNKNOWN_CARDINALITY)
-    if examples == infinite:
-        return 0, False  # repeated before batching: no batch ends early
-    return (examples if examples >= 0 else None), node is not None and batches == int(node.cardinality())
-
-
-def _batch_op(dataset: Any) -> Any:
-    """The pipeline's batch op, found through unary datasets (map, prefetch, options, ...), or None."""
-    node = dataset
-    while node is not None and not hasattr(node, "_batch_size"):
-        node = getattr(node, "_input_dataset", None)
-    return node
 
 
 def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int,
@@ -287,7 +224,7 @@ class BatchSize(Recipe):
                                                         new_batch_size=batch_size, rule=self.scale_learning_rate)
         sample_inputs = next(iter(dataset.take(1)))[0]
         if plan.jit_compile:  # xla made the batches static: at this size another remainder is dropped
-            examples = _examples_per_pass(plan.dataset)[0]
+            examples = examples_per_pass(plan.dataset)[0]
             lr_detail += f"; {describe_dropped(None if examples is None else examples % batch_size, batch_size)}"
         return plan.replace(dataset=dataset, batch_size=batch_size, compile_config=compile_config,
                             sample_inputs=sample_inputs).record(

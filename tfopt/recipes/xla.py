@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from tfopt.data.batches import describe_dropped, rebatch_counted
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.recipes.batch_size import describe_dropped, rebatch_counted
 from tfopt.registry import register
 
 

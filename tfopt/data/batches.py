@@ -1,0 +1,76 @@
+"""Batches of a batched tf.data pipeline: rebatching that keeps the pipeline's length, and counting the
+examples a pass holds, so that what dropping a partial batch costs can be said in numbers.
+
+`Dataset.rebatch` leaves tf.data's cardinality unknown, which breaks `len(dataset)` and the
+`steps_per_epoch=len(dataset)` of one-iterator training; XLA needs full batches (a partial one compiles
+the step again), and `batch_size` and `xla` both say how many examples per pass that drops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rebatch_counted(dataset: Any, batch_size: int, *, drop_remainder: bool) -> tuple[Any, int | None]:
+    """`dataset.rebatch`, keeping the length it loses, and the examples per pass in a partial last batch.
+
+    `Dataset.rebatch` leaves tf.data's cardinality unknown, which breaks `len(dataset)` and the
+    `steps_per_epoch=len(dataset)` that one-iterator training needs; where the examples of one pass are
+    known (the input of the pipeline's batch op), `assert_cardinality` restores it.
+
+    Returns:
+        The rebatched dataset, and the examples of a pass that do not fill a batch (dropped where
+        `drop_remainder`), or None where tf.data does not know how many examples a pass holds.
+    """
+    import tensorflow as tf
+
+    examples, one_pass = examples_per_pass(dataset)
+    rebatched = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        rebatched = rebatched.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    elif one_pass and examples is not None:
+        length = examples // batch_size if drop_remainder else -(-examples // batch_size)
+        rebatched = rebatched.apply(tf.data.experimental.assert_cardinality(length))
+    return rebatched, None if examples is None else examples % batch_size
+
+
+def describe_dropped(dropped: int | None, batch_size: int) -> str:
+    """What keeping batches full (static, for XLA) costs the data, for a plan's record."""
+    if dropped == 0:
+        return f"batches of {batch_size} are full (a static shape: the step compiles once)"
+    count = f"up to {batch_size - 1}" if dropped is None else str(dropped)
+    return (f"batches of {batch_size} kept full, so the step compiles once: the last {count} examples of each "
+            "pass are dropped (a partial batch would compile the step again every epoch); shuffle the data "
+            "each epoch so that other examples are dropped each time")
+
+
+def examples_per_pass(dataset: Any) -> tuple[int | None, bool]:
+    """The examples of one pass over a batched dataset (0 for an endless stream, which never ends a batch
+    early; None where tf.data does not know), and whether the dataset is exactly one pass.
+
+    A batched dataset knows its number of batches, not of examples: with a static batch dimension that
+    is enough; otherwise the input of the pipeline's batch op knows.
+    """
+    import tensorflow as tf
+
+    infinite = int(tf.data.INFINITE_CARDINALITY)
+    batches = int(dataset.cardinality())
+    static_batch = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+    if static_batch is not None:  # every batch is full, so the batches count the examples
+        if batches == infinite:
+            return 0, False
+        return (batches * static_batch if batches >= 0 else None), batches >= 0
+    node = _batch_op(dataset)
+    examples = int(node._input_dataset.cardinality()) if node is not None else int(tf.data.UNKNOWN_CARDINALITY)
+    if examples == infinite:
+        return 0, False  # repeated before batching: no batch ends early
+    one_pass = node is not None and batches >= 0 and batches == int(node.cardinality())  # nothing repeats it
+    return (examples if examples >= 0 else None), one_pass
+
+
+def _batch_op(dataset: Any) -> Any:
+    """The pipeline's batch op, found through unary datasets (map, prefetch, options, ...), or None."""
+    node = dataset
+    while node is not None and not hasattr(node, "_batch_size"):
+        node = getattr(node, "_input_dataset", None)
+    return node
