@@ -29,7 +29,7 @@ def test_functional_cnn(cpu_hardware):
     for measurement in (result.before, result.after):
         assert len(measurement.real.seconds) == 3 and len(measurement.ceiling.seconds) == 3
         assert measurement.real.batch_size == 8
-        assert 0 < measurement.utilization
+        assert 0 < measurement.ceiling_ratio and measurement.flops_per_step is None  # no MFU on a CPU
     assert result.speedup > 0
     # The user's model is untouched, and the returned model starts from the user's weights: measuring
     # trained it for a few steps, and those steps were rolled back.
@@ -39,6 +39,10 @@ def test_functional_cnn(cpu_hardware):
     assert int(result.model.optimizer.iterations) == 0
     json.dumps(result.to_dict())
     assert "examples/s" in result.summary() and "<table>" in result._repr_html_()
+    # On a CPU the accelerator metrics do not apply, and the line says so instead of a "utilization".
+    assert "input efficiency" in result.summary() and "CPU only: accelerator busy % and MFU do not apply" in \
+        result.summary() and "utilization" not in result.summary()
+    assert result.to_dict()["metrics"]["before"]["accelerator"] == "cpu"
 
 
 def test_sequential(cpu_hardware):

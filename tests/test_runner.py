@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tfopt import _run_training, runner
 from tfopt.errors import NonFiniteLossError, TfoptError
+from tfopt.profiling.metrics import Metrics, compared
 from tfopt.recipe_file import load_recipe
 
 RECIPE = """\
@@ -83,7 +84,8 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert not list(run_dir.rglob("*.tmp"))
     summary = outcome.summary()
     assert summary.startswith(f"tiny: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s")
-    assert f"utilization {before['utilization_percent']:.0f}% ->" in summary
+    assert compared(Metrics.from_dict(before), Metrics.from_dict(after)) in summary
+    assert "(CPU only: accelerator busy % and MFU do not apply)" in summary and "utilization" not in summary
     assert summary.endswith(f"trained to step 4; report: {run_dir / 'report.html'}")
 
 
@@ -151,7 +153,7 @@ def test_run_refuses_an_out_directory_that_holds_files(tmp_path):
 def test_diagnose_profiles_the_baseline_without_writing_anything(tmp_path):
     profile = runner.diagnose(load_recipe(write(tmp_path)))
     assert len(profile.measurement.real.seconds) == 2 and len(profile.measurement.ceiling.seconds) == 2
-    assert profile.measurement.utilization > 0
+    assert profile.measurement.ceiling_ratio > 0
     assert len(profile.breakdown.step_seconds) == 2
     assert sorted(item.name for item in tmp_path.iterdir()) == ["tiny.yaml"]
 

@@ -84,17 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--quiet", "-q", action="store_true", help="no progress bars or log lines")
     common.add_argument("--json", action="store_true", help="print the result as one JSON document")
     common.add_argument("--traceback", action="store_true", help="show Python tracebacks (for bug reports)")
-    recipe_options = argparse.ArgumentParser(add_help=False, parents=[common])
-    recipe_options.add_argument("file", metavar="FILE", help="a YAML recipe file, e.g. recipes/resnet.yaml")
-    recipe_options.add_argument(
+    overrides = argparse.ArgumentParser(add_help=False, parents=[common])
+    overrides.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
         help="override a value of the file, parsed as YAML (repeatable): --set train.epochs=2 "
              "--set data.image_size=[32,32] --set recipes.0.xla.jit_compile=false")
-    recipe_options.add_argument("--steps", type=int, metavar="N",
-                                help="timed steps of each measurement (same as --set profile.steps=N)")
-    recipe_options.add_argument("--tune-budget", type=_cli_options.seconds, metavar="TIME",
-                                help="time `recipes: auto` may spend timing candidates, e.g. 120s or 2m "
-                                     "(same as --set profile.tune_budget_seconds=120)")
+    overrides.add_argument("--steps", type=int, metavar="N",
+                           help="timed steps of each measurement (same as --set profile.steps=N)")
+    overrides.add_argument("--tune-budget", type=_cli_options.seconds, metavar="TIME",
+                           help="time `recipes: auto` may spend timing candidates, e.g. 120s or 2m "
+                                "(same as --set profile.tune_budget_seconds=120)")
+    recipe_options = argparse.ArgumentParser(add_help=False, parents=[overrides])
+    recipe_options.add_argument("file", metavar="FILE", help="a YAML recipe file, e.g. recipes/resnet.yaml")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     run = commands.add_parser("run", parents=[recipe_options], help="apply a recipe, measure, train, report")
@@ -109,8 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
     commands.add_parser("validate", parents=[recipe_options], help="check a recipe file, run nothing") \
         .set_defaults(handler=_validate)
-    commands.add_parser("diagnose", parents=[recipe_options], help="measure the baseline, change nothing") \
-        .set_defaults(handler=_diagnose)
+    diagnose = commands.add_parser("diagnose", parents=[overrides],
+                                   help="measure the baseline (or read an existing trace), change nothing")
+    diagnose.add_argument("file", metavar="FILE", nargs="?", help="a YAML recipe file, e.g. recipes/resnet.yaml")
+    diagnose.add_argument("--trace", metavar="DIR",
+                          help="diagnose an existing TF Profiler capture instead (a TensorBoard logdir or "
+                               ".xplane.pb, e.g. from Keras' TensorBoard(profile_batch=...)); runs nothing")
+    diagnose.set_defaults(handler=_diagnose)
     convert = commands.add_parser("convert", parents=[recipe_options],
                                   help="write the recipe's data as TFRecord files")
     convert.add_argument("--out", metavar="DIR", required=True, help="directory for the TFRecord files")
@@ -241,6 +247,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
+    if args.trace:
+        return _diagnose_trace(args)
+    if not args.file:
+        raise _UsageError("diagnose needs a recipe FILE to measure, or --trace DIR to read an existing capture.")
     recipe = _load(args, start=True)
     from tfopt import runner
 
@@ -251,20 +261,43 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"recipe": recipe.name, "hardware": profile.hardware.describe(),
                      "measurement": profile.measurement.to_dict(), "breakdown": profile.breakdown.to_dict(),
-                     "diagnosis": diagnosis.to_dict(), "logdir": os.fspath(profile.logdir)})
+                     "metrics": profile.metrics.to_dict(), "diagnosis": diagnosis.to_dict(),
+                     "logdir": os.fspath(profile.logdir)})
         return 0
     print(f"{recipe.name} on {profile.hardware.describe()}")
-    print(f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); compute-only "
-          f"ceiling {ceiling.steps_per_second:.2f} steps/s; utilization {profile.measurement.utilization:.0%}; "
-          f"{diagnosis.input_percent:.1f}% of step time waits for input.")
+    print(f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); on-device "
+          f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}.")
+    _print_diagnosis(diagnosis)
+    print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
+          f"`{_PROGRAM} run {args.file}` applies the recipes and measures the gain.")
+    return 0
+
+
+def _diagnose_trace(args: argparse.Namespace) -> int:
+    from tfopt.profiling.diagnose import diagnose_capture
+    from tfopt.profiling.metrics import Metrics
+
+    breakdown, hardware, diagnosis = diagnose_capture(args.trace)
+    metrics = Metrics.of(hardware, None, breakdown)
+    if args.json:
+        _print_json({"trace": args.trace, "gpus": [gpu.name for gpu in hardware.gpus],
+                     "breakdown": breakdown.to_dict(), "metrics": metrics.to_dict(), "diagnosis": diagnosis.to_dict()})
+        return 0
+    devices = ", ".join(gpu.name for gpu in hardware.gpus) or "no accelerator (a CPU-only capture)"
+    print(f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
+          f"ms; {metrics.headline()}.")
+    _print_diagnosis(diagnosis)
+    return 0
+
+
+def _print_diagnosis(diagnosis: Any) -> None:
     if not diagnosis.findings:
         print(diagnosis.summary)
     for finding in diagnosis.findings:
         print(f"- {finding.bottleneck} ({finding.severity}, {finding.percent:.1f}%) -> {finding.recipe}: "
               f"{finding.reason}")
-    print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
-          f"`{_PROGRAM} run {args.file}` applies the recipes and measures the gain.")
-    return 0
+    for note in diagnosis.notes:
+        print(f"  note: {note}")
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from tfopt.errors import DataError, MeasurementError, RecipeConfigError
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan
 from tfopt.profiling import capture
+from tfopt.profiling.metrics import Metrics, compared
 from tfopt.profiling.timing import Measurement, measure
 from tfopt.recipes.base import Recipe, chain
 
@@ -97,17 +98,23 @@ class ApplyResult:
             "strategy": self.plan.strategy,
             "before": self.before.to_dict() if self.before else None,
             "after": self.after.to_dict() if self.after else None,
+            "metrics": ({side: self._metrics(side).to_dict() for side in ("before", "after")}
+                        if self.before and self.after else None),
             "speedup": self.speedup,
             "tuning": self.tuning.to_dict() if self.tuning else None,
         }
 
     def summary(self) -> str:
-        """One line: examples/s and utilization before and after."""
+        """One line: examples/s before and after, then accelerator busy %, MFU, input wait % and input
+        efficiency where measured (busy % and input wait need profile=True)."""
         if self.before is None or self.after is None:
             return f"applied {len(self.plan.applied)} recipe steps (not measured)"
         return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
-                f"examples/s ({self.speedup:.2f}x); utilization {self.before.utilization:.0%} -> "
-                f"{self.after.utilization:.0%} of the compute-only ceiling")
+                f"examples/s ({self.speedup:.2f}x); {compared(self._metrics('before'), self._metrics('after'))}")
+
+    def _metrics(self, side: str) -> Metrics:
+        profile = getattr(self, f"{side}_profile")
+        return Metrics.of(self.plan.hardware, getattr(self, side), profile.breakdown if profile else None)
 
     def __repr__(self) -> str:
         # The generated repr printed the model, the dataset and the plan's sample batch (a whole tensor).
@@ -244,7 +251,7 @@ def _evidence(built: Any, side: str, *, profile: bool, steps: int, warmup_steps:
         return result.measurement, result
     _log.info("measuring %s (%d warm-up + %d steps, twice)", side, warmup_steps, steps)
     return measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
-                   batch_size=built.plan.batch_size), None
+                   batch_size=built.plan.batch_size, hardware=hardware), None
 
 
 def _is_source(dataset: Any) -> bool:

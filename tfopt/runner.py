@@ -32,6 +32,7 @@ from tfopt._recipe_schema import REPORT_SUFFIXES
 from tfopt._run_model import build_model, compile_arguments, prepare
 from tfopt._run_dir import RESOLVED_RECIPE_NAME, new_run_dir, resumed_run_dir
 from tfopt.errors import TfoptError
+from tfopt.profiling.metrics import Metrics, compared
 from tfopt.recipe_file import RecipeFile, save_resolved
 
 __all__ = ["Progress", "RunOutcome", "build_model", "compile_arguments", "diagnose", "prepare", "run"]
@@ -75,7 +76,8 @@ class RunOutcome:
     applied: tuple[dict[str, Any], ...] = ()
 
     def summary(self) -> str:
-        """One line for the terminal: steps/s and utilization before and after, training, the report's path."""
+        """One line for the terminal: steps/s, accelerator busy %, MFU, input wait and input efficiency before
+        and after, training, the report's path."""
         trained = ""
         if self.training is not None:
             workers = f" on {self.training['replicas']} replicas" if self.training.get("replicas") else ""
@@ -86,8 +88,8 @@ class RunOutcome:
         path = next((self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
                     self.run_dir)
         return (f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
-                f"({self.report['speedup']:.2f}x), utilization {before['utilization_percent']:.0f}% -> "
-                f"{after['utilization_percent']:.0f}%{trained}; report: {path}")
+                f"({self.report['speedup']:.2f}x); {compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
+                f"{trained}; report: {path}")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe record: run directory, resolved recipe, report numbers, training, report paths."""

@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from tfopt.hardware import Gpu, Hardware
-from tfopt.profiling.analyze import StepBreakdown
+from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.capture import Capture, Profile, profile
-from tfopt.profiling.diagnose import diagnose_breakdown, relative_spread
+from tfopt.profiling.diagnose import diagnose_breakdown
 from tfopt.profiling.monitor import HOST, Sample, Samples
 from tfopt.profiling.timing import Measurement, StepTimes
 
@@ -98,8 +98,9 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
     profiled = StepTimes(tuple(s * 1.05 for s in seconds), batch_size)
     device_ms = (step_ms - input_ms) * 0.8 if gpus else 0.0
     breakdown = StepBreakdown(
-        source="xprof", hardware_type="GPU" if gpus else "CPU_ONLY", step_seconds=tuple(s * 1.05 for s in seconds),
-        input_seconds=input_ms / 1000.0, device_compute_seconds=device_ms / 1000.0,
+        source="trace+xprof", hardware_type="GPU" if gpus else "CPU_ONLY",
+        step_seconds=tuple(s * 1.05 for s in seconds), input_seconds=input_ms / 1000.0,
+        device_compute_seconds=device_ms / 1000.0, device_busy_seconds=device_ms / 1000.0 if gpus else None,
         host_compute_seconds=(sum(seconds) * 1.05 / steps - input_ms / 1000.0 - device_ms / 1000.0),
         input_split={"preprocessing": 0.9, "file_read": 0.1, "enqueue": 0.0, "other": 0.0})
     ends = tuple(0.2 + sum(profiled.seconds[: i + 1]) for i in range(steps))
@@ -109,12 +110,12 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
         readings += [Sample(t, f"gpu:{g}", 40.0 + 5 * i, (10 + i) * 2**30) for i, t in enumerate((0.0, *ends))]
         totals[f"gpu:{g}"] = 40 * 2**30
     samples = Samples(samples=tuple(readings), source="nvml" if gpus else "psutil", device_memory_total_bytes=totals)
+    peak = 12 * 2**30 if gpus else 600 * 2**20
     capture = Capture(logdir=logdir, xplane_path=f"{logdir}/x.xplane.pb", step_times=profiled,
-                      step_numbers=tuple(range(3, 3 + steps)), step_end_seconds=ends, samples=samples)
+                      step_numbers=tuple(range(3, 3 + steps)), samples=samples, peak_memory_bytes=peak)
     return Profile(measurement=measurement, capture=capture, breakdown=breakdown,
-                   diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=samples.peak_memory_fraction,
-                                                 utilization=measurement.utilization,
-                                                 utilization_noise=relative_spread(measurement)),
+                   diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak / (40 * 2**30) if gpus
+                                                 else None, measurement=measurement),
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 
 

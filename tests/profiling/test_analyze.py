@@ -25,7 +25,9 @@ def test_breakdown_rejects_no_steps():
 
 
 def test_xprof_and_trace_agree_on_a_real_capture(starved_profile):
-    """Both readings of the same capture, step by step: xprof's "Input" is the IteratorGetNext waits."""
+    """Both readings of the same CPU capture, step by step: xprof's "Input" is the IteratorGetNext waits, and
+    on a CPU a marked step and a wall step differ only by the callbacks between steps (on a GPU xprof's step
+    is the device work alone: tests/profiling/test_gpu_fixtures.py)."""
     capture = starved_profile.capture
     xprof = xprof_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
     trace = trace_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
@@ -37,14 +39,15 @@ def test_xprof_and_trace_agree_on_a_real_capture(starved_profile):
     assert sum(xprof.categories.values()) == pytest.approx(xprof.step_seconds_mean, rel=1e-3)
 
 
-def test_real_capture_analysis_uses_xprof_with_cpu_details(starved_profile):
+def test_real_capture_analysis_adds_xprofs_cpu_details_to_the_trace(starved_profile):
     breakdown = starved_profile.breakdown
-    assert breakdown.source == "xprof" and breakdown.hardware_type == "CPU_ONLY"
+    assert breakdown.source == "trace+xprof" and breakdown.hardware_type == "CPU_ONLY"
     assert breakdown.input_split is not None and sum(breakdown.input_split.values()) == pytest.approx(1.0)
     # The pipeline's work is a map (a Python sleep): preprocessing, no file reads.
     assert breakdown.input_split["preprocessing"] > 0.9 and breakdown.input_split["file_read"] == 0.0
-    assert breakdown.compute_16bit_percent is None  # xprof reports precision for devices only
+    assert breakdown.compute_16bit_percent is None and breakdown.busy_percent is None  # no device
     assert set(breakdown.categories) == set(CATEGORY_LABELS)
+    assert sum(breakdown.categories.values()) == pytest.approx(breakdown.step_seconds_mean)
 
 
 def test_analyze_falls_back_to_the_trace_when_xprof_fails(starved_profile, monkeypatch):
@@ -54,7 +57,8 @@ def test_analyze_falls_back_to_the_trace_when_xprof_fails(starved_profile, monke
     monkeypatch.setattr(analyze_module, "_xprof_tool", unavailable)
     capture = starved_profile.capture
     breakdown = analyze(capture.logdir, step_numbers=capture.step_numbers)
-    assert breakdown.source == "trace"
+    assert breakdown.source == "trace" and breakdown.input_split is None
+    assert any("xprof's details are missing" in note for note in breakdown.notes)
     assert breakdown.input_percent == pytest.approx(starved_profile.breakdown.input_percent, abs=0.5)
 
 

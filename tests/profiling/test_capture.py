@@ -15,6 +15,7 @@ from tfopt.profiling import capture as capture_module
 from tfopt.profiling.analyze import analyze
 from tfopt.profiling.capture import capture, profile
 from tfopt.profiling.report import compare
+from tfopt.profiling.timing import window_layout
 
 from .conftest import BATCH, STEPS, WARMUP_STEPS
 
@@ -41,17 +42,25 @@ def _assert_profiler_free(tmp_path) -> None:
 def test_profile_holds_the_measured_steps(starved_profile):
     captured = starved_profile.capture
     assert captured.step_numbers == tuple(range(WARMUP_STEPS, WARMUP_STEPS + STEPS))
-    assert len(captured.step_times.seconds) == STEPS and captured.step_times.batch_size == BATCH
-    assert len(captured.step_end_seconds) == STEPS
-    assert list(captured.step_end_seconds) == sorted(captured.step_end_seconds)
+    # One window over the measured steps: the device is waited for at its two ends only.
+    assert captured.step_times.steps == STEPS and captured.step_times.window_steps == STEPS
+    assert captured.step_times.batch_size == BATCH
     assert captured.xplane_path.is_file() and captured.xplane_path.name.endswith(".xplane.pb")
     assert captured.xplane_path.parent.parent == captured.logdir / "plugins" / "profile"
     assert len(starved_profile.breakdown.step_seconds) == STEPS
-    assert len(starved_profile.measurement.real.seconds) == len(starved_profile.measurement.ceiling.seconds) == STEPS
+    windows, window_steps = window_layout(STEPS)
+    for side in (starved_profile.measurement.real, starved_profile.measurement.ceiling):
+        assert (len(side.seconds), side.window_steps) == (windows, window_steps)
     assert starved_profile.steps_per_epoch == 1024 // BATCH
-    # Host samples cover the run: the first at its start, the last after the last step.
+    # Host samples cover the run: the first at its start, the last after the measured steps.
     host = starved_profile.samples.of("host")
-    assert host[0].seconds == pytest.approx(0.0, abs=0.05) and host[-1].seconds >= captured.step_end_seconds[-1]
+    assert host[0].seconds == pytest.approx(0.0, abs=0.05)
+    assert host[-1].seconds >= captured.step_times.median_seconds * STEPS
+    # On a CPU-only machine the peak is this process's RSS, and the accelerator metrics do not apply.
+    assert captured.peak_memory_bytes > 100 * 2**20 and starved_profile.peak_memory_fraction is None
+    metrics = starved_profile.metrics
+    assert (metrics.accelerator, metrics.busy_percent, metrics.mfu_percent) == ("cpu", None, None)
+    assert metrics.input_wait_percent == pytest.approx(starved_profile.breakdown.input_percent)
     assert json.loads(json.dumps(starved_profile.to_dict()))["logdir"] == str(captured.logdir)
 
 
@@ -67,7 +76,7 @@ def test_profile_keeps_weights_and_optimizer_state(tmp_path):
     result = profile(model, _numbers(64), steps=3, warmup_steps=1, logdir=tmp_path)
     after = [v.numpy() for v in [*model.weights, *model.optimizer.variables]]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
-    assert result.breakdown.source == "xprof" and len(result.breakdown.step_seconds) == 3
+    assert result.breakdown.source == "trace+xprof" and len(result.breakdown.step_seconds) == 3
 
 
 @pytest.mark.parametrize(("dataset", "message"), [

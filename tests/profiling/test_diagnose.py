@@ -3,12 +3,15 @@ captures of a starved and a tuned pipeline."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tfopt.hardware import Gpu, Hardware
 from tfopt.profiling import diagnose as d
-from tfopt.profiling.analyze import StepBreakdown
+from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose, diagnose_breakdown
+from tfopt.profiling.timing import Measurement, StepTimes
 
 CPU = Hardware(cpu_count=2)
 CPU_BF16 = Hardware(cpu_count=2, cpu_flags=frozenset({"avx512_bf16"}))
@@ -18,15 +21,17 @@ TPU = Hardware(tpu_cores=8)
 
 
 def breakdown(*, step=100.0, input_=0.0, host=None, device=0.0, launch=0.0, compile_=0.0, collectives=0.0,
-              other=0.0, split=None, bits16=None, bandwidth=None, flops=None, hardware_type="GPU"):
-    """A breakdown of one 100 ms step (by default): the arguments are milliseconds; host compute takes the rest."""
+              other=0.0, split=None, bits16=None, bandwidth=None, flops=None, hardware_type="GPU", xla=None):
+    """A breakdown of one 100 ms wall step (by default): the arguments are milliseconds; host compute takes the
+    rest; on a GPU the device is busy while it computes."""
     if host is None:
         host = step - input_ - device - launch - compile_ - collectives - other
     return StepBreakdown(
         source="xprof", hardware_type=hardware_type, step_seconds=(step / 1000,), input_seconds=input_ / 1000,
         host_compute_seconds=host / 1000, device_compute_seconds=device / 1000, kernel_launch_seconds=launch / 1000,
         compile_seconds=compile_ / 1000, collectives_seconds=collectives / 1000, other_seconds=other / 1000,
-        input_split=split, compute_16bit_percent=bits16, memory_bandwidth_percent=bandwidth, flop_rate_percent=flops)
+        input_split=split, compute_16bit_percent=bits16, memory_bandwidth_percent=bandwidth, flop_rate_percent=flops,
+        device_busy_seconds=None if hardware_type == "CPU_ONLY" else device / 1000, xla_kernel_percent=xla)
 
 
 def only(diagnosis: Diagnosis):
@@ -52,12 +57,12 @@ def test_input_bound_thresholds_are_the_profilers(input_ms, severity):
     ({"preprocessing": 0.8, "file_read": 0.2, "enqueue": 0.0, "other": 0.0}, d.CPU_PREPROCESSING, "data_pipeline",
      "80% of input time is preprocessing on 2 CPU core(s)"),
     ({"preprocessing": 0.4, "file_read": 0.4, "enqueue": 0.2, "other": 0.0}, d.INPUT_BOUND, "data_pipeline",
-     "prefetching"),
+     "prefetching keep batches ready"),
 ])
 def test_input_cause_picks_the_recipe(split, bottleneck, recipe, words):
     finding = only(diagnose_breakdown(breakdown(input_=40.0, split=split, hardware_type="CPU_ONLY"), CPU))
     assert (finding.bottleneck, finding.recipe, finding.severity) == (bottleneck, recipe, "high")
-    assert words in finding.reason and "40.0% of each step waits for input" in finding.reason
+    assert words in finding.reason and "40.0% of each wall step waits for input" in finding.reason
 
 
 @pytest.mark.parametrize(("launch_ms", "severity"), [(2.9, None), (3.0, "moderate"), (15.0, "high")])
@@ -106,13 +111,28 @@ def test_fp32_share_at_the_threshold_is_fine():
     assert diagnose_breakdown(breakdown(device=90.0, bits16=10.0), V100).findings == ()
 
 
-def test_small_batch_on_a_gpu_goes_to_batch_size_or_grad_accum():
-    idle_gpu = breakdown(device=30.0, host=50.0, other=20.0)
-    finding = only(diagnose_breakdown(idle_gpu, V100))
-    assert (finding.bottleneck, finding.recipe, finding.percent) == (d.SMALL_BATCH, "batch_size", pytest.approx(70.0))
-    full = only(diagnose_breakdown(idle_gpu, V100, peak_memory_fraction=0.9))
-    assert (full.bottleneck, full.recipe) == (d.SMALL_BATCH, "grad_accum") and "90% full" in full.reason
-    # On a CPU-only machine the breakdown cannot tell per-step overhead from compute: no claim.
+@pytest.mark.parametrize(("busy_ms", "severity"), [(10.0, "high"), (19.9, "high"), (30.0, "moderate"), (49.9, "moderate"),
+                                                   (50.0, None)])
+def test_an_idle_accelerator_fed_in_time_is_dispatch_bound(busy_ms, severity):
+    idle_gpu = breakdown(device=busy_ms, other=20.0)
+    diagnosis = diagnose_breakdown(idle_gpu, V100)
+    if severity is None:
+        assert diagnosis.findings == ()
+        return
+    finding = only(diagnosis)
+    assert (finding.bottleneck, finding.severity, finding.recipe) == (d.DISPATCH_BOUND, severity, "xla")
+    assert finding.percent == pytest.approx(100.0 - busy_ms)
+
+
+def test_dispatch_bound_under_xla_goes_to_a_larger_batch_or_grad_accum_when_memory_is_full():
+    idle_under_xla = breakdown(device=30.0, xla=100.0)
+    assert only(diagnose_breakdown(idle_under_xla, V100)).recipe == "batch_size"
+    assert only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.5)).recipe == "batch_size"
+    full = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.9))
+    assert (full.bottleneck, full.recipe) == (d.DISPATCH_BOUND, "grad_accum") and "peaked at 90%" in full.reason
+    # A starved accelerator is idle too, but that is the input's doing: no dispatch claim.
+    assert d.DISPATCH_BOUND not in diagnose_breakdown(breakdown(input_=60.0, device=5.0), V100).bottlenecks
+    # On a CPU-only machine there is no accelerator to be idle: no claim.
     assert diagnose_breakdown(breakdown(host=100.0, hardware_type="CPU_ONLY"), CPU).findings == ()
 
 
@@ -126,7 +146,8 @@ def test_findings_are_ordered_high_first_then_by_share():
 def test_healthy_run_has_no_findings_and_says_so():
     diagnosis = diagnose_breakdown(breakdown(input_=1.0, device=95.0, bits16=80.0), V100)
     assert diagnosis.findings == () and diagnosis.recipes == ()
-    assert diagnosis.summary == "No bottleneck above the profiler's thresholds (1.0% of step time waits for input)."
+    assert diagnosis.summary == ("No bottleneck above the profiler's thresholds (1.0% of each wall step waits for "
+                                 "input).")
     assert diagnosis.to_dict()["input_percent"] == pytest.approx(1.0)
 
 
@@ -135,7 +156,7 @@ def test_diagnose_takes_a_profile_or_a_breakdown(make_fake_profile):
     from_profile = diagnose(fake)  # the profile's hardware and memory samples are used
     assert from_profile == fake.diagnosis
     assert diagnose(fake.breakdown, fake.hardware) == diagnose_breakdown(fake.breakdown, fake.hardware)
-    with pytest.raises(TypeError, match="takes a Profile .* or a StepBreakdown; received dict"):
+    with pytest.raises(TypeError, match="takes a Profile .*, a StepBreakdown or a capture's path; received dict"):
         diagnose({"input_percent": 50})
 
 
@@ -145,8 +166,8 @@ def test_starved_pipeline_is_input_bound(starved_profile):
     assert diagnosis.input_bound
     first = diagnosis.findings[0]
     assert (first.bottleneck, first.severity, first.recipe) == (d.CPU_PREPROCESSING, "high", "data_pipeline")
-    # The compute-only ceiling agrees: fed from memory, the same model runs much faster.
-    assert starved_profile.measurement.utilization < 0.8
+    # The compute-only ceiling agrees: fed from device memory, the same model runs much faster.
+    assert starved_profile.measurement.input_efficiency < 0.8
 
 
 def test_tuned_pipeline_is_not_input_bound(tuned_profile):
@@ -157,22 +178,33 @@ def test_tuned_pipeline_is_not_input_bound(tuned_profile):
     assert {finding.bottleneck for finding in tuned_profile.diagnosis.findings} <= {d.CPU_CONTENTION}
 
 
-def test_ceiling_gap_on_cpu_is_input_cost_even_without_visible_waits():
-    # On a CPU the pipeline competes with training for the cores: little waiting, but slower steps.
-    from tfopt.profiling.diagnose import diagnose_breakdown
+def _measured(efficiency: float, spread: float = 0.0) -> Measurement:
+    real = tuple(0.1 * (1 + spread * k) for k in (-1, 0, 0, 1))
+    return Measurement(real=StepTimes(real, 8), ceiling=StepTimes((0.1 * efficiency,) * 4, 8))
 
+
+def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
+    # The pipeline competes with training (or, on a GPU host, with dispatch) for the cores: little
+    # waiting, but slower steps than the same step fed from device memory.
     breakdown = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,),
                               input_seconds=0.002, host_compute_seconds=0.098)
-    cpu = Hardware(cpu_count=2)
-    assert diagnose_breakdown(breakdown, cpu).findings == ()
-    finding = diagnose_breakdown(breakdown, cpu, utilization=0.6).findings[0]
+    assert diagnose_breakdown(breakdown, CPU).findings == ()
+    diagnosis = diagnose_breakdown(breakdown, CPU, measurement=_measured(0.6))
+    finding = only(diagnosis)
     assert (finding.bottleneck, finding.severity, finding.recipe) == ("cpu_contention", "high", "data_pipeline")
-    assert not diagnose_breakdown(breakdown, cpu, utilization=0.6).input_bound  # nothing waits for input
+    assert not diagnosis.input_bound  # nothing waits for input
     assert finding.percent == pytest.approx(40.0) and "60% of the compute-only ceiling" in finding.reason
-    assert diagnose_breakdown(breakdown, cpu, utilization=0.75).findings[0].severity == "moderate"
-    assert diagnose_breakdown(breakdown, cpu, utilization=0.85).findings == ()  # within measurement noise
+    assert only(diagnose_breakdown(breakdown, CPU, measurement=_measured(0.75))).severity == "moderate"
+    assert diagnose_breakdown(breakdown, CPU, measurement=_measured(0.85)).findings == ()  # below 20%
     # A gap no larger than twice the measurement's own spread is noise, whatever its size.
-    assert diagnose_breakdown(breakdown, cpu, utilization=0.6, utilization_noise=0.25).findings == ()
-    # On an accelerator the trace sees input waits itself, so the ceiling gap alone decides nothing there.
-    gpu = Hardware(gpus=(Gpu("Fake A100", (8, 0)),), cpu_count=2)
-    assert not diagnose_breakdown(breakdown, gpu, utilization=0.6).input_bound
+    assert diagnose_breakdown(breakdown, CPU, measurement=_measured(0.6, spread=0.3)).findings == ()
+    on_gpu = diagnose_breakdown(dataclasses.replace(breakdown, hardware_type="GPU", device_busy_seconds=0.09),
+                                V100, measurement=_measured(0.6))
+    assert only(on_gpu).bottleneck == "cpu_contention" and "dispatch" in only(on_gpu).reason
+
+
+def test_a_measurement_problem_is_a_note_not_a_finding():
+    breakdown = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,), host_compute_seconds=0.1)
+    diagnosis = diagnose_breakdown(breakdown, CPU, measurement=_measured(1.5))
+    assert diagnosis.findings == ()
+    assert any("as fast as the compute-only ceiling" in note for note in diagnosis.notes)

@@ -14,7 +14,7 @@ import types
 import pytest
 
 from tfopt.plan import Step
-from tfopt.profiling.analyze import CATEGORY_LABELS
+from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.report import SUMMARY_ROWS, Report, compare
 
 
@@ -122,9 +122,11 @@ def test_json_numbers_are_the_measurements(fake_report):
     real = before.measurement.real
     assert run["steps_per_second"] == _r(real.steps_per_second)
     assert run["examples_per_second"] == _r(real.examples_per_second)
-    assert run["input_percent"] == _r(before.breakdown.input_percent)
-    assert run["utilization_percent"] == _r(100 * before.measurement.utilization)
-    assert run["peak_memory_mib"] == 16 * 1024  # the fake GPU's highest reading: 16 GiB
+    assert run["input_wait_percent"] == _r(before.breakdown.input_percent)
+    assert run["busy_percent"] == _r(before.breakdown.busy_percent)
+    assert run["input_efficiency_percent"] == _r(100 * before.measurement.input_efficiency)
+    assert run["mfu_percent"] is None  # the fake measurement counted no FLOPs
+    assert run["peak_memory_mib"] == 12 * 1024  # the allocator's peak, not NVML's reservation (16 GiB)
     assert run["profiling_overhead_percent"] == _r(100 * before.profiling_overhead)
     # Cost: 100 steps per epoch on one GPU at 2.5 per GPU-hour.
     hours = 100 / real.steps_per_second / 3600
@@ -143,7 +145,9 @@ def test_report_text_has_every_section(fake_report):
                  "- xla: skipped: no GPU supports it", "## Diagnosis: before", "**cpu_preprocessing** (high",
                  "## Diagnosis: after", "## Cost", "at 2.5 USD per hour", "## Profiling overhead",
                  "steps/s with the profiler vs", "tensorboard --logdir /tmp/fake-logdir",
-                 "GPU memory used (NVML)", "accelerator-hours per epoch"):
+                 "GPU allocator peak (TensorFlow)", "NVML utilization (%): the driver's coarse",
+                 "accelerator busy (% of wall step)", "input efficiency (% of on-device ceiling)",
+                 "accelerator-hours per epoch"):
         assert text in markdown, text
 
 
@@ -164,23 +168,23 @@ def test_breakdown_figure_has_a_bar_per_run_for_each_category(real_report):
     labels = [container.get_label() for container in axes.containers]
     assert labels == [CATEGORY_LABELS[c] for c in CATEGORY_LABELS
                       if before.breakdown.categories[c] > 0 or after.breakdown.categories[c] > 0]
-    assert "waiting for input" in labels and "host compute" in labels
+    assert "waiting for input" in labels and "host: compute, dispatch, Python" in labels
     input_bars = axes.containers[labels.index("waiting for input")]
     assert [bar.get_width() for bar in input_bars] == pytest.approx(
         [before.breakdown.input_seconds * 1000, after.breakdown.input_seconds * 1000])
     assert [tick.get_text() for tick in axes.get_yticklabels()] == ["before", "after"]
 
 
-def test_utilization_figure_plots_each_step_and_each_sample(real_report):
-    figure = real_report.figures()["utilization"]
-    ceiling_axes, hardware_axes = figure.axes
-    assert [line.get_label() for line in ceiling_axes.get_lines() if not line.get_label().startswith("_")] == [
-        "before", "after"]
-    for line, profile in zip(ceiling_axes.get_lines(), real_report.profiles.values()):
-        steps = profile.capture.step_times.seconds
-        assert list(line.get_xdata()) == pytest.approx(profile.capture.step_end_seconds)
-        assert list(line.get_ydata()) == pytest.approx(
-            [100 * profile.measurement.ceiling.median_seconds / s for s in steps])
+def test_metrics_figure_shows_each_runs_measured_metrics_and_host_samples(real_report):
+    figure = real_report.figures()["metrics"]
+    metric_axes, hardware_axes = figure.axes
+    # A CPU-only run: accelerator busy % and MFU do not apply and are left out of the bars.
+    assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == ["input wait", "input efficiency"]
+    assert [container.get_label() for container in metric_axes.containers] == ["before", "after"]
+    for container, profile in zip(metric_axes.containers, real_report.profiles.values()):
+        metrics = profile.metrics
+        assert [bar.get_height() for bar in container] == pytest.approx(
+            [metrics.input_wait_percent, metrics.input_efficiency_percent or 0.0])
     host_lines = [line for line in hardware_axes.get_lines() if not line.get_label().startswith("_")]
     assert [line.get_label() for line in host_lines] == ["before", "after"]
     for line, profile in zip(host_lines, real_report.profiles.values()):
@@ -188,12 +192,20 @@ def test_utilization_figure_plots_each_step_and_each_sample(real_report):
     assert "host CPU use" in hardware_axes.get_ylabel()
 
 
-def test_utilization_figure_draws_every_gpu_from_nvml(make_fake_profile):
+def test_metrics_figure_on_gpus_shows_busy_and_every_gpus_nvml_samples(make_fake_profile):
     report = compare(make_fake_profile(gpus=2), make_fake_profile(gpus=2, input_ms=1.0))
-    hardware_axes = report.figures()["utilization"].axes[1]
+    metric_axes, hardware_axes = report.figures()["metrics"].axes
+    assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == [
+        "accelerator busy", "input wait", "input efficiency"]
     assert [line.get_label() for line in hardware_axes.get_lines()] == [
         "before gpu:0", "before gpu:1", "after gpu:0", "after gpu:1"]
     assert "NVML" in hardware_axes.get_ylabel()
+
+
+def test_cpu_reports_say_the_accelerator_metrics_do_not_apply(real_report, fake_report):
+    assert "_CPU only: accelerator busy % and MFU do not apply._" in real_report.to_markdown()
+    assert real_report.to_dict()["runs"]["before"]["busy_percent"] is None
+    assert fake_report.to_dict()["note"] is None  # a GPU run has them
 
 
 def test_html_is_self_contained_with_decodable_pngs(real_report):

@@ -1,34 +1,159 @@
-"""Step timing: exact step counts, interleaved rounds, the model's state restored, the arithmetic right."""
+"""Step timing: windows with one device sync at each end, the on-device ceiling, input efficiency and
+MFU, the model's state restored (under its strategy too)."""
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from tests.conftest import make_cnn, make_images
+from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.errors import MeasurementError
-from tfopt.profiling.timing import StepTimes, measure, one_batch_repeated, time_training_steps
+from tfopt.profiling import timing
+from tfopt.profiling.timing import (Measurement, StepTimes, WindowTimer, device_batch, measure, one_batch_repeated,
+                                    time_ceiling_steps, time_training_steps, train_step_flops, window_layout)
+
+
+class CountingLoss:
+    """A loss value whose reading to the host (float()) is counted: one reading is one device sync."""
+
+    reads = 0
+
+    def __float__(self):
+        CountingLoss.reads += 1
+        return 0.5
+
+
+class FakeModel:
+    """Runs `fit` as Keras does for the callbacks (one on_train_batch_end per step, a lazy loss), no TF."""
+
+    steps_per_execution = 1
+
+    def fit(self, data, *, steps_per_epoch, epochs, verbose, shuffle, callbacks):
+        for step in range(steps_per_epoch * epochs):
+            for callback in callbacks:
+                callback.on_train_batch_end(step, {"loss": CountingLoss()})
+
+
+class FakeData:
+    def repeat(self):
+        return self
 
 
 def test_step_times_arithmetic():
-    times = StepTimes(seconds=(0.1, 0.2, 0.3, 0.4, 1.0), batch_size=10)
+    times = StepTimes(seconds=(0.1, 0.2, 0.3, 0.4, 1.0), batch_size=10, window_steps=4)
+    assert times.steps == 20
     assert times.median_seconds == pytest.approx(0.3)
     assert times.steps_per_second == pytest.approx(1 / 0.3)
     assert times.examples_per_second == pytest.approx(10 / 0.3)
     assert times.spread_seconds == pytest.approx(0.7 - 0.15)  # interquartile range, not max - min
-    assert times.to_dict()["median_seconds"] == pytest.approx(0.3)
+    assert times.to_dict()["window_steps"] == 4
 
 
-@pytest.mark.parametrize("steps", [3, 5])
-def test_measure_times_exactly_the_steps_asked_and_restores_the_model(steps):
+def test_windows_hold_whole_calls_and_all_the_steps_asked():
+    assert window_layout(20) == (4, 5)
+    assert window_layout(3) == (3, 1)
+    assert window_layout(21) == (5, 5)  # rounded up to whole windows
+    assert window_layout(6, steps_per_call=4) == (2, 4)
+    assert window_layout(10, window_steps=3) == (4, 3)
+
+
+def test_timing_syncs_once_per_window_end_not_per_step():
+    CountingLoss.reads = 0
+    times = time_training_steps(FakeModel(), FakeData(), steps=20, warmup_steps=3, batch_size=8)
+    windows, window_steps = window_layout(20)
+    assert (len(times.seconds), times.window_steps) == (windows, window_steps)
+    assert CountingLoss.reads == windows + 1  # 23 steps ran; the device was waited for 5 times
+
+
+def test_window_timer_records_each_window_at_its_boundaries():
+    syncs = []
+    timer = WindowTimer(warmup_steps=2, windows=3, window_steps=2, sync=syncs.append)
+    for step in range(10):
+        timer.on_train_batch_end(step, {"loss": step})
+    assert [logs["loss"] for logs in syncs] == [1, 3, 5, 7]  # after steps 2, 4, 6, 8 completed
+    assert len(timer.seconds) == 3 and all(seconds >= 0 for seconds in timer.seconds)
+
+
+def test_the_ceiling_runs_on_a_device_resident_batch_with_one_sync_per_window():
+    model = make_cnn()
+    data = make_images()
+    syncs = []
+    times = time_ceiling_steps(model, data, steps=8, warmup_steps=1, batch_size=8, sync=syncs.append)
+    assert len(times.seconds) == window_layout(8)[0] and len(syncs) == window_layout(8)[0] + 1
+    images, labels = device_batch(model, data)
+    first_images, first_labels = next(iter(data))
+    np.testing.assert_array_equal(images, first_images)
+    np.testing.assert_array_equal(labels, first_labels)
+    assert "CPU:0" in images.device  # this machine's default device; a GPU's on a GPU machine
+
+
+def test_measure_restores_the_model_and_reports_input_efficiency():
     model = make_cnn()
     weights = [weight.copy() for weight in model.get_weights()]
-    measurement = measure(model, make_images(), steps=steps, warmup_steps=1, batch_size=8)
-    assert len(measurement.real.seconds) == len(measurement.ceiling.seconds) == steps
-    assert all(seconds > 0 for seconds in measurement.real.seconds + measurement.ceiling.seconds)
-    assert measurement.utilization == pytest.approx(
-        measurement.ceiling.median_seconds / measurement.real.median_seconds)
+    measurement = measure(model, make_images(), steps=8, warmup_steps=1, batch_size=8,
+                          hardware=FAKE_HARDWARE["cpu_bf16"])
+    assert measurement.real.steps >= 8 and measurement.ceiling.steps >= 8
+    assert measurement.real.window_steps == measurement.ceiling.window_steps == window_layout(8)[1]
+    ratio = measurement.ceiling.median_seconds / measurement.real.median_seconds
+    if measurement.measurement_problem is None:
+        assert measurement.input_efficiency == pytest.approx(min(1.0, ratio))
+    else:
+        assert measurement.input_efficiency is None
+    assert measurement.mfu is None and measurement.flops_per_step is None  # a CPU has no MFU
     for before, after in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(before, after)
     assert int(model.optimizer.iterations) == 0
+
+
+def test_input_efficiency_is_capped_and_a_reading_beyond_the_ceiling_is_a_measurement_problem():
+    def measured(real_ms, ceiling_ms, spread=0.0):
+        real = StepTimes(tuple(real_ms * (1 + spread * k) / 1000 for k in (-1, 0, 0, 1)), 8)
+        return Measurement(real=real, ceiling=StepTimes((ceiling_ms / 1000,) * 4, 8))
+
+    assert measured(50, 40).input_efficiency == pytest.approx(0.8)
+    assert measured(50, 40).measurement_problem is None
+    noisy = measured(40, 41, spread=0.05)  # 2.5% beyond the ceiling, within twice the spread
+    assert noisy.input_efficiency == 1.0 and noisy.measurement_problem is None
+    beyond = measured(30, 40)
+    assert beyond.input_efficiency is None
+    assert "1.33x as fast as the compute-only ceiling" in beyond.measurement_problem
+
+
+def test_mfu_is_model_flops_over_time_and_peak():
+    measurement = Measurement(real=StepTimes((0.01,) * 4, 8), ceiling=StepTimes((0.01,) * 4, 8),
+                              flops_per_step=1e12, peak_flops_per_second=989.4e12, precision="bf16")
+    assert measurement.mfu == pytest.approx(1e12 / 0.01 / 989.4e12)
+    assert measurement.to_dict()["mfu"] == pytest.approx(measurement.mfu)
+
+
+def test_train_step_flops_counts_forward_backward_and_update():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((32, 64), "float32"), np.ones((32, 10), "float32"))).batch(32)
+    forward = 2 * 32 * 64 * 10
+    flops = train_step_flops(model, data)
+    # The weight gradient is another matmul of the same size; the input needs no gradient.
+    assert 2 * forward <= flops <= 2.5 * forward
+
+
+def test_measure_on_a_faked_h100_computes_mfu_for_the_precision_in_use():
+    model = make_cnn()
+    measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8, hardware=FAKE_HARDWARE["h100"])
+    assert measurement.precision == "tf32"  # float32 on compute capability 9.0 with TF32 on (TF's default)
+    assert measurement.peak_flops_per_second == pytest.approx(494.7e12)
+    assert measurement.flops_per_step > 0 and 0 < measurement.mfu < 1e-3  # a CPU is no H100
+
+
+def test_measure_under_a_strategy_builds_the_optimizer_in_its_scope():
+    """docs/recipes/distribution.md on one device: measuring crashed building the optimizer outside scope."""
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = make_cnn()
+    assert not model.optimizer.built
+    measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8,
+                          hardware=FAKE_HARDWARE["cpu_bf16"])
+    assert measurement.real.steps >= 2 and int(model.optimizer.iterations) == 0
 
 
 def test_one_batch_repeated_is_the_first_batch_forever():
@@ -44,10 +169,16 @@ def test_too_few_steps_is_a_clear_error():
         time_training_steps(make_cnn(), make_images(), steps=1, warmup_steps=0, batch_size=8)
 
 
-def test_several_steps_per_call_are_timed_per_step():
+def test_several_steps_per_call_are_timed_in_whole_calls():
     model = make_cnn()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=4)
     times = time_training_steps(model, make_images(), steps=6, warmup_steps=1, batch_size=8)
-    # Rounded up to whole calls of 4 steps; each step gets a quarter of its call's time.
-    assert len(times.seconds) == 8
-    assert times.seconds[0] == times.seconds[3] and times.seconds[4] == times.seconds[7]
+    assert times.window_steps % 4 == 0 and times.steps >= 6
+
+
+def test_read_loss_reads_the_loss_or_the_first_value():
+    CountingLoss.reads = 0
+    timing.read_loss({"loss": CountingLoss()})
+    timing.read_loss({"accuracy": CountingLoss()})
+    timing.read_loss(None)
+    assert CountingLoss.reads == 2

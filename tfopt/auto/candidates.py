@@ -16,7 +16,7 @@ from typing import Any
 from tfopt.hardware import Hardware
 from tfopt.recipes.base import Recipe
 
-INPUT_BOUND_UTILIZATION = 0.8
+INPUT_BOUND_EFFICIENCY = 0.8
 """Below this fraction of the compute-only ceiling, real training is waiting for its input."""
 
 NOT_COMPARABLE = {
@@ -36,7 +36,7 @@ class Candidates:
     Attributes:
         recipes: Label -> recipe, e.g. {"data_pipeline": DataPipeline(), "mixed_bfloat16": MixedPrecision(...)}.
         not_tried: Label -> why it is not tried.
-        notes: What the choice was based on (the diagnosis, the utilization).
+        notes: What the choice was based on (the diagnosis, the input efficiency).
     """
 
     recipes: dict[str, Recipe]
@@ -44,17 +44,17 @@ class Candidates:
     notes: tuple[str, ...]
 
 
-def choose_candidates(hardware: Hardware, *, utilization: float | None, diagnosis: Any = None) -> Candidates:
+def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, diagnosis: Any = None) -> Candidates:
     """Picks the recipes worth a trial on this hardware for this bottleneck.
 
     - data_pipeline, where training waits for input: the diagnosis says so, or real training reaches
-      less than `INPUT_BOUND_UTILIZATION` of the compute-only ceiling.
+      less than `INPUT_BOUND_EFFICIENCY` of the compute-only ceiling.
     - mixed precision in the 16-bit type the hardware computes natively (`choose_policy`), if any.
     - XLA, always: whether it pays off depends on the model and the machine, which is what trials measure.
 
     Args:
         hardware: The machine.
-        utilization: Compute-only ceiling step time / real step time of the baseline, where measured.
+        input_efficiency: On-device ceiling step time / real step time of the baseline, where measured.
         diagnosis: A `tfopt.profiling.diagnose.Diagnosis` of the baseline, where profiling worked.
 
     Returns:
@@ -62,7 +62,7 @@ def choose_candidates(hardware: Hardware, *, utilization: float | None, diagnosi
 
     Example:
         >>> from tfopt.hardware import Hardware
-        >>> chosen = choose_candidates(Hardware(cpu_flags=frozenset({"avx512_bf16"})), utilization=0.4)
+        >>> chosen = choose_candidates(Hardware(cpu_flags=frozenset({"avx512_bf16"})), input_efficiency=0.4)
         >>> list(chosen.recipes)
         ['data_pipeline', 'mixed_bfloat16', 'xla']
     """
@@ -73,15 +73,15 @@ def choose_candidates(hardware: Hardware, *, utilization: float | None, diagnosi
     notes = []
     if diagnosis is not None:
         notes.append(f"diagnosis: {diagnosis.summary}")
-    if utilization is not None:
-        notes.append(f"baseline utilization: {utilization:.0%} of the compute-only ceiling")
+    if input_efficiency is not None:
+        notes.append(f"baseline input efficiency: {input_efficiency:.0%} of the on-device compute-only ceiling")
     input_bound = bool(diagnosis is not None and diagnosis.input_bound) or (
-        utilization is not None and utilization < INPUT_BOUND_UTILIZATION)
+        input_efficiency is not None and input_efficiency < INPUT_BOUND_EFFICIENCY)
     if input_bound:
         recipes["data_pipeline"] = DataPipeline()
     else:
-        measured = f"real training reaches {utilization:.0%} of the compute-only ceiling" \
-            if utilization is not None else "no input wait was measured"
+        measured = f"real training reaches {input_efficiency:.0%} of the compute-only ceiling" \
+            if input_efficiency is not None else "no input wait was measured"
         not_tried["data_pipeline"] = f"not input-bound: {measured}"
     policy, reason = choose_policy(hardware)
     if policy == "float32":

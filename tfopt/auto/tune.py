@@ -29,7 +29,7 @@ DEFAULT_BUDGET_SECONDS = 120.0
 MAX_STEPS_FACTOR = 4
 PROFILE_MIN_BUDGET_SECONDS = 60.0
 """A profiler trace and its analysis take about 10 s on a small model: below this budget, the measured
-utilization alone decides whether the input pipeline is a candidate."""
+input efficiency alone decides whether the input pipeline is a candidate."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +41,18 @@ class Tuning:
         plan: The baseline plan with that chain applied, and one "auto" step per candidate decision.
         table: Every trial, with speed, spread, ratio, compile time, loss difference and verdict.
         diagnosis: The profiler's diagnosis of the baseline, or None where profiling was unavailable.
-        utilization: The baseline's compute-only ceiling step time / real step time.
+        input_efficiency: The baseline's on-device ceiling step time / real step time, None where the
+            reading was a measurement problem.
     """
 
     recipe: Recipe
     plan: Plan
     table: TrialsTable
     diagnosis: Any
-    utilization: float
+    input_efficiency: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"chosen": list(self.table.chosen), "utilization": self.utilization,
+        return {"chosen": list(self.table.chosen), "input_efficiency": self.input_efficiency,
                 "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
                 "trials": self.table.to_dict()}
 
@@ -61,7 +62,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
          profile: bool | None = None, on_progress: Callable[[ProgressEvent], None] | None = None) -> Tuning:
     """Finds the recipes that make this model train faster on this machine, by measuring them.
 
-    Diagnoses the baseline (the profiler's diagnosis where it works, else the utilization measured
+    Diagnoses the baseline (the profiler's diagnosis where it works, else the input efficiency measured
     against the compute-only ceiling), picks candidates from the diagnosis and the hardware, and runs
     short trials (see `tfopt.auto.search`): the baseline twice, each candidate alone, and the best
     combination found greedily. Every trial starts from the same weights on the same batches.
@@ -111,8 +112,8 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
         profile = budget_seconds >= PROFILE_MIN_BUDGET_SECONDS
     diagnosis, measurement = _diagnose(runner.baseline(start + budget_seconds).model, plan, steps=steps,
                                        warmup_steps=warmup_steps, profile=profile)
-    utilization = measurement.utilization
-    candidates = choose_candidates(plan.hardware, utilization=utilization, diagnosis=diagnosis)
+    input_efficiency = measurement.input_efficiency
+    candidates = choose_candidates(plan.hardware, input_efficiency=input_efficiency, diagnosis=diagnosis)
     runner.steps = _steps_for_budget(steps, warmup_steps + numerics_steps, measurement.real.median_seconds,
                                      trials=1 + 2 * len(candidates.recipes),
                                      seconds_left=start + budget_seconds - clock())
@@ -126,7 +127,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
     tuned = recipe(plan)
     for decision in table.decisions:
         tuned = tuned.record("auto", str(decision), skipped=not decision.kept)
-    return Tuning(recipe=recipe, plan=tuned, table=table, diagnosis=diagnosis, utilization=utilization)
+    return Tuning(recipe=recipe, plan=tuned, table=table, diagnosis=diagnosis, input_efficiency=input_efficiency)
 
 
 def _diagnose(model: Any, plan: Plan, *, steps: int, warmup_steps: int, profile: bool) -> tuple[Any, Any]:
@@ -144,9 +145,9 @@ def _diagnose(model: Any, plan: Plan, *, steps: int, warmup_steps: int, profile:
                                      hardware=plan.hardware)
             return result.diagnosis, result.measurement
         except (ImportError, TfoptError) as error:
-            _log.warning("auto: profiling the baseline failed (%s); deciding by measured utilization alone", error)
+            _log.warning("auto: profiling the baseline failed (%s); deciding by the measured input efficiency alone", error)
     measurement = measure(model, dataset, steps=max(2, steps // 2), warmup_steps=warmup_steps,
-                          batch_size=plan.batch_size)
+                          batch_size=plan.batch_size, hardware=plan.hardware)
     return None, measurement
 
 

@@ -1,18 +1,15 @@
-"""From a TF Profiler capture to a step-time breakdown: where the time of one training step went.
+"""From a TF Profiler capture to a wall-step breakdown: where the time of one training step went.
 
-Two readings of the same `.xplane.pb`:
+Two readings of the same `.xplane.pb`, combined:
 
-- xprof's converters (`input_pipeline_analyzer`, `overview_page`), the numbers TensorBoard's Profile
-  tab shows: per step, the time waiting for input, host compute, device compute, kernel launch,
-  compilation, collectives and the rest, plus where input time went (preprocessing, file reads) and the
-  16-bit share of device compute on GPUs. They need the `xprof` package and step markers they
-  recognise (`capture.py` writes those).
-- tfopt's own reading of the trace (`trace.py`): the step markers' durations and the
-  `IteratorGetNext` waits inside them (plus device-plane busy time where there is a GPU). It needs
-  only TensorFlow, and it is what is used when xprof is not installed or cannot find the steps.
-
-Where both exist they agree step by step (xprof's "Input" is the sum of the `IteratorGetNext` waits in
-the step); the tests hold them to that.
+- tfopt's own reading of the trace (`trace.py`) decides the headline: wall steps (one step's end to the
+  next's, so the wait for the next batch is inside), input waits, accelerator busy time, the 16-bit
+  share from kernel names. It needs only TensorFlow.
+- xprof's converters (`input_pipeline_analyzer`, `overview_page`), the numbers TensorBoard's Profile tab
+  shows, add what only they know: where input time went (preprocessing, file reads), kernel launch,
+  compilation and collective time, memory bandwidth and FLOP rate. Their own step and input numbers are
+  not used: on GPUs xprof's step spans only the device work of the traced step, so a pipeline that
+  starved the GPU 99% of every wall step read 0% input there, and bf16 kernels read as 32-bit.
 """
 
 from __future__ import annotations
@@ -22,16 +19,15 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from tfopt.errors import MeasurementError
+from tfopt.profiling.breakdown import CATEGORY_LABELS, StepBreakdown
+from tfopt.profiling.trace import trace_breakdown
 
 _log = logging.getLogger("tfopt")
-
-STEP_MARKER = "train"
-"""The name of the step markers `capture.py` writes (a TraceMe with `step_num` and `_r=1`)."""
 
 # xprof's step-table columns (by id) and the StepBreakdown field each one adds to.
 _XPROF_COLUMNS = {
@@ -46,103 +42,9 @@ _XPROF_COLUMNS = {
     "otherTimeMs": "other_seconds",
 }
 
-CATEGORY_LABELS = {
-    "input_seconds": "waiting for input",
-    "host_compute_seconds": "host compute",
-    "device_compute_seconds": "device compute",
-    "kernel_launch_seconds": "kernel launch",
-    "compile_seconds": "compilation",
-    "collectives_seconds": "collectives / device-to-device",
-    "output_seconds": "output",
-    "other_seconds": "other (idle, Python)",
-}
-"""Every part of a step, in the order reports show them, with its label."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepBreakdown:
-    """Where the time of an average training step went.
-
-    The parts (`*_seconds`, means per step) add up to `step_seconds_mean`.
-
-    Attributes:
-        source: "xprof" (the profiler's own analysis) or "trace" (tfopt's reading of the markers).
-        hardware_type: As xprof names it: "CPU_ONLY", "GPU", "TPU".
-        step_seconds: Each analysed step's duration, in step order.
-        input_seconds: Waiting for the input pipeline to hand over a batch.
-        host_compute_seconds: Host-side ops (on a CPU-only machine: all of the model's compute).
-        device_compute_seconds: Accelerator kernels.
-        kernel_launch_seconds: Host time spent launching device kernels.
-        compile_seconds: XLA or graph compilation inside the steps.
-        collectives_seconds: All-reduce and other cross-device communication, device-to-device copies.
-        output_seconds: Device-to-host output transfer.
-        other_seconds: What no category explains: Python overhead between ops, idle waits.
-        input_split: Where input time went on the host, as fractions ("preprocessing", "file_read",
-            "enqueue", "other"), or None where unknown.
-        compute_16bit_percent: The share of device compute done in 16-bit types, where the profiler
-            reports it (GPUs), else None.
-        memory_bandwidth_percent: Memory bandwidth used relative to the hardware's limit, where known.
-        flop_rate_percent: FLOP rate relative to the roofline, where known.
-    """
-
-    source: str
-    hardware_type: str
-    step_seconds: tuple[float, ...]
-    input_seconds: float = 0.0
-    host_compute_seconds: float = 0.0
-    device_compute_seconds: float = 0.0
-    kernel_launch_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    collectives_seconds: float = 0.0
-    output_seconds: float = 0.0
-    other_seconds: float = 0.0
-    input_split: Mapping[str, float] | None = None
-    compute_16bit_percent: float | None = None
-    memory_bandwidth_percent: float | None = None
-    flop_rate_percent: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.step_seconds:
-            raise MeasurementError("A StepBreakdown needs at least one step; received none.")
-
-    @property
-    def step_seconds_mean(self) -> float:
-        return statistics.fmean(self.step_seconds)
-
-    @property
-    def step_seconds_spread(self) -> float:
-        """The standard deviation of step times (0 for a single step)."""
-        return statistics.pstdev(self.step_seconds)
-
-    @property
-    def categories(self) -> dict[str, float]:
-        """Every part of a step (field name -> mean seconds), in `CATEGORY_LABELS` order."""
-        return {name: getattr(self, name) for name in CATEGORY_LABELS}
-
-    def percent(self, category: str) -> float:
-        """The share of the mean step time one part takes, in percent."""
-        return 100.0 * getattr(self, category) / self.step_seconds_mean
-
-    @property
-    def input_percent(self) -> float:
-        """The share of step time spent waiting for input: the profiler's "input-bound" number."""
-        return self.percent("input_seconds")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source, "hardware_type": self.hardware_type, "steps": len(self.step_seconds),
-            "step_seconds": list(self.step_seconds), "step_seconds_mean": self.step_seconds_mean,
-            "step_seconds_spread": self.step_seconds_spread, "input_percent": self.input_percent,
-            "categories_seconds": self.categories,
-            "input_split": dict(self.input_split) if self.input_split is not None else None,
-            "compute_16bit_percent": self.compute_16bit_percent,
-            "memory_bandwidth_percent": self.memory_bandwidth_percent,
-            "flop_rate_percent": self.flop_rate_percent,
-        }
-
 
 def analyze(path: str | Path, *, step_numbers: Collection[int] | None = None) -> StepBreakdown:
-    """Reads a capture into a `StepBreakdown`, with xprof's analysis where it works, else the trace's.
+    """Reads a capture into a wall-step `StepBreakdown`, with xprof's details where xprof works.
 
     Args:
         path: A `.xplane.pb` file, or a logdir holding exactly one capture run
@@ -160,27 +62,44 @@ def analyze(path: str | Path, *, step_numbers: Collection[int] | None = None) ->
         >>> breakdown = analyze("logs/profile")  # doctest: +SKIP
         >>> f"{breakdown.input_percent:.0f}% of each step waits for input"  # doctest: +SKIP
     """
-    from tfopt.profiling.trace import trace_breakdown
-
     xplane = find_xplane(path)
+    breakdown = trace_breakdown(xplane, step_numbers=step_numbers)
     try:
-        return xprof_breakdown(xplane, step_numbers=step_numbers)
+        details = xprof_breakdown(xplane, step_numbers=step_numbers)
     except MeasurementError as error:
-        _log.info("Using tfopt's own reading of the trace: %s", error)
-    return trace_breakdown(xplane, step_numbers=step_numbers)
+        _log.info("Without xprof's details: %s", error)
+        return dataclasses.replace(breakdown, notes=(*breakdown.notes, f"xprof's details are missing: {error}"))
+    return with_xprof_details(breakdown, details)
+
+
+def with_xprof_details(breakdown: StepBreakdown, details: StepBreakdown) -> StepBreakdown:
+    """The trace's breakdown with xprof's input split, memory and FLOP rates, and its kernel-launch,
+    compilation and collective times taken out of the host time they are part of (scaled down where
+    xprof's steps held more of them than the wall step's host time)."""
+    names = ("kernel_launch_seconds", "compile_seconds", "collectives_seconds")
+    parts = {name: getattr(details, name) for name in names}
+    total = sum(parts.values())
+    scale = min(1.0, breakdown.host_compute_seconds / total) if total else 0.0
+    parts = {name: seconds * scale for name, seconds in parts.items()}
+    return dataclasses.replace(
+        breakdown, source="trace+xprof", host_compute_seconds=breakdown.host_compute_seconds - sum(parts.values()),
+        input_split=details.input_split, memory_bandwidth_percent=details.memory_bandwidth_percent,
+        flop_rate_percent=details.flop_rate_percent, **parts)
 
 
 def find_xplane(path: str | Path) -> Path:
-    """The one `.xplane.pb` at `path` (a file, or a logdir with one capture run)."""
+    """The one `.xplane.pb` at `path`: a file, or a directory holding one capture anywhere below it (a
+    tfopt logdir, Keras' TensorBoard logdir with `plugins/profile/<run>/`, a copied run folder)."""
     path = Path(path)
     if path.is_file():
         return path
-    found = sorted(path.glob("plugins/profile/*/*.xplane.pb")) + sorted(path.glob("*.xplane.pb"))
+    found = sorted(path.rglob("*.xplane.pb"))
     if len(found) == 1:
         return found[0]
     if not found:
         raise MeasurementError(f"No profiler capture (*.xplane.pb) under {path}: expected a logdir written "
-                               "by tfopt.profile or tf.profiler.experimental (plugins/profile/<run>/).")
+                               "by tfopt.profile, tf.profiler.experimental or Keras' TensorBoard(profile_batch=...) "
+                               "(plugins/profile/<run>/).")
     raise MeasurementError(f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): "
                            "pass the .xplane.pb file to analyse.")
 

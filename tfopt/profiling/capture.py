@@ -1,17 +1,21 @@
-"""Profile a model on its dataset: a TF Profiler capture, timed steps, utilization samples, a diagnosis.
+"""Profile a model on its dataset: a TF Profiler capture, timed steps, device samples, a diagnosis.
 
 `capture()` trains a few steps under `tf.profiler.experimental` and writes a logdir TensorBoard opens
 (`tensorboard --logdir <logdir>`, Profile tab). Keras 3 marks its steps with names the profiler's step
 analysis does not recognise ("No step time measured"), so every step is wrapped in
-`tf.profiler.experimental.Trace("train", step_num=i, _r=1)`, which it does.
+`tf.profiler.experimental.Trace("train", step_num=i, _r=1)`, which it does. The analysis reads wall
+steps from those markers' ends (`trace.py`), so the wait for the next batch is inside a step.
+
+The host waits for the device only at the two ends of the measured steps (never after each step), so
+dispatch overlaps compute as in normal training and the device's busy share of the window is honest.
 
 xprof's step analysis drops the first and the last marked step of a capture (they may be cut off), so
 the profiler starts one step before the measured steps and one extra step runs after them: the measured
-steps are then exactly the ones it analyses.
+steps are then exactly the ones it analyses, and the first of them has a marked step before it.
 
-`profile()` is the public entry point: it times real training and the compute-only ceiling without
-the profiler (`timing.measure`), captures, analyses and diagnoses. The unprofiled timing is the honest
-speed; the profiled one shows what the profiler costs.
+`profile()` is the public entry point: it times real training and the on-device compute-only ceiling
+without the profiler (`timing.measure`), captures, analyses and diagnoses. The unprofiled timing is the
+honest speed; the profiled one shows what the profiler costs.
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import keras
+
 from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
-from tfopt.profiling.analyze import STEP_MARKER, StepBreakdown, analyze, find_xplane
-from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown, relative_spread
+from tfopt.profiling.analyze import analyze, find_xplane
+from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
+from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
+from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.monitor import Monitor, Samples
-from tfopt.profiling.timing import Measurement, StepTimer, StepTimes, measure, training_state_restored
+from tfopt.profiling.timing import Measurement, StepTimes, measure, read_loss, training_state_restored
+from tfopt.training.peak_memory import track_peak_memory
 
 _log = logging.getLogger("tfopt")
 
@@ -40,19 +49,19 @@ class Capture:
     Attributes:
         logdir: The directory to open in TensorBoard.
         xplane_path: The capture file inside it.
-        step_times: Wall times of the measured steps, taken under the profiler.
+        step_times: The measured steps' time under the profiler (one window: a device sync at each end).
         step_numbers: The step markers' numbers of the measured steps.
-        step_end_seconds: When each measured step ended, in seconds since monitoring started (the
-            time axis the samples share).
-        samples: Utilization and memory readings taken during the run.
+        samples: NVML and host readings taken during the run.
+        peak_memory_bytes: The peak of TensorFlow's allocator over the GPUs during the run (this
+            process's peak RSS on a CPU-only machine).
     """
 
     logdir: Path
     xplane_path: Path
     step_times: StepTimes
     step_numbers: tuple[int, ...]
-    step_end_seconds: tuple[float, ...]
     samples: Samples
+    peak_memory_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +93,16 @@ class Profile:
         return self.capture.samples
 
     @property
+    def metrics(self) -> Metrics:
+        """Accelerator busy %, MFU, input wait % and input efficiency of this run."""
+        return Metrics.of(self.hardware, self.measurement, self.breakdown)
+
+    @property
+    def peak_memory_fraction(self) -> float | None:
+        """The allocator's peak over the GPU's memory (0..1); None without a GPU or its size."""
+        return _memory_fraction(self.capture.peak_memory_bytes, self.hardware)
+
+    @property
     def profiling_overhead(self) -> float:
         """How much slower steps ran under the profiler, as a fraction (0.05 = 5% fewer steps/s).
 
@@ -101,6 +120,7 @@ class Profile:
         return {"measurement": self.measurement.to_dict(), "profiled_steps": self.capture.step_times.to_dict(),
                 "profiling_overhead": self.profiling_overhead, "breakdown": self.breakdown.to_dict(),
                 "diagnosis": self.diagnosis.to_dict(), "samples": self.samples.to_dict(),
+                "metrics": self.metrics.to_dict(), "peak_memory_bytes": self.capture.peak_memory_bytes,
                 "hardware": self.hardware.describe(), "logdir": str(self.logdir),
                 "steps_per_epoch": self.steps_per_epoch}
 
@@ -139,20 +159,21 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
         from tfopt.hardware import detect
 
         hardware = detect()
-    measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size)
+    measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
+                          hardware=hardware)
     with training_state_restored(model):
         captured = capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
-                           logdir=logdir, monitor_interval_seconds=monitor_interval_seconds)
+                           logdir=logdir, monitor_interval_seconds=monitor_interval_seconds,
+                           gpu_count=len(hardware.gpus))
     breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
-    diagnosis = diagnose_breakdown(breakdown, hardware, peak_memory_fraction=captured.samples.peak_memory_fraction,
-                                   utilization=measurement.utilization,
-                                   utilization_noise=relative_spread(measurement))
+    diagnosis = diagnose_breakdown(breakdown, hardware, measurement=measurement,
+                                   peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware))
     return Profile(measurement=measurement, capture=captured, breakdown=breakdown, diagnosis=diagnosis,
                    hardware=hardware, steps_per_epoch=steps_per_epoch)
 
 
 def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-            logdir: str | Path | None = None, monitor_interval_seconds: float = 0.2) -> Capture:
+            logdir: str | Path | None = None, monitor_interval_seconds: float = 0.2, gpu_count: int = 0) -> Capture:
     """Trains `warmup_steps + steps + 1` steps, the measured ones under the TF Profiler with step markers.
 
     This trains the model (use `profile()` to keep its state). If training fails or is interrupted, the
@@ -165,7 +186,8 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
         warmup_steps: Steps before them, not measured; at least 1.
         batch_size: Examples per step.
         logdir: The TensorBoard logdir to write into; a new temporary directory by default.
-        monitor_interval_seconds: Time between utilization samples.
+        monitor_interval_seconds: Time between NVML and host samples.
+        gpu_count: The GPUs training uses, whose allocator peak is read (0: the host's peak RSS).
 
     Returns:
         The capture.
@@ -183,7 +205,7 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
     monitor = Monitor(interval_seconds=monitor_interval_seconds)
     try:
-        with monitor:
+        with monitor, track_peak_memory(gpu_count) as peak:
             model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,
                       shuffle=False, callbacks=[marker])
     except BaseException as error:
@@ -201,21 +223,24 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     if not new:
         raise MeasurementError(f"The profiler wrote no capture under {logdir}; check that the directory is "
                                "writable and that TensorFlow was built with the profiler.")
+    window_seconds = marker.sync_times[1] - marker.sync_times[0]
     return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=monitor.samples,
-                   step_times=StepTimes(seconds=tuple(marker.seconds[:steps]), batch_size=batch_size),
+                   step_times=StepTimes(seconds=(window_seconds / steps,), batch_size=batch_size, window_steps=steps),
                    step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
-                   step_end_seconds=tuple(end - monitor.start_time for end in marker.end_times[:steps]))
+                   peak_memory_bytes=peak.peak_bytes)
 
 
-class _ProfiledSteps(StepTimer):
-    """Times steps like `timing`, marks each one for the profiler, and runs the profiler around them."""
+class _ProfiledSteps(keras.callbacks.Callback):
+    """Marks each step for the profiler, runs the profiler around the measured steps, and times them as
+    one window: the host waits for the device at the window's two ends and nowhere else."""
 
     def __init__(self, *, warmup_steps: int, steps: int, logdir: Path):
-        super().__init__(warmup_steps)
+        super().__init__()
+        self.warmup_steps = warmup_steps
         self.steps = steps
         self.logdir = logdir
         self.completed = 0
-        self.end_times: list[float] = []
+        self.sync_times: list[float] = []
         self._trace: Any = None
         self._profiling = False
 
@@ -235,9 +260,9 @@ class _ProfiledSteps(StepTimer):
         self._trace.__enter__()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        super().on_train_batch_end(batch, logs)  # waits for the step's loss, so the marker covers the step
-        if batch >= self.warmup_steps:
-            self.end_times.append(time.perf_counter())
+        if batch + 1 in (self.warmup_steps, self.warmup_steps + self.steps):
+            read_loss(logs)  # the window's ends: the device has finished every step before them
+            self.sync_times.append(time.perf_counter())
         self._end_trace()
         self.completed = batch + 1
 
@@ -254,6 +279,11 @@ class _ProfiledSteps(StepTimer):
         if self._trace is not None:
             trace, self._trace = self._trace, None
             trace.__exit__(None, None, None)
+
+
+def _memory_fraction(peak_bytes: int | None, hardware: Hardware) -> float | None:
+    total = hardware.gpus[0].memory_bytes if hardware.gpus else None
+    return peak_bytes / total if total and peak_bytes is not None else None
 
 
 def _captures(logdir: Path) -> dict[Path, int]:

@@ -1,36 +1,39 @@
-"""Why training underuses the hardware: bottleneck classes found in a step breakdown, and the recipe
+"""Why training underuses the hardware: bottleneck classes found in a wall-step breakdown, and the recipe
 that fixes each.
 
-Pure functions of a `StepBreakdown` and a `Hardware`, so every class is tested with constructed
-breakdowns as well as real captures. The thresholds are the TF Profiler's own (the ones behind its
-"HIGHLY input-bound" and kernel-launch/collectives statements), so tfopt and TensorBoard agree:
+Pure functions of a `StepBreakdown`, a `Hardware` and (where measured) the input efficiency, so every
+class is tested with constructed breakdowns, real CPU captures and the real H100 captures in
+tests/fixtures/gpu-h100. The thresholds are the TF Profiler's own (the ones behind its "HIGHLY
+input-bound" and kernel-launch/collectives statements), so tfopt and TensorBoard agree:
 
-| share of step time            | moderate | high  |
+| share of the wall step        | moderate | high  |
 |-------------------------------|----------|-------|
 | waiting for input             | >= 5%    | >= 20%|
 | kernel launch                 | >= 3%    | >= 15%|
 | collectives, device-to-device | >= 3%    | >= 15%|
 | compilation (tfopt's choice)  | >= 3%    | >= 15%|
 
-and device compute in 16-bit types below 10% means mixed precision is left on the table.
+Device compute in 16-bit types below 10% means mixed precision is left on the table (where device
+compute dominates the step). An accelerator busy less than half the wall step while the input keeps up
+is `dispatch_bound`: per-step costs (op dispatch, kernel launches, Python) dominate, which XLA (fewer,
+fused kernels) and a larger batch amortise; gradient accumulation does not (it keeps the per-example
+dispatch cost) and is advised only when the allocator's peak is near the device's memory.
 
-The trace alone misses input cost on a CPU-only machine: there the input pipeline does not make the step
-wait so much as compete with training for the same cores, so the cost shows up as slower host compute.
-The measured utilization (real step time against the compute-only ceiling) catches it: on a CPU-only
-machine whose trace shows waits below the 5% threshold, a gap of 20% (moderate) or 35% (high) is a
-`cpu_contention` finding (not "input-bound": nothing waits), if it is also more than twice the
-measurement's own spread: tfopt's thresholds, higher than
-the trace's because two timed runs on a shared machine differ by 10-20% by noise alone. On accelerators the trace sees the wait
-and says more (which input stage), so it decides there.
+Input work can also cost without visible waits: on a CPU-only machine the pipeline competes with
+training for the same cores, and on a GPU host its threads compete with dispatch. The measured input
+efficiency (ceiling step time / real step time) catches that: a gap of 20% (moderate) or 35% (high)
+without waits above 5% is `cpu_contention` (not "input-bound": nothing waits), if it is also more than
+twice the measurement's own spread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from tfopt.hardware import Hardware
-from tfopt.profiling.analyze import StepBreakdown
+from tfopt.profiling.breakdown import StepBreakdown
 
 INPUT_BOUND_MODERATE_PERCENT = 5.0
 INPUT_BOUND_HIGH_PERCENT = 20.0
@@ -43,10 +46,15 @@ COMPILE_HIGH_PERCENT = 15.0
 CEILING_GAP_MODERATE_PERCENT = 20.0
 CEILING_GAP_HIGH_PERCENT = 35.0
 LOW_16BIT_PERCENT = 10.0
-# A step where the accelerator computes less than half the time, with the input pipeline keeping up,
-# is dominated by fixed per-step costs (dispatch, Python, launches): a larger batch amortises them.
-SMALL_BATCH_DEVICE_PERCENT = 50.0
-# Above this share of device memory in use, a larger batch would not fit: accumulate gradients instead.
+# An accelerator busy less than this share of the wall step, with the input keeping up, is dominated by
+# per-step costs; below the second figure, severely so.
+DISPATCH_BOUND_BUSY_PERCENT = 50.0
+DISPATCH_BOUND_HIGH_BUSY_PERCENT = 20.0
+# Device compute below this share of the step makes 16-bit compute matter little.
+DEVICE_DOMINANT_PERCENT = 50.0
+# Kernel time from XLA-compiled modules above this share means XLA is already on.
+XLA_IN_USE_PERCENT = 50.0
+# Above this share of device memory at the allocator's peak, a larger batch would not fit.
 MEMORY_FULL_FRACTION = 0.8
 # The input cause that takes at least this share of host input time names the input bottleneck.
 INPUT_CAUSE_FRACTION = 0.5
@@ -55,9 +63,9 @@ INPUT_BOUND = "input_bound"
 CPU_PREPROCESSING = "cpu_preprocessing"
 STORAGE_BANDWIDTH = "storage_bandwidth"
 LAUNCH_BOUND = "launch_bound"
+DISPATCH_BOUND = "dispatch_bound"
 MEMORY_BOUND = "memory_bound"
 FP32_COMPUTE = "fp32_compute"
-SMALL_BATCH = "small_batch"
 MULTI_DEVICE_SYNC = "multi_device_sync"
 COMPILATION = "compilation"
 CPU_CONTENTION = "cpu_contention"
@@ -96,11 +104,13 @@ class Diagnosis:
 
     Attributes:
         findings: What was found; empty when no share reached a threshold.
-        input_percent: The share of step time spent waiting for input.
+        input_percent: The share of the wall step spent waiting for input.
+        notes: What could not be concluded, and why.
     """
 
     findings: tuple[Finding, ...]
     input_percent: float
+    notes: tuple[str, ...] = ()
 
     @property
     def bottlenecks(self) -> tuple[str, ...]:
@@ -119,84 +129,111 @@ class Diagnosis:
     @property
     def summary(self) -> str:
         if not self.findings:
-            return (f"No bottleneck above the profiler's thresholds ({self.input_percent:.1f}% of step "
-                    "time waits for input).")
+            return (f"No bottleneck above the profiler's thresholds ({self.input_percent:.1f}% of each wall "
+                    "step waits for input).")
         return "; ".join(f"{f.bottleneck} ({f.severity}, {f.percent:.1f}%) -> {f.recipe}" for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
         return {"input_percent": self.input_percent, "summary": self.summary, "recipes": list(self.recipes),
-                "findings": [dataclasses.asdict(finding) for finding in self.findings]}
+                "findings": [dataclasses.asdict(finding) for finding in self.findings], "notes": list(self.notes)}
 
 
 def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Diagnosis:
     """Classifies a run's bottlenecks and names the recipe for each.
 
     Args:
-        profile_or_breakdown: A `Profile` (from `tfopt.profile`) or a `StepBreakdown`.
-        hardware: The machine the run was on; by default the profile's, or this machine's.
+        profile_or_breakdown: A `Profile` (from `tfopt.profile`), a `StepBreakdown`, or the path of an
+            existing capture (a TensorBoard logdir or `.xplane.pb` from `tfopt.profile`, Keras'
+            `TensorBoard(profile_batch=...)`, `tf.profiler`, possibly from another machine).
+        hardware: The machine the run was on; by default the profile's, the capture's GPUs (read from
+            the trace), or this machine's.
 
     Returns:
-        The findings, most severe first.
+        The findings, most severe first; `notes` says what could not be concluded.
 
     Raises:
-        TypeError: The argument is neither a Profile nor a StepBreakdown.
+        TypeError: The argument is none of those.
+        MeasurementError: The path holds no readable capture, or one without training steps.
 
     Example:
-        >>> from tfopt.profiling.analyze import StepBreakdown
+        >>> from tfopt.profiling.breakdown import StepBreakdown
         >>> starved = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.04,),
         ...                         input_seconds=0.03, host_compute_seconds=0.01)
         >>> diagnose(starved, Hardware()).recipes
         ('data_pipeline',)
     """
-    peak_memory_fraction = utilization = None
-    utilization_noise = 0.0
+    if isinstance(profile_or_breakdown, (str, os.PathLike)):
+        return diagnose_capture(profile_or_breakdown, hardware)[2]
     if isinstance(profile_or_breakdown, StepBreakdown):
-        breakdown = profile_or_breakdown
-    elif isinstance(getattr(profile_or_breakdown, "breakdown", None), StepBreakdown):
-        breakdown = profile_or_breakdown.breakdown
-        hardware = hardware or profile_or_breakdown.hardware
-        peak_memory_fraction = profile_or_breakdown.samples.peak_memory_fraction
-        utilization = profile_or_breakdown.measurement.utilization
-        utilization_noise = relative_spread(profile_or_breakdown.measurement)
-    else:
-        raise TypeError(f"diagnose() takes a Profile (from tfopt.profile) or a StepBreakdown; received "
-                        f"{type(profile_or_breakdown).__name__}.")
+        if hardware is None:
+            from tfopt.hardware import detect
+
+            hardware = detect()
+        return diagnose_breakdown(profile_or_breakdown, hardware)
+    if isinstance(getattr(profile_or_breakdown, "breakdown", None), StepBreakdown):
+        profile = profile_or_breakdown
+        return diagnose_breakdown(profile.breakdown, hardware or profile.hardware,
+                                  peak_memory_fraction=profile.peak_memory_fraction,
+                                  measurement=profile.measurement)
+    raise TypeError(f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
+                    f"received {type(profile_or_breakdown).__name__}.")
+
+
+def diagnose_capture(path: str | os.PathLike,
+                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis]:
+    """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis.
+
+    Wall steps come from tfopt's step markers, or from Keras' train-function calls where there are none.
+    Without a timed measurement next to the trace, the input efficiency and MFU stay unknown (the
+    diagnosis' notes say so).
+    """
+    from tfopt.profiling.analyze import analyze, find_xplane
+    from tfopt.profiling.trace import trace_gpus
+
+    xplane = find_xplane(path)
     if hardware is None:
         from tfopt.hardware import detect
 
-        hardware = detect()
-    return diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak_memory_fraction,
-                              utilization=utilization, utilization_noise=utilization_noise)
+        # The capture's own GPUs (none: it ran on a CPU); the host's details are this machine's.
+        hardware = dataclasses.replace(detect(), gpus=trace_gpus(xplane), tpu_cores=0)
+    breakdown = analyze(xplane)
+    return breakdown, hardware, diagnose_breakdown(breakdown, hardware)
 
 
-def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *,
-                       peak_memory_fraction: float | None = None, utilization: float | None = None,
-                       utilization_noise: float = 0.0) -> Diagnosis:
+def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None,
+                       measurement: Any = None) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
     Args:
-        breakdown: Where the step time went.
+        breakdown: Where the wall step's time went.
         hardware: The machine it ran on (decides whether 16-bit compute and bigger batches apply).
-        peak_memory_fraction: The fullest accelerator's peak memory use (0..1), where it was sampled.
-        utilization: Real step time against the compute-only ceiling (1.0 = the input costs nothing),
-            where it was measured.
-        utilization_noise: The measurement's relative spread (`relative_spread`); a ceiling gap within
-            twice of it is not a finding.
+        peak_memory_fraction: TensorFlow's allocator peak over the device's memory (0..1), where read.
+        measurement: The run's `timing.Measurement` (input efficiency and its noise), where measured.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
     findings = [finding for finding in (
-        _input(breakdown, hardware, utilization, utilization_noise),
+        _input(breakdown, hardware, measurement),
         _compilation(breakdown),
         _collectives(breakdown),
         _launch(breakdown),
         _memory_bound(breakdown),
         _precision(breakdown, hardware),
-        _small_batch(breakdown, hardware, peak_memory_fraction),
+        _dispatch(breakdown, hardware, peak_memory_fraction),
     ) if finding is not None]
     findings.sort(key=lambda finding: (finding.severity != "high", -finding.percent))
-    return Diagnosis(findings=tuple(findings), input_percent=breakdown.input_percent)
+    notes = list(breakdown.notes)
+    if measurement is None:
+        notes.append("No timed measurement next to the trace: the input efficiency (real steps against the "
+                     "compute-only ceiling) and MFU are unknown, so input cost without visible waits cannot "
+                     "be seen.")
+    elif measurement.measurement_problem:
+        notes.append(measurement.measurement_problem)
+    if hardware.accelerator != "cpu" and peak_memory_fraction is None:
+        notes.append("Device memory in use is unknown (TensorFlow's allocator peak was not read): whether a "
+                     "larger batch fits is not judged.")
+    return Diagnosis(findings=tuple(findings), input_percent=breakdown.input_percent, notes=tuple(notes))
 
 
 def _severity(percent: float, moderate: float, high: float) -> str | None:
@@ -208,30 +245,13 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def relative_spread(measurement: Any) -> float:
-    """The larger relative interquartile range of a measurement's real and ceiling step times."""
-    return max(times.spread_seconds / times.median_seconds for times in (measurement.real, measurement.ceiling))
-
-
-def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | None,
-           utilization_noise: float) -> Finding | None:
+def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Any) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
-    gap_percent = 100.0 * (1.0 - utilization) if utilization is not None else 0.0
-    gap_severity = (_severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
-                    if gap_percent > 200.0 * utilization_noise else None)
-    if severity is None and gap_severity is not None and hardware.accelerator == "cpu":
-        # The trace shows little waiting, yet training is well below its ceiling: on a CPU-only machine
-        # the input pipeline slows the step by competing with it for the cores.
-        return Finding(CPU_CONTENTION, gap_severity, gap_percent, "data_pipeline",
-                       f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
-                       f"{percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
-                       f"training for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
-                       "prefetched stages cut its cost.")
     if severity is None:
-        return None
+        return _contention(percent, hardware, measurement)
     split = breakdown.input_split or {}
-    waiting = f"{percent:.1f}% of each step waits for input"
+    waiting = f"{percent:.1f}% of each wall step waits for input"
     if split.get("file_read", 0.0) >= INPUT_CAUSE_FRACTION:
         return Finding(STORAGE_BANDWIDTH, severity, percent, "tfrecord",
                        f"{waiting} and {split['file_read']:.0%} of input time reads files: large sequential "
@@ -242,7 +262,26 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, utilization: float | No
                        f"{hardware.cpu_count} CPU core(s): parallel map calls, caching and prefetch let it "
                        "run ahead of training.")
     return Finding(INPUT_BOUND, severity, percent, "data_pipeline",
-                   f"{waiting}: prefetching and parallel reads keep batches ready before the step asks.")
+                   f"{waiting}: parallel map calls and prefetching keep batches ready before the step asks.")
+
+
+def _contention(input_percent: float, hardware: Hardware, measurement: Any) -> Finding | None:
+    """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores."""
+    efficiency = measurement.input_efficiency if measurement is not None else None
+    if efficiency is None:
+        return None
+    gap_percent = 100.0 * (1.0 - efficiency)
+    if gap_percent <= 200.0 * measurement.noise:
+        return None
+    severity = _severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
+    if severity is None:
+        return None
+    competitor = "training" if hardware.accelerator == "cpu" else "the host's op dispatch"
+    return Finding(CPU_CONTENTION, severity, gap_percent, "data_pipeline",
+                   f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
+                   f"{input_percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
+                   f"{competitor} for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
+                   "prefetched stages cut its cost.")
 
 
 def _compilation(breakdown: StepBreakdown) -> Finding | None:
@@ -278,7 +317,7 @@ def _launch(breakdown: StepBreakdown) -> Finding | None:
 def _memory_bound(breakdown: StepBreakdown) -> Finding | None:
     bandwidth, flops = breakdown.memory_bandwidth_percent, breakdown.flop_rate_percent
     device_percent = breakdown.percent("device_compute_seconds")
-    if bandwidth is None or flops is None or bandwidth <= flops or device_percent < SMALL_BATCH_DEVICE_PERCENT:
+    if bandwidth is None or flops is None or bandwidth <= flops or device_percent < DEVICE_DOMINANT_PERCENT:
         return None
     return Finding(MEMORY_BOUND, "high" if bandwidth >= 2 * flops else "moderate", device_percent, "xla",
                    f"Device compute ({device_percent:.1f}% of step time) uses {bandwidth:.0f}% of memory "
@@ -289,29 +328,35 @@ def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
     share = breakdown.compute_16bit_percent
     if share is None or share >= LOW_16BIT_PERCENT or not _has_fast_16bit(hardware):
         return None
-    if breakdown.percent("device_compute_seconds") < SMALL_BATCH_DEVICE_PERCENT:
+    if breakdown.percent("device_compute_seconds") < DEVICE_DOMINANT_PERCENT:
         return None  # halving compute time matters little while something else dominates the step
     return Finding(FP32_COMPUTE, "moderate", share, "mixed_precision",
                    f"Only {share:.1f}% of device compute runs in 16-bit types on hardware with 16-bit "
                    "units: mixed precision halves memory traffic and uses tensor cores.")
 
 
-def _small_batch(breakdown: StepBreakdown, hardware: Hardware,
-                 peak_memory_fraction: float | None) -> Finding | None:
-    if hardware.accelerator == "cpu" or breakdown.input_percent >= INPUT_BOUND_HIGH_PERCENT:
-        return None  # on a CPU-only machine the trace cannot tell fixed per-step cost from compute
-    device_percent = breakdown.percent("device_compute_seconds")
-    if device_percent >= SMALL_BATCH_DEVICE_PERCENT:
+def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction: float | None) -> Finding | None:
+    busy = breakdown.busy_percent
+    if (hardware.accelerator == "cpu" or busy is None or busy >= DISPATCH_BOUND_BUSY_PERCENT
+            or breakdown.input_percent >= INPUT_BOUND_HIGH_PERCENT):
         return None
-    overhead = 100.0 - device_percent
+    severity = "high" if busy < DISPATCH_BOUND_HIGH_BUSY_PERCENT else "moderate"
+    idle = f"The accelerator is busy {busy:.1f}% of each wall step while the input keeps up"
+    xla_share = breakdown.xla_kernel_percent
+    if xla_share is None or xla_share < XLA_IN_USE_PERCENT:
+        return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "xla",
+                       f"{idle}: per-step costs (op dispatch, one launch per op, Python) dominate. XLA compiles "
+                       "the step into a few fused kernels.")
     if peak_memory_fraction is not None and peak_memory_fraction >= MEMORY_FULL_FRACTION:
-        return Finding(SMALL_BATCH, "high", overhead, "grad_accum",
-                       f"The accelerator computes only {device_percent:.1f}% of each step and memory is "
-                       f"{peak_memory_fraction:.0%} full: accumulating gradients over micro-batches gives "
-                       "the effect of a larger batch without more memory.")
-    return Finding(SMALL_BATCH, "high", overhead, "batch_size",
-                   f"The accelerator computes only {device_percent:.1f}% of each step; the rest is fixed "
-                   "per-step cost that a larger batch spreads over more examples.")
+        return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "grad_accum",
+                       f"{idle}, XLA is on and TensorFlow's allocator peaked at {peak_memory_fraction:.0%} of "
+                       "device memory, so a larger batch would not fit: accumulating gradients over "
+                       "micro-batches gives the effect of one.")
+    headroom = ("device memory in use was not read: check that a larger batch fits" if peak_memory_fraction is None
+                else f"the allocator peaked at {peak_memory_fraction:.0%} of device memory")
+    return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "batch_size",
+                   f"{idle} and XLA is on ({headroom}): the rest is fixed per-step cost that a larger batch "
+                   "spreads over more examples.")
 
 
 def _has_fast_16bit(hardware: Hardware) -> bool:

@@ -1,9 +1,10 @@
 """The report's two figures, drawn with matplotlib's object API (no pyplot, so no global state and no
 display needed) and encoded as PNG for self-contained HTML.
 
-- Step-time breakdown: one horizontal bar per run, stacked by where the time went.
-- Utilization over time: per step, the compute-only ceiling divided by the step's time; below it,
-  the hardware's own utilization (NVML on GPUs, this process's CPU use on the host).
+- Step-time breakdown: one horizontal bar per run, stacked by where the wall step's time went.
+- Metrics: accelerator busy %, MFU, input wait and input efficiency per run, side by side; below them,
+  the hardware's own readings over time (NVML's coarse "a kernel was running" sample on GPUs, this
+  process's CPU use on the host).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from tfopt.profiling.analyze import CATEGORY_LABELS
+from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.monitor import HOST
 
 # One fixed color per category, so a category has the same color in every run and every report.
@@ -56,12 +57,10 @@ def breakdown_figure(profiles: Mapping[str, Any]) -> Any:
     return figure
 
 
-def utilization_figure(profiles: Mapping[str, Any]) -> Any:
-    """Utilization over each profiled run.
+def metrics_figure(profiles: Mapping[str, Any]) -> Any:
+    """The runs' metrics as grouped bars, and the hardware's readings during the profiled runs.
 
-    Top: every measured step's share of the compute-only ceiling (ceiling median / step time, %), one
-    line per run. Bottom: the hardware's readings, one line per run and GPU (NVML), or per run for the
-    host's CPU use where no GPU was sampled.
+    Metrics a run did not measure (busy % and MFU on a CPU-only machine) are left out of the bars.
 
     Args:
         profiles: Run name -> Profile.
@@ -69,34 +68,44 @@ def utilization_figure(profiles: Mapping[str, Any]) -> Any:
     Returns:
         A matplotlib Figure with two axes.
     """
-    figure = _figure(height=5.2)
-    ceiling_axes, hardware_axes = figure.subplots(2, 1, sharex=True)
+    figure = _figure(height=5.6)
+    metric_axes, hardware_axes = figure.subplots(2, 1)
+    runs = {name: profile.metrics.to_dict() for name, profile in profiles.items()}
+    shown = [name for name in _METRIC_LABELS if any(run[name] is not None for run in runs.values())]
+    width = 0.8 / max(1, len(runs))
+    for index, (name, run) in enumerate(runs.items()):
+        positions = [position + index * width for position in range(len(shown))]
+        values = [run[metric] or 0.0 for metric in shown]
+        bars = metric_axes.bar(positions, values, width=width, color=_RUN_COLORS[index % len(_RUN_COLORS)], label=name)
+        metric_axes.bar_label(bars, labels=[f"{value:.0f}%" if run[metric] is not None else "n/a"
+                                            for value, metric in zip(values, shown)], fontsize=8)
+    metric_axes.set_xticks([position + width * (len(runs) - 1) / 2 for position in range(len(shown))],
+                           [_METRIC_LABELS[name] for name in shown])
+    metric_axes.set_ylim(0, 115)
+    metric_axes.set_ylabel("%")
+    metric_axes.set_title("What the hardware did")
     gpu = any(profile.samples.accelerator_devices for profile in profiles.values())
     for index, (name, profile) in enumerate(profiles.items()):
-        color = _RUN_COLORS[index % len(_RUN_COLORS)]
-        ceiling = profile.measurement.ceiling.median_seconds
-        times = profile.capture.step_end_seconds
-        ratios = [100.0 * ceiling / seconds for seconds in profile.capture.step_times.seconds]
-        ceiling_axes.plot(times, ratios, marker="o", markersize=3, color=color, label=name)
         devices = profile.samples.accelerator_devices if gpu else (HOST,)
         for device_index, device in enumerate(devices):
             readings = profile.samples.of(device)
-            label = f"{name} {device}" if gpu else name
             hardware_axes.plot([sample.seconds for sample in readings],
                                [sample.utilization_percent for sample in readings],
-                               color=color, linestyle=("-", "--", ":", "-.")[device_index % 4], label=label)
-    ceiling_axes.axhline(100.0, color="black", linewidth=0.8, linestyle=":")
-    ceiling_axes.set_ylabel("% of compute-only\nceiling")
-    ceiling_axes.set_title("Utilization during the profiled run")
-    ceiling_axes.set_ylim(bottom=0)
-    hardware_axes.set_ylabel("GPU utilization %\n(NVML)" if gpu else "host CPU use %\n(this process)")
+                               color=_RUN_COLORS[index % len(_RUN_COLORS)],
+                               linestyle=("-", "--", ":", "-.")[device_index % 4],
+                               label=f"{name} {device}" if gpu else name)
+    hardware_axes.set_ylabel("NVML sample %\n(a kernel ran)" if gpu else "host CPU use %\n(this process)")
     hardware_axes.set_xlabel("seconds since the profiled run started")
     hardware_axes.set_ylim(0, 105)
-    for axes in (ceiling_axes, hardware_axes):
+    for axes in (metric_axes, hardware_axes):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
     return figure
+
+
+_METRIC_LABELS = {"busy_percent": "accelerator busy", "mfu_percent": "MFU", "input_wait_percent": "input wait",
+                  "input_efficiency_percent": "input efficiency"}
 
 
 def png_base64(figure: Any) -> str:

@@ -1,5 +1,5 @@
-"""Before vs after, side by side: speed, where step time goes, utilization, memory, what each recipe
-did, the diagnosis of both runs, and what an epoch costs.
+"""Before vs after, side by side: speed, accelerator busy %, MFU, input wait and input efficiency, where
+step time goes, memory, what each recipe did, the diagnosis of both runs, and what an epoch costs.
 
 One `Report` renders three ways from one dictionary, so the HTML (for people), the Markdown (for
 READMEs and notebooks) and the JSON (for CI) always show the same numbers. Numbers are rounded once,
@@ -23,8 +23,9 @@ from typing import Any
 
 from tfopt._atomic import write_atomic
 from tfopt.plan import Step
-from tfopt.profiling.analyze import CATEGORY_LABELS
-from tfopt.profiling.plots import breakdown_figure, png_base64, utilization_figure
+from tfopt.profiling.breakdown import CATEGORY_LABELS
+from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64
 
 REPORT_VERSION = 1
 
@@ -34,10 +35,12 @@ SUMMARY_ROWS = (
     ("examples/s", "examples_per_second"),
     ("step time, median (ms)", "step_time_median_ms"),
     ("step time, spread IQR (ms)", "step_time_spread_ms"),
-    ("utilization (% of compute-only ceiling)", "utilization_percent"),
-    ("waiting for input (% of step)", "input_percent"),
+    ("accelerator busy (% of wall step)", "busy_percent"),
+    ("MFU (% of peak {precision} FLOP/s)", "mfu_percent"),
+    ("waiting for input (% of wall step)", "input_wait_percent"),
+    ("input efficiency (% of on-device ceiling)", "input_efficiency_percent"),
     ("peak memory (MiB), {memory_measured}", "peak_memory_mib"),
-    ("mean utilization (%), {hardware_utilization_measured}", "mean_hardware_utilization_percent"),
+    ("{hardware_utilization_measured}", "mean_hardware_utilization_percent"),
     ("steps/s under the profiler", "profiled_steps_per_second"),
     ("profiling overhead (%)", "profiling_overhead_percent"),
     ("{hours_unit} per epoch", "accelerator_hours_per_epoch"),
@@ -77,6 +80,7 @@ class Report:
             "tfopt_report_version": REPORT_VERSION,
             "created": self.created,
             "hardware": first.hardware.describe(),
+            "note": CPU_NOTE if first.hardware.accelerator == "cpu" else None,
             "speedup": speedup,
             "steps_per_epoch": self._steps_per_epoch(),
             "price_per_hour": self.price_per_hour,
@@ -90,13 +94,14 @@ class Report:
         return json.dumps(self.to_dict(), indent=2)
 
     def figures(self) -> dict[str, Any]:
-        """The report's matplotlib figures: "breakdown" and "utilization"."""
-        return {"breakdown": breakdown_figure(self.profiles), "utilization": utilization_figure(self.profiles)}
+        """The report's matplotlib figures: "breakdown" and "metrics"."""
+        return {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
 
     def to_markdown(self) -> str:
         data = self.to_dict()
         names = list(data["runs"])
         lines = ["# tfopt report", "", f"{data['hardware']}", ""]
+        lines += [f"_{data['note']}._", ""] if data["note"] else []
         if data["speedup"] is not None:
             lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}).", ""]
         lines += _table(["", *names], _summary_rows(data))
@@ -131,6 +136,7 @@ class Report:
         figures = "".join(f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,'
                           f'{png_base64(figure)}"></figure>' for name, figure in self.figures().items())
         parts = ['<div class="tfopt-report">', "<h1>tfopt report</h1>", f"<p>{html.escape(data['hardware'])}</p>"]
+        parts += [f"<p><i>{html.escape(data['note'])}.</i></p>"] if data["note"] else []
         if data["speedup"] is not None:
             parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
                          f"({html.escape(names[-1])} vs {html.escape(names[0])}).</p>")
@@ -239,7 +245,7 @@ def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
     first = next(iter(data["runs"].values()))
     context = {"memory_measured": first["memory_measured"], "currency": data["currency"],
                "hardware_utilization_measured": first["hardware_utilization_measured"],
-               "hours_unit": data["hours_unit"]}
+               "hours_unit": data["hours_unit"], "precision": first["precision"] or "dense"}
     return [[label.format(**context), *(_show(run[key]) for run in data["runs"].values())]
             for label, key in SUMMARY_ROWS]
 
@@ -249,21 +255,24 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
     steps = report._steps_per_epoch()
     devices = max(len(profile.hardware.gpus), profile.hardware.tpu_cores, 1)
     hours = steps / real.steps_per_second / 3600.0 * devices if steps is not None else None
-    peak = samples.peak_memory_bytes()
+    peak = profile.capture.peak_memory_bytes
     utilization = samples.mean_utilization_percent()
+    metrics = {name: _round(value) if isinstance(value, float) else value
+               for name, value in profile.metrics.to_dict().items()}
+    on_gpu = profile.hardware.accelerator == "gpu"
     return {
         "steps_per_second": _round(real.steps_per_second),
         "examples_per_second": _round(real.examples_per_second),
         "step_time_median_ms": _round(real.median_seconds * 1000.0),
         "step_time_spread_ms": _round(real.spread_seconds * 1000.0),
-        "utilization_percent": _round(100.0 * profile.measurement.utilization),
+        **metrics,
+        "precision": profile.measurement.precision,
         "ceiling_steps_per_second": _round(profile.measurement.ceiling.steps_per_second),
-        "input_percent": _round(breakdown.input_percent),
         "peak_memory_mib": _round(peak / 2**20) if peak is not None else None,
-        "memory_measured": "GPU memory used (NVML)" if samples.accelerator_devices else "host RSS of this process",
+        "memory_measured": "GPU allocator peak (TensorFlow)" if on_gpu else "peak RSS of this process",
         "mean_hardware_utilization_percent": _round(utilization) if utilization is not None else None,
-        "hardware_utilization_measured": ("GPU utilization (NVML)" if samples.accelerator_devices
-                                          else "host CPU use of this process (psutil)"),
+        "hardware_utilization_measured": ("NVML utilization (%): the driver's coarse 'a kernel was running' sample"
+                                          if samples.accelerator_devices else "host CPU use of this process (%)"),
         "profiled_steps_per_second": _round(profile.capture.step_times.steps_per_second),
         "profiling_overhead_percent": _round(100.0 * profile.profiling_overhead),
         "accelerator_hours_per_epoch": _round(hours) if hours is not None else None,

@@ -1,12 +1,17 @@
-"""Timed training steps and the compute-only ceiling, measured the same way on CPU, GPU and TPU.
+"""Timed training steps and the on-device compute-only ceiling, measured the same way on CPU, GPU and TPU.
 
 The TF Profiler's step analysis reports "No step time measured" on CPU-only machines, so tfopt times
-steps itself: it runs `model.fit` (the path users train with, including Keras' data iterator) and takes
-the wall time between the ends of consecutive steps, reading the loss at each step end so that
-asynchronous GPU dispatch cannot make a step look faster than it was.
+steps itself. Steps are timed in *windows*: the host waits for the device (reads the loss) once at each
+window's ends and never in between, so dispatch of step n+1 overlaps compute of step n as in normal
+training. Reading the loss after every step (as tfopt did before) serialises host and device: on an
+H100 it hid most of what asynchronous dispatch buys. Each window gives one per-step time (its wall time
+over its steps); the median and spread are taken over windows.
 
-The compute-only ceiling is the same model fed one batch, held in memory and repeated, so the input
-pipeline costs nothing: `utilization = ceiling step time / real step time`.
+The compute-only ceiling is the same train step fed one batch that already lives in device memory
+(placed there once, under the model's strategy), with no iterator and no host-to-device copy per step:
+the fastest this model can train on this hardware. `input efficiency = ceiling step time / real step
+time`; a real step faster than the ceiling beyond the measured spread is a measurement problem, never
+shown as more than 100%.
 """
 
 from __future__ import annotations
@@ -15,34 +20,46 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import keras
 
 from tfopt.errors import MeasurementError
+from tfopt.hardware import Hardware
+
+# Steps are split into about this many windows: enough for a spread, few enough that each window holds
+# several steps whose dispatch and compute overlap.
+WINDOWS = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
-    """Wall times of measured training steps.
+    """Per-step wall times of timed windows of training steps.
 
     Attributes:
-        seconds: The wall time of every measured step, in order.
+        seconds: For every window, its wall time divided by its steps, in order.
         batch_size: Examples per step.
+        window_steps: Steps in each window (1 where every step was timed on its own).
     """
 
     seconds: tuple[float, ...]
     batch_size: int
+    window_steps: int = 1
+
+    @property
+    def steps(self) -> int:
+        """How many steps were timed."""
+        return len(self.seconds) * self.window_steps
 
     @property
     def median_seconds(self) -> float:
-        """The median step time: robust against the odd slow step on a noisy machine."""
+        """The median step time over windows: robust against the odd slow window on a noisy machine."""
         return statistics.median(self.seconds)
 
     @property
     def spread_seconds(self) -> float:
-        """The interquartile range of step times, a noise measure that ignores outliers."""
+        """The interquartile range of the windows' step times (the range below 4 windows)."""
         if len(self.seconds) < 4:
             return max(self.seconds) - min(self.seconds)
         quartiles = statistics.quantiles(self.seconds, n=4)
@@ -57,34 +74,76 @@ class StepTimes:
         return self.batch_size / self.median_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": list(self.seconds), "batch_size": self.batch_size,
+        return {"seconds": list(self.seconds), "batch_size": self.batch_size, "window_steps": self.window_steps,
                 "median_seconds": self.median_seconds, "spread_seconds": self.spread_seconds,
                 "steps_per_second": self.steps_per_second, "examples_per_second": self.examples_per_second}
 
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """Real training speed next to the compute-only ceiling of the same model.
+    """Real training speed next to the on-device compute-only ceiling of the same model.
 
     Attributes:
         real: Steps fed by the real input pipeline.
-        ceiling: Steps fed by one in-memory batch repeated.
+        ceiling: Steps fed one batch already in device memory.
+        flops_per_step: Model FLOPs of one training step (TensorFlow's cost analysis of the step's
+            graph), where counted.
+        peak_flops_per_second: The devices' peak dense FLOP/s for the precision in use (all replicas),
+            where the accelerator is in `peak_flops`' table.
+        precision: The precision that peak is for ("bf16", "fp16", "tf32", "fp32"), where known.
     """
 
     real: StepTimes
     ceiling: StepTimes
+    flops_per_step: float | None = None
+    peak_flops_per_second: float | None = None
+    precision: str | None = None
 
     @property
-    def utilization(self) -> float:
-        """The fraction of the compute-only ceiling that real training reaches (1.0 = not input-bound)."""
+    def ceiling_ratio(self) -> float:
+        """Ceiling step time / real step time as measured (above 1.0 only through noise or a fault)."""
         return self.ceiling.median_seconds / self.real.median_seconds
 
+    @property
+    def noise(self) -> float:
+        """The larger relative spread (IQR / median) of the real and ceiling windows."""
+        return max(times.spread_seconds / times.median_seconds for times in (self.real, self.ceiling))
+
+    @property
+    def measurement_problem(self) -> str | None:
+        """Why the input efficiency cannot be read, or None: real steps beat the ceiling beyond the noise."""
+        if self.ceiling_ratio <= 1.0 + 2.0 * self.noise:
+            return None
+        return (f"real steps ran {self.ceiling_ratio:.2f}x as fast as the compute-only ceiling, beyond twice the "
+                f"measured spread ({self.noise:.1%}): the two runs saw different conditions (other load on the "
+                "machine, clocks, a recompilation). Measure again with more steps.")
+
+    @property
+    def input_efficiency(self) -> float | None:
+        """How close real training comes to the compute-only ceiling (1.0 = the input costs nothing).
+
+        None where the reading is a measurement problem; a ratio above 1.0 within the noise reads 1.0.
+        """
+        if self.measurement_problem is not None:
+            return None
+        return min(1.0, self.ceiling_ratio)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: model FLOPs per second of real training over the devices' peak."""
+        if not self.flops_per_step or not self.peak_flops_per_second:
+            return None
+        return self.flops_per_step / self.real.median_seconds / self.peak_flops_per_second
+
     def to_dict(self) -> dict[str, Any]:
-        return {"real": self.real.to_dict(), "ceiling": self.ceiling.to_dict(), "utilization": self.utilization}
+        return {"real": self.real.to_dict(), "ceiling": self.ceiling.to_dict(),
+                "input_efficiency": self.input_efficiency, "measurement_problem": self.measurement_problem,
+                "flops_per_step": self.flops_per_step, "peak_flops_per_second": self.peak_flops_per_second,
+                "precision": self.precision, "mfu": self.mfu}
 
 
 def one_batch_repeated(dataset: Any) -> Any:
-    """The compute-only input: the dataset's first batch, held in memory and repeated forever.
+    """The dataset's first batch, held in host memory and repeated forever (for benchmarks' inputs).
 
     Example:
         >>> import tensorflow as tf
@@ -98,74 +157,244 @@ def one_batch_repeated(dataset: Any) -> Any:
     return tf.data.Dataset.from_tensors(batch).repeat()
 
 
-def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int) -> StepTimes:
-    """Trains `model` for `warmup_steps + steps` steps on `dataset` and times the last `steps`.
+def window_layout(steps: int, *, steps_per_call: int = 1, window_steps: int | None = None) -> tuple[int, int]:
+    """How `steps` timed steps split into windows: (number of windows, steps per window).
 
-    The dataset is repeated so a short one does not run out. This trains the model: use
-    `measure()` to keep its weights and optimizer state as they were.
+    Windows hold whole calls of `steps_per_call` steps (Keras' `steps_per_execution`), and the steps
+    are rounded up to whole windows. `window_steps` fixes the window size (else about `WINDOWS` windows).
+
+    Example:
+        >>> window_layout(20), window_layout(3), window_layout(6, steps_per_call=4)
+        ((4, 5), (3, 1), (2, 4))
+    """
+    size = window_steps or max(1, steps // WINDOWS)
+    size = -(-size // steps_per_call) * steps_per_call
+    return -(-steps // size), size
+
+
+def read_loss(logs: Mapping[str, Any] | None) -> None:
+    """Waits for the device: reading a step's loss to the host blocks until that step computed it."""
+    if logs:
+        value = logs["loss"] if "loss" in logs else next(iter(logs.values()))
+        float(value)
+
+
+class WindowTimer(keras.callbacks.Callback):
+    """Times windows of training steps with one device sync at each window's ends, none in between.
+
+    Args:
+        warmup_steps: Steps before the first window (not timed).
+        windows: How many windows to time.
+        window_steps: Steps in each window.
+        steps_per_execution: Steps Keras runs per call (it calls back once per call).
+        sync: Waits for the device given a step's logs; `read_loss` by default.
+    """
+
+    def __init__(self, *, warmup_steps: int, windows: int, window_steps: int, steps_per_execution: int = 1,
+                 sync: Callable[[Mapping[str, Any] | None], None] = read_loss):
+        super().__init__()
+        self.boundaries = {warmup_steps + index * window_steps for index in range(windows + 1)}
+        self.window_steps = window_steps
+        self.steps_per_execution = steps_per_execution
+        self.sync = sync
+        self.seconds: list[float] = []
+        self.sync_times: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # Keras passes the index of the last step the call ran: steps completed = batch + 1.
+        if batch + 1 not in self.boundaries:
+            return
+        self.sync(logs)
+        now = time.perf_counter()
+        if self.sync_times:
+            self.seconds.append((now - self.sync_times[-1]) / self.window_steps)
+        self.sync_times.append(now)
+
+
+def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+                        window_steps: int | None = None) -> StepTimes:
+    """Trains `model` for `warmup_steps + steps` steps on `dataset` with `fit` and times the last `steps`.
+
+    The dataset is repeated so a short one does not run out. This trains the model: use `measure()` to
+    keep its weights and optimizer state as they were.
 
     Args:
         model: A compiled Keras model.
         dataset: A batched tf.data pipeline.
-        steps: Steps to time; at least 2.
+        steps: Steps to time; at least 2. Rounded up to whole windows (`window_layout`).
         warmup_steps: Steps run first and not timed (tracing, compilation, pipeline warm-up); at least 1.
         batch_size: Examples per step, to report examples/s.
+        window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
 
     Returns:
-        The measured step times. A model compiled with `steps_per_execution=N` runs N steps per call,
-        and Keras reports only the call's end: each of its steps gets an Nth of the call's time, and both
-        counts are rounded up to whole calls.
+        The windows' per-step times.
 
     Raises:
         MeasurementError: The arguments are out of range, or training failed.
     """
-    if steps < 2 or warmup_steps < 1:
-        raise MeasurementError(f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
-                               f"warmup_steps={warmup_steps}.")
-    per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-    warmup_steps, steps = (-(-count // per_call) * per_call for count in (warmup_steps, steps))
-    timer = StepTimer(warmup_steps, steps_per_execution=per_call)
+    per_call = _check_counts(model, steps, warmup_steps)
+    warmup_steps = -(-warmup_steps // per_call) * per_call
+    windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
+    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps,
+                        steps_per_execution=per_call)
     try:
-        model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0,
+        model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + windows * window_steps, epochs=1, verbose=0,
                   shuffle=False, callbacks=[timer])
     except Exception as error:
         raise MeasurementError(f"Training failed while timing steps: {type(error).__name__}: {error}") from error
     if not timer.seconds:
         raise MeasurementError(f"No step was timed ({steps} steps after {warmup_steps} warm-up steps were asked).")
-    return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size)
+    return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size, window_steps=window_steps)
 
 
-def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int) -> Measurement:
-    """Times real training and the compute-only ceiling, then restores the model's state.
+def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+                       window_steps: int | None = None, sync: Callable[[Any], None] | None = None) -> StepTimes:
+    """Times the model's train step on the dataset's first batch, placed in device memory once.
+
+    The step is Keras' own `train_step` under the model's strategy, compiled as Keras compiles it
+    (`tf.function`, the model's `jit_compile`), called directly: no iterator, no host copy per step.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched pipeline (only the first batch is read).
+        steps: Steps to time, rounded up to whole windows.
+        warmup_steps: Untimed steps first (tracing, compilation).
+        batch_size: Examples per step.
+        window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
+        sync: Waits for the device given a step's output; reads it to the host by default.
+
+    Raises:
+        MeasurementError: The arguments are out of range, or the step failed.
+    """
+    _check_counts(model, steps, warmup_steps)
+    windows, window_steps = window_layout(steps, window_steps=window_steps)
+    sync = sync or _read_to_host
+    try:
+        batch = device_batch(model, dataset)
+        step = train_step_function(model)
+        for _ in range(warmup_steps):
+            output = step(batch)
+        sync(output)
+        seconds = []
+        for _ in range(windows):
+            start = time.perf_counter()
+            for _ in range(window_steps):
+                output = step(batch)
+            sync(output)
+            seconds.append((time.perf_counter() - start) / window_steps)
+    except Exception as error:
+        raise MeasurementError(f"The compute-only ceiling failed: {type(error).__name__}: {error}") from error
+    return StepTimes(seconds=tuple(seconds), batch_size=batch_size, window_steps=window_steps)
+
+
+def device_batch(model: Any, dataset: Any) -> Any:
+    """The dataset's first batch, in the memory of the devices the model trains on.
+
+    Under a tf.distribute strategy the distributed dataset places each replica's share on its device
+    (that is what `experimental_distribute_dataset` does); under the default strategy the batch is
+    copied once to the default device (the first GPU where there is one).
+    """
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    first = dataset.take(1)
+    if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+        batch = next(iter(first))
+        with tf.device(_default_device()):
+            return tf.nest.map_structure(tf.identity, batch)
+    return next(iter(strategy.experimental_distribute_dataset(first)))
+
+
+def train_step_function(model: Any) -> Callable[[Any], Any]:
+    """The model's train step as Keras runs it in `fit` (strategy.run inside a tf.function with the
+    model's jit_compile), returning the first logged value averaged over replicas."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    def one_step(data: Any) -> Any:
+        outputs = strategy.run(model.train_step, args=(data,))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.nest.flatten(outputs)[0], axis=None)
+
+    if model.run_eagerly:
+        return one_step
+    return tf.function(one_step, jit_compile=model.jit_compile is True, reduce_retracing=True)
+
+
+def train_step_flops(model: Any, dataset: Any) -> float | None:
+    """Model FLOPs of one training step on the dataset's batch, from TensorFlow's cost analysis.
+
+    The step's graph (forward, backward and optimizer update, all replicas) is traced and TensorFlow's
+    per-op FLOP statistics (the ones `tf.compat.v1.profiler` reports) are summed. Ops without a FLOP
+    statistic count 0, so this is a lower bound dominated by matmuls and convolutions, as MFU is defined.
+
+    Returns:
+        The FLOPs, or None where the step cannot be traced (a model that runs eagerly) or counts none.
+    """
+    import tensorflow as tf
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    if model.run_eagerly:
+        return None
+    batch = device_batch(model, dataset)
+    step = train_step_function(model)
+    graph = step.get_concrete_function(batch).graph
+    options = (option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+               .with_empty_output().build())
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")  # the v1 profiler warns about its own deprecated helpers on every call
+    try:
+        total = model_analyzer.profile(graph=graph, options=options).total_float_ops
+    finally:
+        logger.setLevel(level)
+    return float(total) or None
+
+
+def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+            hardware: Hardware | None = None) -> Measurement:
+    """Times real training and the on-device ceiling, counts the step's FLOPs, then restores the model.
 
     The two are measured in alternating rounds (real, ceiling, real, ceiling) when there are at least 4
-    steps, so a change in the machine's load during the measurement (other processes on a shared box)
-    hits both sides alike instead of biasing their ratio. The model's weights and optimizer variables are
-    put back as they were, so a model handed back to the user starts training where it would have
-    without the measurement.
+    steps, so a change in the machine's load during the measurement hits both sides alike instead of
+    biasing their ratio. The model's weights and optimizer variables are put back as they were.
 
     Args:
         model: A compiled Keras model.
         dataset: Its batched training pipeline.
         steps: Steps timed on each side, in total over the rounds.
-        warmup_steps: Untimed steps before each side's first round (later rounds warm up one step: the
-            train step is already traced, only the input iterator starts afresh).
+        warmup_steps: Untimed steps before each side's first round (later rounds warm up one step).
         batch_size: Examples per step.
+        hardware: The machine; on accelerators the step's FLOPs are counted for MFU. Detected by default.
 
     Returns:
-        The real and ceiling step times.
+        The real and ceiling step times, and what MFU needs.
     """
-    ceiling_data = one_batch_repeated(dataset)
-    rounds = [steps - steps // 2, steps // 2] if steps >= 4 else [steps]
+    from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
+
+    if hardware is None:
+        from tfopt.hardware import detect
+
+        hardware = detect()
+    per_call = _check_counts(model, steps, warmup_steps)
+    windows, window_steps = window_layout(steps, steps_per_call=per_call)
+    rounds = [windows - windows // 2, windows // 2] if windows >= 2 and steps >= 4 else [windows]
     real: list[float] = []
     ceiling: list[float] = []
+    timing = dict(batch_size=batch_size, window_steps=window_steps)
     with training_state_restored(model):
-        for index, round_steps in enumerate(rounds):
+        for index, round_windows in enumerate(rounds):
             warmup = warmup_steps if index == 0 else 1
-            for data, seconds in ((dataset, real), (ceiling_data, ceiling)):
-                seconds.extend(time_training_steps(model, data, steps=round_steps, warmup_steps=warmup,
-                                                   batch_size=batch_size).seconds)
-    return Measurement(real=StepTimes(tuple(real), batch_size), ceiling=StepTimes(tuple(ceiling), batch_size))
+            for timer, seconds in ((time_training_steps, real), (time_ceiling_steps, ceiling)):
+                seconds.extend(timer(model, dataset, steps=round_windows * window_steps, warmup_steps=warmup,
+                                     **timing).seconds)
+    flops = peak = precision = None
+    if hardware.accelerator != "cpu":
+        precision = precision_in_use(model, hardware)
+        peak = peak_flops_per_second(hardware, precision, devices=model.distribute_strategy.num_replicas_in_sync)
+        flops = train_step_flops(model, dataset)
+    return Measurement(real=StepTimes(tuple(real), **timing), ceiling=StepTimes(tuple(ceiling), **timing),
+                       flops_per_step=flops, peak_flops_per_second=peak, precision=precision)
 
 
 @contextlib.contextmanager
@@ -173,35 +402,38 @@ def training_state_restored(model: Any) -> Iterator[None]:
     """Puts the model's weights and optimizer variables back as they were after a block that trains it.
 
     Measuring trains the model for a few steps; a model handed back to the user must not carry them.
+    The optimizer is built (when it is not yet) inside the model's strategy scope: variables created
+    outside it fail under any strategy but the default one.
     """
     optimizer = model.optimizer
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    state = [*model.weights, *optimizer.variables]
-    saved = [variable.numpy() for variable in state]
+    with model.distribute_strategy.scope():
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        state = [*model.weights, *optimizer.variables]
+        saved = [variable.numpy() for variable in state]
     try:
         yield
     finally:
-        for variable, value in zip(state, saved):
-            variable.assign(value)
+        with model.distribute_strategy.scope():
+            for variable, value in zip(state, saved):
+                variable.assign(value)
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Records the wall time between consecutive step ends after the warm-up steps."""
+def _check_counts(model: Any, steps: int, warmup_steps: int) -> int:
+    if steps < 2 or warmup_steps < 1:
+        raise MeasurementError(f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
+                               f"warmup_steps={warmup_steps}.")
+    return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
 
-    def __init__(self, warmup_steps: int, *, steps_per_execution: int = 1):
-        super().__init__()
-        self.warmup_steps = warmup_steps
-        self.steps_per_execution = steps_per_execution
-        self.seconds: list[float] = []
-        self._last_end: float | None = None
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if logs and "loss" in logs:
-            float(logs["loss"])  # waits for the step to finish on the device
-        now = time.perf_counter()
-        if batch >= self.warmup_steps and self._last_end is not None:
-            # One call per `steps_per_execution` steps: each of them gets its share of the call's time.
-            share = (now - self._last_end) / self.steps_per_execution
-            self.seconds.extend([share] * self.steps_per_execution)
-        self._last_end = now
+def _read_to_host(value: Any) -> None:
+    import tensorflow as tf
+
+    for tensor in tf.nest.flatten(value):
+        tensor.numpy()
+
+
+def _default_device() -> str:
+    import tensorflow as tf
+
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
