@@ -103,9 +103,8 @@ def main() -> None:
                          warmup_steps=args.warmup_steps)
         parts = ", ".join(f"{category.removesuffix('_seconds')} {seconds * 1000:.1f}"
                           for category, seconds in result.breakdown.categories.items() if seconds > 0)
-        print(f"{name:<34} step {result.breakdown.step_seconds_mean * 1000:.1f} ms: {parts}; input "
-              f"{result.breakdown.input_percent:.1f}%; utilization {result.measurement.utilization:.0%} of the "
-              f"compute-only ceiling; {result.diagnosis.summary}")
+        print(f"{name:<34} wall step {result.breakdown.step_seconds_mean * 1000:.1f} ms: {parts}; "
+              f"{result.metrics.headline()}; {result.diagnosis.summary}")
 
 
 if __name__ == "__main__":
