@@ -445,3 +445,5 @@ def test_diagnose_needs_a_recipe_or_a_trace(capsys, tmp_path):
     assert exit_code == 2 and "--trace DIR" in err
     exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--quiet")
     assert exit_code == 1 and "No profiler capture" in err
+    exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--steps", "4", "--quiet")
+    assert exit_code == 2 and "runs nothing" in err

@@ -274,6 +274,9 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _diagnose_trace(args: argparse.Namespace) -> int:
+    if args.file or _cli_options.overrides(args):
+        raise _UsageError("diagnose --trace reads an existing capture and runs nothing: give it no recipe FILE, "
+                          "--set, --steps or --tune-budget.")
     from tfopt.profiling.diagnose import diagnose_capture
     from tfopt.profiling.metrics import Metrics
 

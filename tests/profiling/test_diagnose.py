@@ -203,6 +203,13 @@ def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
     assert only(on_gpu).bottleneck == "cpu_contention" and "dispatch" in only(on_gpu).reason
 
 
+def test_a_dispatch_bound_step_is_not_blamed_on_the_pipeline():
+    # fit's own per-step costs make a dispatch-bound step slower than the ceiling's direct calls too.
+    idle = breakdown(device=10.0)
+    diagnosis = diagnose_breakdown(idle, V100, measurement=_measured(0.5))
+    assert diagnosis.bottlenecks == (d.DISPATCH_BOUND,) and "data_pipeline" not in diagnosis.recipes
+
+
 def test_a_measurement_problem_is_a_note_not_a_finding():
     breakdown = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,), host_compute_seconds=0.1)
     diagnosis = diagnose_breakdown(breakdown, CPU, measurement=_measured(1.5))

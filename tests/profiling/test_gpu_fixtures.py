@@ -122,6 +122,7 @@ def test_the_public_diagnose_takes_a_logdir_and_says_what_it_cannot_conclude(cap
     assert diagnosis.recipes[0] == "data_pipeline"
     assert any("input efficiency" in note for note in diagnosis.notes)
     assert any("allocator" in note for note in diagnosis.notes)
+    assert any("this machine's" in note for note in diagnosis.notes)  # the capture has no host details
 
 
 def test_analysis_combines_the_trace_with_xprofs_details(captures):

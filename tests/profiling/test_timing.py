@@ -10,7 +10,8 @@ from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.errors import MeasurementError
 from tfopt.profiling import timing
 from tfopt.profiling.timing import (Measurement, StepTimes, WindowTimer, device_batch, measure, one_batch_repeated,
-                                    time_ceiling_steps, time_training_steps, train_step_flops, window_layout)
+                                    prepare_ceiling, time_ceiling_steps, time_training_steps, train_step_flops,
+                                    window_layout)
 
 
 class CountingLoss:
@@ -94,11 +95,8 @@ def test_measure_restores_the_model_and_reports_input_efficiency():
                           hardware=FAKE_HARDWARE["cpu_bf16"])
     assert measurement.real.steps >= 8 and measurement.ceiling.steps >= 8
     assert measurement.real.window_steps == measurement.ceiling.window_steps == window_layout(8)[1]
-    ratio = measurement.ceiling.median_seconds / measurement.real.median_seconds
-    if measurement.measurement_problem is None:
-        assert measurement.input_efficiency == pytest.approx(min(1.0, ratio))
-    else:
-        assert measurement.input_efficiency is None
+    assert measurement.ceiling_ratio == pytest.approx(
+        measurement.ceiling.median_seconds / measurement.real.median_seconds)
     assert measurement.mfu is None and measurement.flops_per_step is None  # a CPU has no MFU
     for before, after in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(before, after)
@@ -167,6 +165,18 @@ def test_one_batch_repeated_is_the_first_batch_forever():
 def test_too_few_steps_is_a_clear_error():
     with pytest.raises(MeasurementError, match="steps >= 2 and warmup_steps >= 1"):
         time_training_steps(make_cnn(), make_images(), steps=1, warmup_steps=0, batch_size=8)
+
+
+def test_the_ceiling_runs_as_many_steps_per_call_as_fit():
+    model = make_cnn()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=4)
+    syncs = []
+    times = time_ceiling_steps(model, make_images(), steps=8, warmup_steps=1, batch_size=8, sync=syncs.append)
+    assert times.window_steps % 4 == 0 and times.steps >= 8
+    assert len(syncs) == len(times.seconds) + 1
+    before = int(model.optimizer.iterations)
+    prepare_ceiling(model, make_images()).step(device_batch(model, make_images()))
+    assert int(model.optimizer.iterations) == before + 4  # one call, four optimizer steps
 
 
 def test_several_steps_per_call_are_timed_in_whole_calls():

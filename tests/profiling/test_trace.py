@@ -130,6 +130,19 @@ def test_a_single_step_without_its_predecessor_spans_its_marker_and_says_so(tmp_
     assert any("wait before it is not seen" in note for note in breakdown.notes)
 
 
+def test_a_tpu_capture_says_its_activity_is_not_read(tmp_path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(0, 0, 1), (1, 1, 5)])
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(xplane.read_bytes())
+    space.planes.add(id=9, name="/device:TPU:0")
+    xplane.write_bytes(space.SerializeToString())
+    breakdown = trace_breakdown(xplane)
+    assert breakdown.hardware_type == "TPU" and breakdown.busy_percent is None
+    assert any("tfopt does not read TPU device activity" in note for note in breakdown.notes)
+
+
 def test_missing_markers_are_a_clear_error(tmp_path):
     xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(0, 0, 10)])
     with pytest.raises(MeasurementError, match=r"no 'train' step markers numbered \[7\].*Trace\('train'"):

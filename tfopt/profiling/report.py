@@ -36,7 +36,8 @@ SUMMARY_ROWS = (
     ("step time, median (ms)", "step_time_median_ms"),
     ("step time, spread IQR (ms)", "step_time_spread_ms"),
     ("accelerator busy (% of wall step)", "busy_percent"),
-    ("MFU (% of peak {precision} FLOP/s)", "mfu_percent"),
+    ("MFU (% of peak FLOP/s at the precision below)", "mfu_percent"),
+    ("precision of the matmuls (MFU's peak)", "precision"),
     ("waiting for input (% of wall step)", "input_wait_percent"),
     ("input efficiency (% of on-device ceiling)", "input_efficiency_percent"),
     ("peak memory (MiB), {memory_measured}", "peak_memory_mib"),
@@ -245,7 +246,7 @@ def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
     first = next(iter(data["runs"].values()))
     context = {"memory_measured": first["memory_measured"], "currency": data["currency"],
                "hardware_utilization_measured": first["hardware_utilization_measured"],
-               "hours_unit": data["hours_unit"], "precision": first["precision"] or "dense"}
+               "hours_unit": data["hours_unit"]}
     return [[label.format(**context), *(_show(run[key]) for run in data["runs"].values())]
             for label, key in SUMMARY_ROWS]
 

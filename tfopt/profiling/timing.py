@@ -186,16 +186,14 @@ class WindowTimer(keras.callbacks.Callback):
         warmup_steps: Steps before the first window (not timed).
         windows: How many windows to time.
         window_steps: Steps in each window.
-        steps_per_execution: Steps Keras runs per call (it calls back once per call).
         sync: Waits for the device given a step's logs; `read_loss` by default.
     """
 
-    def __init__(self, *, warmup_steps: int, windows: int, window_steps: int, steps_per_execution: int = 1,
+    def __init__(self, *, warmup_steps: int, windows: int, window_steps: int,
                  sync: Callable[[Mapping[str, Any] | None], None] = read_loss):
         super().__init__()
         self.boundaries = {warmup_steps + index * window_steps for index in range(windows + 1)}
         self.window_steps = window_steps
-        self.steps_per_execution = steps_per_execution
         self.sync = sync
         self.seconds: list[float] = []
         self.sync_times: list[float] = []
@@ -235,8 +233,7 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
     per_call = _check_counts(model, steps, warmup_steps)
     warmup_steps = -(-warmup_steps // per_call) * per_call
     windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
-    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps,
-                        steps_per_execution=per_call)
+    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps)
     try:
         model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + windows * window_steps, epochs=1, verbose=0,
                   shuffle=False, callbacks=[timer])
@@ -247,12 +244,42 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
     return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size, window_steps=window_steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class CeilingStep:
+    """What the compute-only ceiling runs: the train step and a batch already in device memory.
+
+    Made once per measurement by `prepare_ceiling`, so the step is traced (and XLA-compiled) once and the
+    pipeline is read once, however many rounds time it.
+
+    Attributes:
+        step: Runs `steps_per_call` training steps on a batch (as Keras' `steps_per_execution` does).
+        batch: The dataset's first batch, placed on the model's devices.
+        steps_per_call: Steps one call of `step` runs.
+    """
+
+    step: Callable[[Any], Any]
+    batch: Any
+    steps_per_call: int
+
+
+def prepare_ceiling(model: Any, dataset: Any) -> CeilingStep:
+    """The ceiling's step and device-resident batch for `model`, running as many steps per call as the
+    model's `steps_per_execution` so that only the input pipeline differs from `fit`."""
+    per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+    return CeilingStep(step=train_step_function(model, steps_per_call=per_call), batch=device_batch(model, dataset),
+                       steps_per_call=per_call)
+
+
 def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-                       window_steps: int | None = None, sync: Callable[[Any], None] | None = None) -> StepTimes:
+                       window_steps: int | None = None, sync: Callable[[Any], None] | None = None,
+                       prepared: CeilingStep | None = None) -> StepTimes:
     """Times the model's train step on the dataset's first batch, placed in device memory once.
 
     The step is Keras' own `train_step` under the model's strategy, compiled as Keras compiles it
-    (`tf.function`, the model's `jit_compile`), called directly: no iterator, no host copy per step.
+    (`tf.function`, the model's `jit_compile`, `steps_per_execution` steps per call), called directly: no
+    iterator, no host copy per step. What `fit` adds per call besides the input (its callback loop, the
+    iterator's `get_next`) is therefore counted against the input: a few hundred microseconds on this
+    project's CPU, which matters only for steps of about a millisecond.
 
     Args:
         model: A compiled Keras model.
@@ -262,24 +289,24 @@ def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: in
         batch_size: Examples per step.
         window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
         sync: Waits for the device given a step's output; reads it to the host by default.
+        prepared: The step and batch from `prepare_ceiling`; made here by default.
 
     Raises:
         MeasurementError: The arguments are out of range, or the step failed.
     """
-    _check_counts(model, steps, warmup_steps)
-    windows, window_steps = window_layout(steps, window_steps=window_steps)
+    per_call = _check_counts(model, steps, warmup_steps)
+    windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
     sync = sync or _read_to_host
     try:
-        batch = device_batch(model, dataset)
-        step = train_step_function(model)
-        for _ in range(warmup_steps):
-            output = step(batch)
+        prepared = prepared or prepare_ceiling(model, dataset)
+        for _ in range(-(-warmup_steps // per_call)):
+            output = prepared.step(prepared.batch)
         sync(output)
         seconds = []
         for _ in range(windows):
             start = time.perf_counter()
-            for _ in range(window_steps):
-                output = step(batch)
+            for _ in range(window_steps // per_call):
+                output = prepared.step(prepared.batch)
             sync(output)
             seconds.append((time.perf_counter() - start) / window_steps)
     except Exception as error:
@@ -305,9 +332,10 @@ def device_batch(model: Any, dataset: Any) -> Any:
     return next(iter(strategy.experimental_distribute_dataset(first)))
 
 
-def train_step_function(model: Any) -> Callable[[Any], Any]:
+def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any], Any]:
     """The model's train step as Keras runs it in `fit` (strategy.run inside a tf.function with the
-    model's jit_compile), returning the first logged value averaged over replicas."""
+    model's jit_compile; `steps_per_call` steps in one outer function, as `steps_per_execution` runs
+    them), returning the last step's first logged value averaged over replicas."""
     import tensorflow as tf
 
     strategy = model.distribute_strategy
@@ -316,17 +344,31 @@ def train_step_function(model: Any) -> Callable[[Any], Any]:
         outputs = strategy.run(model.train_step, args=(data,))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.nest.flatten(outputs)[0], axis=None)
 
-    if model.run_eagerly:
-        return one_step
-    return tf.function(one_step, jit_compile=model.jit_compile is True, reduce_retracing=True)
+    step = one_step if model.run_eagerly else tf.function(one_step, jit_compile=model.jit_compile is True,
+                                                          reduce_retracing=True)
+    if steps_per_call == 1:
+        return step
+
+    def several_steps(data: Any) -> Any:
+        output = step(data)
+        for _ in tf.range(steps_per_call - 1):
+            output = step(data)
+        return output
+
+    return several_steps if model.run_eagerly else tf.function(several_steps)
 
 
-def train_step_flops(model: Any, dataset: Any) -> float | None:
+def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None = None) -> float | None:
     """Model FLOPs of one training step on the dataset's batch, from TensorFlow's cost analysis.
 
     The step's graph (forward, backward and optimizer update, all replicas) is traced and TensorFlow's
     per-op FLOP statistics (the ones `tf.compat.v1.profiler` reports) are summed. Ops without a FLOP
     statistic count 0, so this is a lower bound dominated by matmuls and convolutions, as MFU is defined.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched pipeline (only the first batch is read).
+        prepared: The ceiling's step and batch, reused where it runs one step per call.
 
     Returns:
         The FLOPs, or None where the step cannot be traced (a model that runs eagerly) or counts none.
@@ -336,9 +378,10 @@ def train_step_flops(model: Any, dataset: Any) -> float | None:
 
     if model.run_eagerly:
         return None
-    batch = device_batch(model, dataset)
-    step = train_step_function(model)
-    graph = step.get_concrete_function(batch).graph
+    if prepared is None or prepared.steps_per_call != 1:
+        prepared = CeilingStep(step=train_step_function(model),
+                               batch=prepared.batch if prepared else device_batch(model, dataset), steps_per_call=1)
+    graph = prepared.step.get_concrete_function(prepared.batch).graph
     options = (option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
                .with_empty_output().build())
     logger = tf.get_logger()
@@ -383,16 +426,19 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     ceiling: list[float] = []
     timing = dict(batch_size=batch_size, window_steps=window_steps)
     with training_state_restored(model):
+        prepared = prepare_ceiling(model, dataset)
         for index, round_windows in enumerate(rounds):
             warmup = warmup_steps if index == 0 else 1
-            for timer, seconds in ((time_training_steps, real), (time_ceiling_steps, ceiling)):
-                seconds.extend(timer(model, dataset, steps=round_windows * window_steps, warmup_steps=warmup,
-                                     **timing).seconds)
+            round_steps = round_windows * window_steps
+            real.extend(time_training_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
+                                            **timing).seconds)
+            ceiling.extend(time_ceiling_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
+                                              prepared=prepared, **timing).seconds)
     flops = peak = precision = None
     if hardware.accelerator != "cpu":
         precision = precision_in_use(model, hardware)
         peak = peak_flops_per_second(hardware, precision, devices=model.distribute_strategy.num_replicas_in_sync)
-        flops = train_step_flops(model, dataset)
+        flops = train_step_flops(model, dataset, prepared=prepared)
     return Measurement(real=StepTimes(tuple(real), **timing), ceiling=StepTimes(tuple(ceiling), **timing),
                        flops_per_step=flops, peak_flops_per_second=peak, precision=precision)
 

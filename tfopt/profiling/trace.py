@@ -49,6 +49,7 @@ class _Events:
     keras_steps: list[Interval] = dataclasses.field(default_factory=list)
     waits: list[Interval] = dataclasses.field(default_factory=list)
     device_activity: list[Interval] = dataclasses.field(default_factory=list)
+    tpu: bool = False  # TPU planes hold no GPU-style stream lines: their activity is not read
     # Every kernel: (interval, 16-bit or not or None where its name tells no type, from an XLA module).
     kernels: list[tuple[Interval, bool | None, bool]] = dataclasses.field(default_factory=list)
 
@@ -78,12 +79,15 @@ def trace_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
         if compute_16bit is None:
             notes.append("No kernel in the steps names its type (XLA fusions do not), so the 16-bit share of "
                          "device compute is unknown.")
+    elif events.tpu:
+        notes.append("A TPU capture: tfopt does not read TPU device activity yet, so accelerator busy % is "
+                     "unknown; open the capture in TensorBoard's Profile tab for it.")
     else:
         notes.append("No accelerator activity in the trace: accelerator busy % and MFU do not apply.")
     mean_step = statistics.fmean(step_seconds)
     return StepBreakdown(
         source="trace",
-        hardware_type="GPU" if has_device else "CPU_ONLY",
+        hardware_type="GPU" if has_device else "TPU" if events.tpu else "CPU_ONLY",
         step_seconds=step_seconds,
         input_seconds=input_seconds,
         device_compute_seconds=device_seconds or 0.0,
@@ -145,6 +149,7 @@ def _read_events(xplane: str | Path) -> _Events:
     events = _Events()
     for plane in load_xspace(xplane).planes:
         on_device = plane.name.startswith(("/device:GPU", "/device:TPU"))
+        events.tpu = events.tpu or plane.name.startswith("/device:TPU")
         step_stat = _stat_id(plane, "step_num")
         hlo_stat = _stat_id(plane, "hlo_module")
         for line in plane.lines:
