@@ -6,7 +6,7 @@ import sys
 import tfopt
 
 PUBLIC = {"__version__", "apply", "ApplyResult", "Plan", "build", "chain", "profile", "Profile", "compare", "Report",
-          "diagnose", "find_batch_size", "load_recipe"}
+          "diagnose", "find_batch_size", "load_recipe", "Monitor"}
 
 
 def test_public_surface():

@@ -27,6 +27,7 @@ _PUBLIC = {
     "compare": "tfopt.profiling.report",
     "Report": "tfopt.profiling.report",
     "diagnose": "tfopt.profiling.diagnose",
+    "Monitor": "tfopt.profiling.live",
     "find_batch_size": "tfopt.recipes.batch_size",
     "load_recipe": "tfopt.recipe_file",
 }

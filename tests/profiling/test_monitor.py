@@ -1,4 +1,4 @@
-"""Monitor: host sampling through psutil for real, the NVML path through a faked pynvml module."""
+"""DeviceSampler: host sampling through psutil for real, the NVML path through a faked pynvml module."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from tfopt.profiling.monitor import HOST, Monitor, Sample, Samples
+from tfopt.profiling.monitor import HOST, DeviceSampler, Sample, Samples
 
 
 def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType:
@@ -41,7 +41,7 @@ def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType
 
 
 def test_host_samples_taken_at_start_and_stop():
-    with Monitor(interval_seconds=10.0, use_nvml=False) as monitor:
+    with DeviceSampler(interval_seconds=10.0, use_nvml=False) as monitor:
         _ = sum(i * i for i in range(200_000))
     samples = monitor.samples
     host = samples.of(HOST)
@@ -57,7 +57,7 @@ def test_nvml_path_samples_every_gpu_and_shuts_down(monkeypatch):
     fake = _fake_pynvml(count=2)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    with Monitor(interval_seconds=10.0) as monitor:
+    with DeviceSampler(interval_seconds=10.0) as monitor:
         pass
     samples = monitor.samples
     assert samples.source == "nvml"
@@ -75,7 +75,7 @@ def test_nvml_follows_cuda_visible_devices(monkeypatch):
     fake = _fake_pynvml(count=4)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with Monitor(interval_seconds=10.0) as monitor:
+    with DeviceSampler(interval_seconds=10.0) as monitor:
         pass
     # TensorFlow's GPU:0 is physical GPU 3 here, which the fake makes 40% busy.
     assert monitor.samples.accelerator_devices == ("gpu:0",)
@@ -85,22 +85,22 @@ def test_nvml_follows_cuda_visible_devices(monkeypatch):
 
 def test_nvml_failure_falls_back_to_host_unless_required(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_init=True))
-    with Monitor(interval_seconds=10.0) as monitor:
+    with DeviceSampler(interval_seconds=10.0) as monitor:
         pass
     assert monitor.samples.source == "psutil" and monitor.samples.devices == (HOST,)
     with pytest.raises(RuntimeError, match="NVML could not start: Driver Not Loaded"):
-        Monitor(use_nvml=True).start()
+        DeviceSampler(use_nvml=True).start()
 
 
 def test_required_nvml_without_bindings_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     with pytest.raises(ImportError, match="pip install nvidia-ml-py"):
-        Monitor(use_nvml=True).start()
+        DeviceSampler(use_nvml=True).start()
 
 
 def test_background_thread_samples_between_start_and_stop(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(count=1))
-    monitor = Monitor(interval_seconds=0.01)
+    monitor = DeviceSampler(interval_seconds=0.01)
     monitor.start()
     # Wait on the samples, not on the clock: the thread must add readings beyond the first one (the
     # bound only keeps a broken monitor from hanging the suite).
@@ -116,7 +116,7 @@ def test_background_thread_samples_between_start_and_stop(monkeypatch):
 
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_seconds must be > 0; received 0"):
-        Monitor(interval_seconds=0)
+        DeviceSampler(interval_seconds=0)
 
 
 def test_samples_to_dict_round_trips_readings():

@@ -35,7 +35,7 @@ from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
 from tfopt.profiling.metrics import Metrics
-from tfopt.profiling.monitor import Monitor, Samples
+from tfopt.profiling.monitor import DeviceSampler, Samples
 from tfopt.profiling.timing import Measurement, StepTimes, measure, read_loss, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
 
@@ -203,7 +203,7 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     logdir.mkdir(parents=True, exist_ok=True)
     known = _captures(logdir)
     marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
-    monitor = Monitor(interval_seconds=monitor_interval_seconds)
+    monitor = DeviceSampler(interval_seconds=monitor_interval_seconds)
     try:
         with monitor, track_peak_memory(gpu_count) as peak:
             model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,

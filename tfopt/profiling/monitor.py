@@ -95,14 +95,14 @@ class Samples:
                 "samples": [dataclasses.asdict(sample) for sample in self.samples]}
 
 
-class Monitor:
+class DeviceSampler:
     """Samples GPUs (through NVML, where present) and this process on the host in a background thread.
 
     Use it as a context manager around the code to watch; `samples` holds the readings afterwards and
     `start_time` the `time.perf_counter()` value their `seconds` count from.
 
     Example:
-        >>> with Monitor(interval_seconds=0.05, use_nvml=False) as monitor:
+        >>> with DeviceSampler(interval_seconds=0.05, use_nvml=False) as monitor:
         ...     _ = sum(range(100_000))
         >>> monitor.samples.source, len(monitor.samples.of("host")) >= 2
         ('psutil', True)
@@ -121,7 +121,7 @@ class Monitor:
             ValueError: `interval_seconds` is not positive.
         """
         if not interval_seconds > 0:
-            raise ValueError(f"Monitor: interval_seconds must be > 0; received {interval_seconds!r}.")
+            raise ValueError(f"DeviceSampler: interval_seconds must be > 0; received {interval_seconds!r}.")
         self.interval_seconds = interval_seconds
         self.use_nvml = use_nvml
         self.samples = Samples()
@@ -133,7 +133,7 @@ class Monitor:
         self._nvml: Any = None
         self._totals: dict[str, int] = {}
 
-    def __enter__(self) -> Monitor:
+    def __enter__(self) -> DeviceSampler:
         self.start()
         return self
 
@@ -186,14 +186,14 @@ class Monitor:
             try:
                 self._collected.extend(reader(now))
             except Exception as error:  # noqa: BLE001 - one failed reading must not end the training run
-                _log.debug("Monitor reading failed: %s", error)
+                _log.debug("DeviceSampler reading failed: %s", error)
 
     def _start_nvml(self) -> Callable[[float], list[Sample]] | None:
         try:
             import pynvml
         except ImportError:
             if self.use_nvml:
-                raise ImportError("Monitor(use_nvml=True) needs NVML's Python bindings: "
+                raise ImportError("DeviceSampler(use_nvml=True) needs NVML's Python bindings: "
                                   "pip install nvidia-ml-py (or tfopt[profile]).") from None
             return None
         try:
@@ -205,7 +205,7 @@ class Monitor:
                             for device, handle in handles.items()}
         except Exception as error:  # noqa: BLE001 - pynvml raises NVMLError subclasses per driver state
             if self.use_nvml:
-                raise RuntimeError(f"Monitor(use_nvml=True): NVML could not start: {error}. Check that "
+                raise RuntimeError(f"DeviceSampler(use_nvml=True): NVML could not start: {error}. Check that "
                                    "the NVIDIA driver is loaded (nvidia-smi works).") from error
             _log.debug("NVML unavailable, sampling the host only: %s", error)
             return None

@@ -1,0 +1,43 @@
+"""Run in a fresh process by test_live.py: TensorFlow must see two logical CPUs before it starts.
+
+Trains the same model from the same weights under MirroredStrategy over two CPUs, with and without
+`tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tfopt.profiling.live import Monitor  # noqa: E402
+
+rng = np.random.default_rng(0)
+features = rng.normal(size=(128, 4)).astype("float32")
+dataset = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(16, drop_remainder=True).repeat()
+
+
+def train(callbacks):
+    keras.utils.set_random_seed(0)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model.fit(dataset, epochs=1, steps_per_epoch=13, verbose=0, callbacks=callbacks)
+    return model
+
+
+monitor = Monitor(every_steps=4)
+monitored = train([monitor])
+plain = train([])
+print("RESULT " + json.dumps({
+    "start": monitor.records_of("start")[0],
+    "windows": [{key: value for key, value in record.items() if key != "logs"} for record in monitor.records_of("window")],
+    "weights_max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(monitored.get_weights(), plain.get_weights())),
+}))

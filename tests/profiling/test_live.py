@@ -1,0 +1,240 @@
+"""tfopt.Monitor on a tiny model and generated data: windows, syncs, outputs, alerts, CPU and strategy."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.hardware import Hardware
+from tfopt.profiling import live
+from tfopt.profiling.alerts import AlertRules
+from tfopt.profiling.live import Monitor
+from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
+from tfopt.profiling.timing import read_loss
+from tests.conftest import FAKE_HARDWARE
+
+HERE = Path(__file__).resolve().parent
+BATCH = 32
+FEATURES = 16
+KEYS = {"tfopt/steps_per_second", "tfopt/examples_per_second", "tfopt/input_wait_percent"}
+
+
+def make_model(width=16):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+def steady_dataset():
+    features = np.random.default_rng(0).random((256, FEATURES), dtype=np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH).cache().repeat().prefetch(8)
+
+
+def slowed_dataset(slow_from_batch, sleep_seconds=0.05):
+    """Batches generated from their index; from batch `slow_from_batch` on each one takes `sleep_seconds`."""
+    def load(index):
+        if index >= slow_from_batch:
+            time.sleep(sleep_seconds)
+        return index
+
+    def batch(index):
+        index = tf.numpy_function(load, [index], tf.int64)
+        features = tf.random.stateless_uniform((BATCH, FEATURES), seed=tf.stack([index, index * 0]))
+        return features, features[:, :1]
+
+    return tf.data.Dataset.range(10_000).map(batch).prefetch(1)
+
+
+class CountingSync:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, logs):
+        self.calls += 1
+        read_loss(logs)
+
+
+def scalars(logdir):
+    """Every scalar in the event files under `logdir`: {tag: [(step, value), ...]}."""
+    found = {}
+    for path in Path(logdir).glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if not value.tag.startswith("tfopt/"):
+                    continue  # Keras' TensorBoard writes its model config there too
+                found.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    return {tag: sorted(values) for tag, values in found.items()}
+
+
+def test_windows_scalars_logs_and_jsonl(tmp_path):
+    sync = CountingSync()
+    monitor = Monitor(logdir=tmp_path, every_steps=5, sync=sync, hardware=Hardware())
+    csv = tmp_path / "log.csv"
+    model = make_model()
+    history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=21, verbose=0,
+                        callbacks=[monitor, keras.callbacks.CSVLogger(str(csv))])
+    windows = monitor.records_of("window")
+    # Step 1 (tracing) is never timed: windows close at steps 6, 11, 16, 21, one sync each plus the start.
+    assert [window["step"] for window in windows] == [6, 11, 16, 21]
+    assert sync.calls == len(windows) + 1
+    for window in windows:
+        assert window["steps"] == 5
+        assert window["steps_per_second"] == pytest.approx(5 / window["seconds"])
+        assert window["examples_per_second"] == pytest.approx(BATCH * window["steps_per_second"])
+        assert 0 <= window["input_wait_percent"] < 100
+    written = scalars(tmp_path)
+    for name in ("steps_per_second", "examples_per_second", "input_wait_percent"):
+        assert [step for step, _ in written[f"tfopt/{name}"]] == [w["step"] for w in windows]
+        assert [value for _, value in written[f"tfopt/{name}"]] == pytest.approx([w[name] for w in windows], rel=1e-6)
+    # The epoch's logs carry the mean of its windows: History, the progress bar and CSVLogger show them.
+    assert KEYS <= set(history.history)
+    mean_rate = np.mean([window["examples_per_second"] for window in windows])
+    assert history.history["tfopt/examples_per_second"][0] == pytest.approx(mean_rate)
+    assert KEYS <= set(csv.read_text().splitlines()[0].split(","))
+    lines = [json.loads(line) for line in (tmp_path / "monitor.jsonl").read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["start"] + ["window"] * 4
+    assert lines[1]["examples_per_second"] == pytest.approx(windows[0]["examples_per_second"])
+    assert not hasattr(model.train_function, "tfopt_original")  # fit's own train function is back
+
+
+def test_monitor_does_not_change_training():
+    plain, monitored = make_model(), make_model()
+    plain.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0)
+    monitored.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0, callbacks=[Monitor(every_steps=2)])
+    for got, want in zip(monitored.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_cpu_says_which_metrics_do_not_apply():
+    monitor = Monitor(every_steps=3, hardware=FAKE_HARDWARE["cpu_bf16"])
+    history = make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    start = monitor.records_of("start")[0]
+    assert start["accelerator"] == "cpu" and start["note"] == CPU_NOTE
+    assert start["not_applicable"] == ["mfu_percent", "device_memory_peak_bytes"]
+    assert set(history.history) == {"loss", *KEYS}
+
+
+def test_tensorboard_callback_logdir_is_used(tmp_path):
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0,
+                     callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))])
+    assert monitor.logdir == tmp_path / "train"
+    assert [step for step, _ in scalars(tmp_path / "train")["tfopt/steps_per_second"]] == [5, 9]
+
+
+def test_mfu_and_memory_on_an_accelerator(monkeypatch):
+    """The GPU path with the hardware faked: MFU from the counted FLOPs and the table's peak."""
+    monkeypatch.setattr(live, "_allocator_peak_bytes", lambda devices: 3 * 2**30)
+    h100 = FAKE_HARDWARE["h100"]
+    model = make_model(width=64)
+    monitor = Monitor(every_steps=3, hardware=h100)
+    model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    peak = peak_flops_per_second(h100, precision_in_use(model, h100))
+    # Dense 16->64->1 at batch 32: forward 2*32*(16*64 + 64) FLOPs; backward and update add more.
+    assert monitor.flops_per_step > 2 * BATCH * (FEATURES * 64 + 64)
+    assert monitor.records_of("start")[0]["not_applicable"] == []
+    for window in monitor.records_of("window"):
+        expected = 100 * monitor.flops_per_step * window["steps_per_second"] / peak
+        assert window["mfu_percent"] == pytest.approx(expected)
+        assert window["device_memory_peak_bytes"] == 3 * 2**30
+
+
+def test_steps_per_execution_leaves_input_wait_unmeasured():
+    model = make_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor])
+    assert "input_wait_percent" in monitor.records_of("start")[0]["not_applicable"]
+    windows = monitor.records_of("window")
+    assert windows and all(w["steps"] == 4 and "input_wait_percent" not in w for w in windows)
+    assert "tfopt/input_wait_percent" not in history.history
+
+
+@pytest.mark.slow
+def test_alert_when_the_pipeline_slows_mid_run(caplog):
+    events = []
+    monitor = Monitor(every_steps=4, alert_windows=3, on_alert=events.append, hardware=Hardware())
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        make_model().fit(slowed_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45, verbose=0,
+                         callbacks=[monitor])
+    assert [event.kind for event in events] == ["input_wait"]  # one warning per episode, not per window
+    alert = events[0]
+    assert alert.step > 20 and all(wait > 20 for wait in alert.values["input_wait_percent"])
+    messages = [record.getMessage() for record in caplog.records if "tfopt.Monitor" in record.getMessage()]
+    assert len(messages) == 1 and "data_pipeline" in messages[0] and "tfopt-recipe diagnose" in messages[0]
+
+
+@pytest.mark.slow
+def test_no_alert_on_a_steady_pipeline():
+    monitor = Monitor(every_steps=4, alert_windows=3, hardware=Hardware())
+    make_model(width=256).fit(steady_dataset(), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor])
+    assert len(monitor.records_of("window")) == 11 and monitor.alerts == []
+
+
+def test_alert_rules_mfu_drop_against_the_runs_median():
+    rules = AlertRules(alert_windows=2, mfu_drop_fraction=0.3)
+
+    def windows(values):
+        return [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+                for i, value in enumerate(values)]
+
+    assert rules.check(windows([40, 41, 39, 40, 27])) == []  # one low window is not enough
+    (alert,) = rules.check(windows([40, 41, 39, 40, 27, 26]))
+    assert alert.kind == "mfu_drop" and alert.values == {"mfu_percent": [27, 26], "median_percent": 40}
+    assert "40.0%" in alert.message and "30%" in alert.message
+    assert rules.check(windows([40, 41, 39, 40, 27, 26, 25])) == []  # the same episode alerts once
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"window_seconds": 0}, "window_seconds=0"), ({"every_steps": 0}, "every_steps=0"),
+    ({"profile_every": 1.5}, "profile_every=1.5"), ({"alert_windows": 0}, "alert_windows=0"),
+    ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"), ({"on_alert": "chat"}, "not callable"),
+])
+def test_bad_arguments_name_the_value(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        Monitor(**kwargs)
+
+
+@pytest.mark.slow
+def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
+    monitor = Monitor(logdir=tmp_path, every_steps=4, profile_every=1, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=18, verbose=0, callbacks=[monitor])
+    profiles = monitor.records_of("profile")
+    assert profiles and Path(profiles[0]["path"]).is_dir()
+    assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
+    assert 0 <= profiles[0]["input_wait_percent"] < 100 and profiles[0]["diagnosis"]
+    # The captured steps (5 after each window) are in no window: their profiler overhead is not timed.
+    steps = [(w["step"] - w["steps"] + 1, w["step"]) for w in monitor.records_of("window")]
+    assert steps == [(2, 5), (12, 15)]
+    assert "tfopt/profile/input_wait_percent" in scalars(tmp_path)
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_cpus():
+    """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
+    completed = subprocess.run([sys.executable, str(HERE / "monitor_mirrored_script.py")], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    assert result["start"]["replicas"] == 2
+    windows = result["windows"]
+    assert [window["step"] for window in windows] == [5, 9, 13]
+    for window in windows:  # the global batch of 16, split over the two replicas, counts once
+        assert window["examples_per_second"] == pytest.approx(16 * window["steps_per_second"])
+        assert 0 <= window["input_wait_percent"] < 100
+    assert result["weights_max_diff"] < 1e-6
