@@ -75,12 +75,12 @@ def test_window_timer_records_each_window_at_its_boundaries():
     assert len(timer.seconds) == 3 and all(seconds >= 0 for seconds in timer.seconds)
 
 
-def test_the_ceiling_runs_on_a_device_resident_batch_with_one_sync_per_window():
+def test_the_ceiling_runs_on_a_device_resident_batch_and_syncs_per_call_as_fit_does():
     model = make_cnn()
     data = make_images()
     syncs = []
     times = time_ceiling_steps(model, data, steps=8, warmup_steps=1, batch_size=8, sync=syncs.append)
-    assert len(times.seconds) == window_layout(8)[0] and len(syncs) == window_layout(8)[0] + 1
+    assert len(times.seconds) == window_layout(8)[0] and len(syncs) == 1 + 8  # warm-up call + timed calls
     images, labels = device_batch(model, data)
     first_images, first_labels = next(iter(data))
     np.testing.assert_array_equal(images, first_images)
@@ -173,7 +173,7 @@ def test_the_ceiling_runs_as_many_steps_per_call_as_fit():
     syncs = []
     times = time_ceiling_steps(model, make_images(), steps=8, warmup_steps=1, batch_size=8, sync=syncs.append)
     assert times.window_steps % 4 == 0 and times.steps >= 8
-    assert len(syncs) == len(times.seconds) + 1
+    assert len(syncs) == 1 + times.steps // 4  # one per call of four steps, as fit reads its logs
     before = int(model.optimizer.iterations)
     prepare_ceiling(model, make_images()).step(device_batch(model, make_images()))
     assert int(model.optimizer.iterations) == before + 4  # one call, four optimizer steps
@@ -192,3 +192,19 @@ def test_read_loss_reads_the_loss_or_the_first_value():
     timing.read_loss({"accuracy": CountingLoss()})
     timing.read_loss(None)
     assert CountingLoss.reads == 2
+
+
+def test_keras_reads_every_steps_logs_to_the_host_on_tensorflow():
+    """The trap the ceiling's per-call sync mirrors: if Keras stops converting each step's logs (a device
+    sync), this fails and the ceiling should stop syncing per call."""
+    seen = []
+
+    class Types(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(type(logs["loss"]))
+
+    make_cnn().fit(make_images(), epochs=1, verbose=0, callbacks=[Types()])
+    assert seen and set(seen) == {float}
+    from keras.src.backend.tensorflow.core import IS_THREAD_SAFE
+
+    assert IS_THREAD_SAFE is False  # so CallbackList never dispatches batch ends asynchronously

@@ -6,8 +6,8 @@ analysis does not recognise ("No step time measured"), so every step is wrapped 
 `tf.profiler.experimental.Trace("train", step_num=i, _r=1)`, which it does. The analysis reads wall
 steps from those markers' ends (`trace.py`), so the wait for the next batch is inside a step.
 
-The host waits for the device only at the two ends of the measured steps (never after each step), so
-dispatch overlaps compute as in normal training and the device's busy share of the window is honest.
+tfopt's own waits for the device sit only at the two ends of the measured steps; what Keras does per step
+(it reads each step's logs to the host on the TensorFlow backend) stays as in the user's training.
 
 xprof's step analysis drops the first and the last marked step of a capture (they may be cut off), so
 the profiler starts one step before the measured steps and one extra step runs after them: the measured

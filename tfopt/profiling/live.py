@@ -4,9 +4,9 @@ How it measures, and why this way:
 
 - **No per-step sync.** The Monitor wraps the model's `train_function` for the length of `fit` and does
   all its work in the training thread, inside that wrapper. It reads the loss to the host once at each
-  window's end (one device sync) and never in between. It does *not* override `on_train_batch_end`:
-  Keras 3 converts every step's logs to Python floats (a device sync) in the training thread as soon as
-  one callback does, and dispatches them to a thread pool only when none does.
+  window's end (one device sync) and adds none in between. (Keras 3 on the TensorFlow backend reads
+  every call's logs to the host itself, `pythonify_logs` in its CallbackList, whatever the callbacks:
+  its thread-pool dispatch is off for TensorFlow, which it does not mark thread-safe.)
 - **Input wait.** Keras 3 fetches the next batch inside its traced train function, so host time between
   callbacks never sees the wait. With `steps_per_execution=1` the wrapper fetches the batch itself
   (`next(iterator)`, timed) and hands it to Keras' own one-step function, which Keras runs for any

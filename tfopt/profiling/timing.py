@@ -1,17 +1,21 @@
 """Timed training steps and the on-device compute-only ceiling, measured the same way on CPU, GPU and TPU.
 
 The TF Profiler's step analysis reports "No step time measured" on CPU-only machines, so tfopt times
-steps itself. Steps are timed in *windows*: the host waits for the device (reads the loss) once at each
-window's ends and never in between, so dispatch of step n+1 overlaps compute of step n as in normal
-training. Reading the loss after every step (as tfopt did before) serialises host and device: on an
-H100 it hid most of what asynchronous dispatch buys. Each window gives one per-step time (its wall time
+steps itself. Steps are timed in *windows*: tfopt waits for the device (reads the loss) once at each
+window's ends and adds no wait of its own in between. Each window gives one per-step time (its wall time
 over its steps); the median and spread are taken over windows.
 
+Keras 3 itself, on the TensorFlow backend, converts every call's logs to Python floats before the
+callbacks see them (`CallbackList._on_train_batch_end` -> `pythonify_logs`: the backend is not marked
+thread-safe, so the asynchronous dispatch Keras has for other backends never applies). That is a host-device
+sync per call of `fit`, whatever tfopt does: real training pays it, `steps_per_execution=N` pays it once
+per N steps.
+
 The compute-only ceiling is the same train step fed one batch that already lives in device memory
-(placed there once, under the model's strategy), with no iterator and no host-to-device copy per step:
-the fastest this model can train on this hardware. `input efficiency = ceiling step time / real step
-time`; a real step faster than the ceiling beyond the measured spread is a measurement problem, never
-shown as more than 100%.
+(placed there once, under the model's strategy), with no iterator and no host-to-device copy per step,
+and the same one sync per call as `fit`: only the input pipeline differs. `input efficiency = ceiling
+step time / real step time`; a real step faster than the ceiling beyond the measured spread is a
+measurement problem, never shown as more than 100%.
 """
 
 from __future__ import annotations
@@ -277,9 +281,10 @@ def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: in
 
     The step is Keras' own `train_step` under the model's strategy, compiled as Keras compiles it
     (`tf.function`, the model's `jit_compile`, `steps_per_execution` steps per call), called directly: no
-    iterator, no host copy per step. What `fit` adds per call besides the input (its callback loop, the
-    iterator's `get_next`) is therefore counted against the input: a few hundred microseconds on this
-    project's CPU, which matters only for steps of about a millisecond.
+    iterator, no host copy per step. Each call's output is read to the host, as `fit` reads each call's
+    logs (see the module docstring), so the two differ by the input alone. What `fit` adds per call
+    besides that (its callback loop, the iterator's `get_next`) still counts against the input: a few
+    hundred microseconds on this project's CPU, which matters only for steps of about a millisecond.
 
     Args:
         model: A compiled Keras model.
@@ -288,7 +293,7 @@ def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: in
         warmup_steps: Untimed steps first (tracing, compilation).
         batch_size: Examples per step.
         window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
-        sync: Waits for the device given a step's output; reads it to the host by default.
+        sync: Waits for the device given a call's output, after every call; reads it to the host by default.
         prepared: The step and batch from `prepare_ceiling`; made here by default.
 
     Raises:
@@ -300,14 +305,12 @@ def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: in
     try:
         prepared = prepared or prepare_ceiling(model, dataset)
         for _ in range(-(-warmup_steps // per_call)):
-            output = prepared.step(prepared.batch)
-        sync(output)
+            sync(prepared.step(prepared.batch))
         seconds = []
         for _ in range(windows):
             start = time.perf_counter()
             for _ in range(window_steps // per_call):
-                output = prepared.step(prepared.batch)
-            sync(output)
+                sync(prepared.step(prepared.batch))
             seconds.append((time.perf_counter() - start) / window_steps)
     except Exception as error:
         raise MeasurementError(f"The compute-only ceiling failed: {type(error).__name__}: {error}") from error
