@@ -33,7 +33,7 @@ def test_xprof_and_trace_agree_on_a_real_capture(starved_profile):
     trace = trace_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
     assert xprof.source == "xprof" and trace.source == "trace"
     assert len(xprof.step_seconds) == len(trace.step_seconds) == len(capture.step_numbers)
-    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-5)
+    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-4)  # + callbacks between steps
     assert xprof.input_seconds == pytest.approx(trace.input_seconds, rel=1e-3, abs=5e-5)
     assert xprof.input_percent == pytest.approx(trace.input_percent, abs=0.5)
     assert sum(xprof.categories.values()) == pytest.approx(xprof.step_seconds_mean, rel=1e-3)
@@ -110,5 +110,5 @@ def test_xprof_and_trace_agree_on_a_tuned_capture(tuned_profile):
     capture = tuned_profile.capture
     xprof = xprof_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
     trace = trace_breakdown(capture.xplane_path, step_numbers=capture.step_numbers)
-    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-5)
+    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-4)  # + callbacks between steps
     assert xprof.input_seconds == pytest.approx(trace.input_seconds, rel=1e-2, abs=5e-5)

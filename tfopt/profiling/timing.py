@@ -353,9 +353,9 @@ def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any
         return step
 
     def several_steps(data: Any) -> Any:
-        output = step(data)
-        for _ in tf.range(steps_per_call - 1):
-            output = step(data)
+        # An explicit while_loop, not AutoGraph: AutoGraph may be off in the caller's process.
+        _, output = tf.while_loop(lambda index, _: index < steps_per_call - 1,
+                                  lambda index, _: (index + 1, step(data)), (tf.constant(0), step(data)))
         return output
 
     return several_steps if model.run_eagerly else tf.function(several_steps)
