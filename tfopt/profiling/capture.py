@@ -23,11 +23,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import keras
 
 from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
@@ -36,7 +33,7 @@ from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.monitor import DeviceSampler, Samples
-from tfopt.profiling.timing import Measurement, StepTimes, measure, read_loss, training_state_restored
+from tfopt.profiling.timing import Measurement, StepTimes, WindowTimer, measure, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
 
 _log = logging.getLogger("tfopt")
@@ -223,24 +220,21 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     if not new:
         raise MeasurementError(f"The profiler wrote no capture under {logdir}; check that the directory is "
                                "writable and that TensorFlow was built with the profiler.")
-    window_seconds = marker.sync_times[1] - marker.sync_times[0]
     return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=monitor.samples,
-                   step_times=StepTimes(seconds=(window_seconds / steps,), batch_size=batch_size, window_steps=steps),
+                   step_times=StepTimes(seconds=tuple(marker.seconds), batch_size=batch_size, window_steps=steps),
                    step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
                    peak_memory_bytes=peak.peak_bytes)
 
 
-class _ProfiledSteps(keras.callbacks.Callback):
-    """Marks each step for the profiler, runs the profiler around the measured steps, and times them as
-    one window: the host waits for the device at the window's two ends and nowhere else."""
+class _ProfiledSteps(WindowTimer):
+    """Times the measured steps as one window (`WindowTimer`: the host waits for the device at its two ends
+    and nowhere else), marks each step for the profiler, and runs the profiler around them."""
 
     def __init__(self, *, warmup_steps: int, steps: int, logdir: Path):
-        super().__init__()
+        super().__init__(warmup_steps=warmup_steps, windows=1, window_steps=steps)
         self.warmup_steps = warmup_steps
-        self.steps = steps
         self.logdir = logdir
         self.completed = 0
-        self.sync_times: list[float] = []
         self._trace: Any = None
         self._profiling = False
 
@@ -260,9 +254,7 @@ class _ProfiledSteps(keras.callbacks.Callback):
         self._trace.__enter__()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if batch + 1 in (self.warmup_steps, self.warmup_steps + self.steps):
-            read_loss(logs)  # the window's ends: the device has finished every step before them
-            self.sync_times.append(time.perf_counter())
+        super().on_train_batch_end(batch, logs)  # at the window's ends, waits for every step before them
         self._end_trace()
         self.completed = batch + 1
 
