@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import make_cnn, make_images
-from tfopt.builder import build, clone_under_current_policy, dtype_policy_scope
+from tfopt.builder import build
+from tfopt.policies import clone_under_current_policy, dtype_policy_scope
 from tfopt.errors import IncompatibleModelError
 from tfopt.plan import make_plan
 

@@ -43,11 +43,11 @@ MISSING_EXAMPLES = {
     "tfopt.data.drawing.shape_id", "tfopt.data.images.decode_image", "tfopt.data.images.random_augment",
     "tfopt.data.images.resize_uint8", "tfopt.data.images.to_unit_float", "tfopt.data.pipeline.assemble",
     "tfopt.data.pipeline.prefetch_batches", "tfopt.data.pipeline.ram_budget_bytes",
-    "tfopt.data.tfrecord_inputs.ConversionInput", "tfopt.data.tfrecord_inputs.conversion_input",
-    "tfopt.data.tfrecord_io.CorruptRecordError", "tfopt.data.tfrecord_io.encode_example",
-    "tfopt.data.tfrecord_io.read_records", "tfopt.data.tfrecord_io.write_records",
-    "tfopt.data.tfrecord_manifest.read_manifest", "tfopt.data.tfrecord_manifest.shard_file_name",
-    "tfopt.data.tfrecord_manifest.write_manifest",
+    "tfopt.data.tfrecord.inputs.ConversionInput", "tfopt.data.tfrecord.inputs.conversion_input",
+    "tfopt.data.tfrecord.codec.CorruptRecordError", "tfopt.data.tfrecord.codec.encode_example",
+    "tfopt.data.tfrecord.codec.read_records", "tfopt.data.tfrecord.codec.write_records",
+    "tfopt.data.tfrecord.manifest.read_manifest", "tfopt.data.tfrecord.manifest.shard_file_name",
+    "tfopt.data.tfrecord.manifest.write_manifest",
     # tfopt.distribute
     "tfopt.distribute.ClusterEnvironment", "tfopt.distribute.keras_fit_works_multi_worker",
     # tfopt.models
@@ -57,9 +57,9 @@ MISSING_EXAMPLES = {
     "tfopt.recipe_file.RecipeFile", "tfopt.recipe_file.parse_override", "tfopt.recipe_file.save_resolved",
     # tfopt.recipes
     "tfopt.recipes.Chain", "tfopt.recipes.Recipe", "tfopt.recipes.Stage",
-    # tfopt.runner
-    "tfopt.runner.Progress", "tfopt.runner.RunOutcome", "tfopt.runner.build_model",
-    "tfopt.runner.compile_arguments", "tfopt.runner.diagnose", "tfopt.runner.prepare", "tfopt.runner.run",
+    # tfopt.run.runner
+    "tfopt.run.runner.Progress", "tfopt.run.runner.RunOutcome", "tfopt.run.runner.build_model",
+    "tfopt.run.runner.compile_arguments", "tfopt.run.runner.diagnose", "tfopt.run.runner.prepare", "tfopt.run.runner.run",
     # tfopt.training
     "tfopt.training.CheckpointCallback", "tfopt.training.NonFiniteLossError", "tfopt.training.NonFiniteLossGuard",
     "tfopt.training.TrainingResult",

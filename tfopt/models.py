@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
 import os
 import re
@@ -26,6 +25,8 @@ from typing import Any
 
 import keras
 from keras import layers
+
+from tfopt.suggest import did_you_mean
 
 __all__ = ["MODELS", "application_names", "resolve_model", "small_cnn", "text_transformer", "TokenAndPositionEmbedding"]
 
@@ -184,9 +185,7 @@ def resolve_model(name: str, *, search_paths: Sequence[str | os.PathLike] = ()) 
     if name in applications:
         return getattr(keras.applications, name)
     known = [*MODELS, *applications]
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) or difflib.get_close_matches(
-        name.lower(), [known_name.lower() for known_name in known], n=1)
-    hint = f" Did you mean {_original_case(close[0], known)!r}?" if close else ""
+    hint = did_you_mean(name, known, cutoff=0.5)
     raise ValueError(
         f"Unknown model {name!r}.{hint} Expected a tfopt built-in ({', '.join(MODELS)}), a "
         f"keras.applications model (e.g. ResNet50, MobileNetV2, EfficientNetB0; `tfopt-recipe list` "
@@ -201,10 +200,6 @@ def application_names() -> list[str]:
 def _application_names() -> list[str]:
     return sorted(name for name in dir(keras.applications)
                   if name[:1].isupper() and callable(getattr(keras.applications, name)))
-
-
-def _original_case(lowered: str, known: list[str]) -> str:
-    return next((name for name in known if name.lower() == lowered.lower()), lowered)
 
 
 def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Callable[..., Any]:
@@ -230,8 +225,7 @@ def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Ca
     for part in attribute_path.split("."):
         if not hasattr(target, part):
             public = [attribute for attribute in dir(target) if not attribute.startswith("_")]
-            close = difflib.get_close_matches(part, public, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(part, public)
             raise ValueError(f"{getattr(target, '__name__', module_name)!r} has no attribute {part!r} "
                              f"(model {path!r}).{hint}")
         target = getattr(target, part)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tfopt.errors import DataError, IncompatibleModelError
 from tfopt.hardware import Hardware
+from tfopt.policies import clone_under_current_policy, model_dtype_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,8 +169,6 @@ def make_plan(
         model_fn = _clone_fn(model)
     compile_config = _compile_config(model, compile)
     sample = _first_batch(dataset)
-    from tfopt.builder import model_dtype_policy
-
     tf32 = bool(tf.config.experimental.tensor_float_32_execution_enabled())
     return Plan(
         model_fn=model_fn,
@@ -197,8 +196,6 @@ def tf32_note(hardware: Hardware) -> str:
 
 
 def _clone_fn(model: Any) -> Callable[[], Any]:
-    from tfopt.builder import clone_under_current_policy
-
     if not _is_graph_model(model):
         raise IncompatibleModelError(
             f"Model {model.name!r} is a subclassed {type(model).__name__}: tfopt cannot clone it, because "

@@ -1,30 +1,44 @@
 """Recipe names to recipe classes: how YAML items `{name: {kwargs}}` and strings become recipes.
 
-A plain dict filled by the `register` decorator when `tfopt.recipes` is imported; composition does not
-go through it (that is `chain`).
+A fixed table of names to `module:Class`, imported on first use. Recipes do not register themselves as a
+side effect of being imported, and nothing here imports a recipe module until a name is asked for, so the
+registry depends on no recipe and `tfopt.recipes.base` may use it (a chain's config names its parts).
+Composition does not go through it: that is `chain`.
 """
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
+import importlib
 from typing import Any
 
 from tfopt.errors import RecipeConfigError
+from tfopt.suggest import did_you_mean
 
-_RECIPES: dict[str, type] = {}
+_RECIPES = {
+    "batch_size": "tfopt.recipes.batch_size:BatchSize",
+    "data_pipeline": "tfopt.recipes.data_pipeline:DataPipeline",
+    "distribution": "tfopt.recipes.distribution:Distribution",
+    "gpu_memory": "tfopt.recipes.memory:GpuMemory",
+    "grad_accum": "tfopt.recipes.grad_accum:GradAccum",
+    "mixed_precision": "tfopt.recipes.mixed_precision:MixedPrecision",
+    "xla": "tfopt.recipes.xla:Xla",
+}
 
 
-def register(cls: type) -> type:
-    """Class decorator: makes a recipe class available by its `name`."""
-    if cls.name in _RECIPES and _RECIPES[cls.name] is not cls:
-        raise RecipeConfigError(f"Two recipe classes are named {cls.name!r}: {_RECIPES[cls.name]} and {cls}.")
-    _RECIPES[cls.name] = cls
-    return cls
+class RecipeItemError(RecipeConfigError):
+    """A recipe item is malformed; `key_path` is where, inside the item (`()` is the item itself).
+
+    A recipe file turns the key path into the line to point at, without reading it back from the message.
+    """
+
+    def __init__(self, message: str, key_path: tuple = ()):
+        super().__init__(message)
+        self.key_path = key_path
 
 
 def names() -> list[str]:
     """The registered recipe names, sorted."""
-    _load_builtin_recipes()
     return sorted(_RECIPES)
 
 
@@ -33,52 +47,56 @@ def get(name: str) -> type:
 
     Raises:
         RecipeConfigError: No recipe has that name; the message lists the known ones and the closest.
+
+    Example:
+        >>> get("xla").__name__
+        'Xla'
     """
-    _load_builtin_recipes()
     if name not in _RECIPES:
-        close = difflib.get_close_matches(str(name), _RECIPES, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise RecipeConfigError(
-            f"Unknown recipe {name!r}.{hint} Known recipes: {', '.join(sorted(_RECIPES))}.")
-    return _RECIPES[name]
+        raise RecipeConfigError(f"Unknown recipe {name!r}.{did_you_mean(str(name), _RECIPES)} "
+                                f"Known recipes: {', '.join(names())}.")
+    module, _, cls = _RECIPES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def settings_of(cls: type) -> list[str]:
+    """The setting names a recipe class takes: its dataclass fields (the constructor is the schema)."""
+    return [field.name for field in dataclasses.fields(cls)]
 
 
 def from_item(item: Any) -> Any:
-    """Makes a recipe from a YAML-style item: a name, or a one-key mapping `{name: {kwargs}}`.
+    """Makes a recipe from a YAML-style item: a name, or a one-key mapping `{name: {settings}}`.
+
+    The one reading of the item grammar: recipe files call it too, and point at the line of the error's
+    `key_path`.
 
     Raises:
-        RecipeConfigError: The item is not of that form, the name is unknown, or the kwargs are wrong.
+        RecipeItemError: The item is not of that form, the name is unknown, or a setting is unknown.
+        RecipeConfigError: The recipe's constructor rejected a setting's value.
+
+    Example:
+        >>> from_item({"xla": {"fallback": "warn"}})
+        Xla(fallback='warn')
     """
     if isinstance(item, str):
-        return get(item)()
-    if isinstance(item, dict) and len(item) == 1:
-        ((name, kwargs),) = item.items()
-        kwargs = {} if kwargs is None else kwargs
-        if not isinstance(kwargs, dict):
-            raise RecipeConfigError(
-                f"{name}: expected a mapping of settings, received {kwargs!r}. Write it as "
-                f"`- {name}: {{setting: value}}` or just `- {name}`.")
+        name, settings, settings_path = item, {}, ()
+    elif isinstance(item, dict) and len(item) == 1:
+        ((name, settings),) = item.items()
+        settings, settings_path = ({} if settings is None else settings), (name,)
+    else:
+        raise RecipeItemError(f"received {item!r}; expected a recipe name or a one-key mapping "
+                              "{name: {settings}}, e.g. `- xla` or `- mixed_precision: {policy: auto}`")
+    try:
         cls = get(name)
-        try:
-            return cls(**kwargs)
-        except TypeError as error:
-            raise RecipeConfigError(_unknown_setting_message(cls, kwargs, error)) from None
-    raise RecipeConfigError(
-        f"A recipe item must be a name or a one-key mapping {{name: {{settings}}}}; received {item!r}.")
-
-
-def _unknown_setting_message(cls: type, kwargs: dict[str, Any], error: TypeError) -> str:
-    import dataclasses
-
-    valid = [field.name for field in dataclasses.fields(cls)]
-    unknown = [key for key in kwargs if key not in valid]
-    if not unknown:
-        return f"{cls.name}: {error}"
-    close = difflib.get_close_matches(unknown[0], valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return (f"{cls.name}: unknown setting {unknown[0]!r}.{hint} Valid settings: "
-            f"{', '.join(valid) or '(none)'}.")
-
-
-def _load_builtin_recipes() -> None:
-    import tfopt.recipes  # noqa: F401 - importing registers the built-in recipes
+    except RecipeConfigError as error:
+        raise RecipeItemError(str(error)) from None
+    if not isinstance(settings, dict):
+        raise RecipeItemError(f"{name}: received {settings!r}; expected a mapping of settings, e.g. "
+                              f"`- {name}: {{setting: value}}` or just `- {name}`", settings_path)
+    valid = settings_of(cls)
+    for key in settings:
+        if key not in valid:
+            raise RecipeItemError(f"{name}: unknown setting {key!r} (received {key}: {settings[key]!r})."
+                                  f"{did_you_mean(str(key), valid)} Valid "
+                                  f"settings: {', '.join(valid) or '(none)'}.", (*settings_path, key))
+    return cls(**settings)

@@ -10,7 +10,7 @@ from tfopt.data.registry import SOURCES, make_source
 from tfopt.data.source import DataSource
 from tfopt.data.synthetic import SyntheticSource
 from tfopt.data.tfds_source import TfdsSource
-from tfopt.data.tfrecord_source import TFRecordSource
+from tfopt.data.tfrecord.source import TFRecordSource
 from tfopt.errors import DataError
 
 

@@ -22,11 +22,11 @@ _EXPORTS = {
     "NumpySource": "tfopt.data.arrays",
     "SyntheticSource": "tfopt.data.synthetic",
     "TfdsSource": "tfopt.data.tfds_source",
-    "TFRecordSource": "tfopt.data.tfrecord_source",
+    "TFRecordSource": "tfopt.data.tfrecord.source",
     "SOURCES": "tfopt.data.registry",
     "make_source": "tfopt.data.registry",
-    "to_tfrecord": "tfopt.data.tfrecord",
-    "verify": "tfopt.data.tfrecord_verify",
+    "to_tfrecord": "tfopt.data.tfrecord.convert",
+    "verify": "tfopt.data.tfrecord.verify",
 }
 
 __all__ = sorted(_EXPORTS)

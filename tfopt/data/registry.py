@@ -7,7 +7,6 @@ keyword arguments, so an unknown key is reported with the valid ones rather than
 
 from __future__ import annotations
 
-import difflib
 import inspect
 
 from tfopt.data.arrays import NumpySource
@@ -15,8 +14,9 @@ from tfopt.data.image_folder import ImageFolderSource
 from tfopt.data.source import DataSource
 from tfopt.data.synthetic import SyntheticSource
 from tfopt.data.tfds_source import TfdsSource
-from tfopt.data.tfrecord_source import TFRecordSource
+from tfopt.data.tfrecord.source import TFRecordSource
 from tfopt.errors import DataError
+from tfopt.suggest import did_you_mean
 
 __all__ = ["SOURCES", "make_source"]
 
@@ -55,13 +55,13 @@ def make_source(source: str, /, **kwargs) -> DataSource:
     cls = SOURCES.get(name)
     if cls is None:
         raise DataError(
-            f"data source {name!r} is not known.{_closest(name, SOURCES)} Known sources: {sorted(SOURCES)}."
+            f"data source {name!r} is not known.{did_you_mean(str(name), SOURCES)} Known sources: {sorted(SOURCES)}."
         )
     parameters = inspect.signature(cls.__init__).parameters
     valid = [key for key in parameters if key != "self"]
     for key in kwargs:
         if key not in valid:
-            raise DataError(f"data source {name!r} has no argument {key!r}.{_closest(key, valid)} Valid arguments: {valid}.")
+            raise DataError(f"data source {name!r} has no argument {key!r}.{did_you_mean(str(key), valid)} Valid arguments: {valid}.")
     required = [
         key
         for key, parameter in parameters.items()
@@ -72,6 +72,3 @@ def make_source(source: str, /, **kwargs) -> DataSource:
     return cls(**kwargs)
 
 
-def _closest(word: str, choices) -> str:
-    match = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" Did you mean {match[0]!r}?" if match else ""

@@ -13,7 +13,6 @@ the decoded images (within the RAM budget) before augmentation.
 
 from __future__ import annotations
 
-import difflib
 import os
 
 import tensorflow as tf
@@ -21,6 +20,7 @@ import tensorflow as tf
 from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.errors import DataError
+from tfopt.suggest import did_you_mean
 
 __all__ = ["TfdsSource"]
 
@@ -170,8 +170,7 @@ def _prepared_builder(name: str, data_dir: str | None, download: bool):
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:
-        match = difflib.get_close_matches(name.split(":")[0], tfds.list_builders(with_community_datasets=False), n=1)
-        hint = f" Did you mean {match[0]!r}?" if match else ""
+        hint = did_you_mean(name.split(":")[0], tfds.list_builders(with_community_datasets=False))
         raise DataError(
             f"tfds: {name!r} is not a TensorFlow Datasets dataset.{hint} See "
             "https://www.tensorflow.org/datasets/catalog for the names."

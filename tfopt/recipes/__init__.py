@@ -1,4 +1,4 @@
-"""The recipes, one module each: importing this package registers them all.
+"""The recipes, one module each (`tfopt.registry` knows them by name).
 
 Each module offers the recipe class and a functional form for people who want one piece only.
 """

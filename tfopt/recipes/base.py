@@ -13,6 +13,7 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
+from tfopt import registry
 from tfopt.errors import RecipeClashError
 from tfopt.plan import Plan
 
@@ -95,9 +96,7 @@ class Chain(Recipe):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Chain:
-        from tfopt.registry import from_item
-
-        return cls(*(from_item(item) for item in config["recipes"]))
+        return cls(*(registry.from_item(item) for item in config["recipes"]))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Chain) and self.recipes == other.recipes

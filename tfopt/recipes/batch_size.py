@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 from tfopt.data.batches import describe_dropped, examples_per_pass, rebatch_counted
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
 
@@ -165,7 +164,6 @@ def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: in
                         f"{new_batch_size}: {_LR_REASONS[rule]})")
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchSize(Recipe):
     """Trains with the fastest batch size that fits (found by timed trials), or a given one.

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 
 CACHE_CHOICES = ("auto", "memory", "none")
 # Op-name fragments that make a pipeline's output differ between epochs, or that hide what it does.
@@ -66,7 +65,6 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
     return tuned
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataPipeline(Recipe):
     """Tunes the tf.data pipeline: parallel stages, autotuning within a RAM budget, valid caching, prefetch.

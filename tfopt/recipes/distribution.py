@@ -20,7 +20,6 @@ from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 SHARD_POLICIES = ("auto", "file", "data", "off")
@@ -120,7 +119,6 @@ def _with_learning_rate(optimizer: Mapping[str, Any], change: Any) -> dict[str, 
     return {**optimizer, "config": config}
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Distribution(Recipe):
     """Trains on all devices/workers: picks the strategy, scales batch and learning rate, shards data.

@@ -23,10 +23,8 @@ from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.batch_size import LR_SCALING_RULES, scale_learning_rate
-from tfopt.registry import register
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GradAccum(Recipe):
     """Accumulates gradients over several micro-batches before each optimizer update.

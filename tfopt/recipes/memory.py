@@ -21,7 +21,6 @@ from typing import ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 
 _TOO_LATE = ("GPU memory settings must be made before TensorFlow initialises the GPUs (its first op or "
              "device query), and this process already did. Call tfopt.recipes.configure_gpu_memory({args}) at the "
@@ -30,7 +29,6 @@ _TOO_LATE = ("GPU memory settings must be made before TensorFlow initialises the
              "starts (for memory growth), or list gpu_memory in the recipe file: `tfopt-recipe run` applies it first.")
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GpuMemory(Recipe):
     """Requires GPU memory growth, or a per-process memory limit, to be in force.

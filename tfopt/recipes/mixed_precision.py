@@ -20,8 +20,8 @@ from typing import ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
+from tfopt.policies import dtype_policy_scope
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 
@@ -54,7 +54,6 @@ def choose_policy(hardware: Hardware) -> tuple[str, str]:
                        "16-bit compute would be emulated and slower")
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MixedPrecision(Recipe):
     """Builds the model under a mixed dtype policy (bf16 or fp16 chosen by the hardware), float32 outputs.
@@ -163,7 +162,6 @@ def policy_scope(policy: str = "auto", hardware: Hardware | None = None) -> Iter
         ...     keras.layers.Dense(4).compute_dtype
         'bfloat16'
     """
-    from tfopt.builder import dtype_policy_scope
 
     MixedPrecision(policy=policy)  # validates the name
     if policy == "auto":

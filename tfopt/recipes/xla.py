@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 from tfopt.data.batches import describe_dropped, rebatch_counted
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
+from tfopt.policies import dtype_policy_scope
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.registry import register
 
 
 def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
@@ -83,7 +83,6 @@ def static_batches(dataset: Any, batch_size: int) -> tuple[Any, int | None]:
     return rebatch_counted(dataset, batch_size, drop_remainder=True)
 
 
-@register
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Xla(Recipe):
     """Compiles the train step with XLA where every layer supports it and the hardware benefits.
@@ -128,7 +127,6 @@ class Xla(Recipe):
 
     @staticmethod
     def _blockers(plan: Plan) -> list[str]:
-        from tfopt.builder import dtype_policy_scope
 
         with dtype_policy_scope(plan.dtype_policy):
             model = plan.model_fn()

@@ -1,0 +1,449 @@
+"""Tests of the `tfopt-recipe` command line: exit codes, one-paragraph errors, and every shipped recipe runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+
+import numpy as np
+import pytest
+import yaml
+
+from tfopt.cli import main
+from tfopt.data import generate_shapes
+from tfopt.recipe_file import load_recipe
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+TINY_DATA = "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
+GOOD = "model: {name: small_cnn, filters: [4]}\n" + TINY_DATA
+
+
+@pytest.fixture(scope="module")
+def shapes_dir(tmp_path_factory):
+    """A 5-class x 8-image, 32x32 image folder: small enough to train on in a test."""
+    return generate_shapes(tmp_path_factory.mktemp("shapes") / "shapes", images_per_class=8, image_size=32)
+
+
+@pytest.fixture()
+def model_modules(tmp_path):
+    """A module of model functions next to the recipe files, some of which fail."""
+    (tmp_path / "cli_test_models.py").write_text(textwrap.dedent("""
+        def raises_runtime_error(**kwargs):
+            raise RuntimeError("boom: no such layer on this machine")
+
+        def raises_value_error(**kwargs):
+            raise ValueError("units must be positive, received -3")
+
+        def returns_a_string(**kwargs):
+            return "not a model"
+    """))
+    (tmp_path / "cli_test_broken.py").write_text("import definitely_not_installed_package\n")
+    return tmp_path
+
+
+def run_cli(capsys, *argv):
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# Each case: (id, file text or None for "no file", extra arguments, exit code, fragments of the message).
+MALFORMED = [
+    ("yaml-syntax", "model: {name: small_cnn\n" + TINY_DATA, [], 2, ["not a valid recipe file", "line 2"]),
+    ("tab-indentation", "model:\n\tname: small_cnn\n" + TINY_DATA, [], 2, ["not a valid recipe file", "line 2"]),
+    ("top-level-list", "- model\n- data\n", [], 2, ["must be a mapping of sections", "line 1"]),
+    ("empty-file", "", [], 2, ["is empty"]),
+    ("missing-file", None, [], 2, ["does not exist"]),
+    ("python-tag", "model: !!python/object/apply:os.system [ls]\n" + TINY_DATA, [], 2, ["!!python/object/apply:os.system", "line 1"]),
+    ("duplicate-key", GOOD + "train: {}\ntrain: {}\n", [], 2, ["appears twice", "line 4"]),
+    ("unknown-section", GOOD + "trian: {epochs: 1}\n", [], 2, ["Did you mean 'train'?", "line 3"]),
+    ("unknown-train-key", GOOD + "train:\n  epocs: 1\n", [], 2, ["Did you mean 'epochs'?", "line 4"]),
+    ("epochs-wrong-type", GOOD + "train:\n  epochs: many\n", [], 2, ["train.epochs: \"many\" is a string", "line 4"]),
+    ("negative-epochs", GOOD + "train:\n  epochs: -1\n", [], 2, ["train.epochs: -1 is out of range", "line 4"]),
+    ("negative-steps", GOOD + "profile:\n  steps: -5\n", [], 2, ["profile.steps: -5 is out of range", "line 4"]),
+    ("zero-warmup", GOOD + "profile:\n  warmup_steps: 0\n", [], 2, ["expected an integer >= 1", "line 4"]),
+    ("negative-learning-rate", GOOD + "train: {learning_rate: -0.1}\n", [], 2, ["expected a number > 0", "line 3"]),
+    ("unknown-optimizer", GOOD + "train: {optimizer: adamm}\n", [], 2, ["Did you mean 'adam'?", "line 3"]),
+    ("unknown-recipe", GOOD + "recipes:\n  - mixed_precission: {}\n", [], 2, ["Did you mean 'mixed_precision'?", "line 4"]),
+    ("unknown-recipe-setting", GOOD + "recipes:\n  - xla: {jit: true}\n", [], 2, ["Did you mean 'jit_compile'?", "line 4"]),
+    ("bad-recipe-value", GOOD + "recipes:\n  - mixed_precision:\n      policy: fp16\n", [], 2,
+     ["policy='fp16' is not a policy", "line 5"]),
+    ("duplicate-recipe", GOOD + "recipes: [xla, xla]\n", [], 2, ["appears twice", "line 3"]),
+    ("unknown-model", "model: {name: ResNet500}\n" + TINY_DATA, [], 2, ["Did you mean 'ResNet50'?", "line 1"]),
+    ("unknown-model-argument", "model:\n  name: small_cnn\n  filtres: [4]\n" + TINY_DATA, [], 2,
+     ["Did you mean 'filters'?", "line 3"]),
+    ("import-path-syntax", "model: {name: 'my models:build'}\n" + TINY_DATA, [], 2, ["is not an import path", "line 1"]),
+    ("import-path-no-module", "model: {name: 'no_such_package.models:build'}\n" + TINY_DATA, [], 2,
+     ["Cannot import module 'no_such_package.models'", "line 1"]),
+    ("import-path-no-function", "model: {name: 'cli_test_models:biuld'}\n" + TINY_DATA, [], 2,
+     ["has no attribute 'biuld'", "line 1"]),
+    ("import-path-module-raises", "model: {name: 'cli_test_broken:build'}\n" + TINY_DATA, [], 2,
+     ["raised ModuleNotFoundError", "definitely_not_installed_package", "line 1"]),
+    ("model-raises-runtime-error", "model: {name: 'cli_test_models:raises_runtime_error'}\n" + TINY_DATA, [], 1,
+     ["raised RuntimeError: boom: no such layer on this machine", "line 1"]),
+    ("model-rejects-arguments", "model: {name: 'cli_test_models:raises_value_error'}\n" + TINY_DATA, [], 2,
+     ["rejected its arguments: ValueError: units must be positive", "line 1"]),
+    ("model-returns-non-model", "model: {name: 'cli_test_models:returns_a_string'}\n" + TINY_DATA, [], 1,
+     ["returned a str, expected a keras.Model", "line 1"]),
+    ("keras-application-input-too-small", "model: {name: ResNet50}\n" + TINY_DATA, [], 2,
+     ["model ResNet50 rejected its arguments", "line 1"]),
+    ("unknown-data-source", "model: {name: small_cnn}\ndata: {source: imagefolder}\n", [], 2,
+     ["Did you mean 'image_folder'?", "line 2"]),
+    ("missing-data-directory", "model: {name: small_cnn}\ndata: {source: image_folder, path: no/such/dir}\n", [], 2,
+     ["image_folder", "line 2"]),
+    ("empty-image-folder", "model: {name: small_cnn}\ndata: {source: image_folder, path: empty_classes}\n", [], 2,
+     ["hold no images", "line 2"]),
+    ("empty-numpy-dataset", "model: {name: small_cnn}\ndata: {source: numpy, x: empty.npz}\n", [], 2,
+     ["holds zero examples", "line 2"]),
+    ("tfds-not-prepared-offline", "model: {name: small_cnn}\ndata: {source: tfds, name: mnist, data_dir: no_tfds}\n",
+     [], 2, ["download is false", "line 2"]),
+    ("bad-set-syntax", GOOD, ["--set", "train.epochs"], 2, ["expected key.path=value"]),
+    ("bad-set-key", GOOD, ["--set", "train.epoch=2"], 2, ["Did you mean 'epochs'?", "--set train.epoch=2"]),
+    ("steps-too-small", GOOD, ["--steps", "1"], 2, ["profile.steps: 1 is out of range", "--set profile.steps=1"]),
+]
+
+
+@pytest.mark.parametrize("case, text, extra, code, fragments", MALFORMED, ids=[case[0] for case in MALFORMED])
+def test_malformed_recipes_fail_with_a_one_paragraph_message(tmp_path, model_modules, monkeypatch, capsys,
+                                                             case, text, extra, code, fragments):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty_classes" / "cats").mkdir(parents=True)
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), "float32"), y=np.zeros((0,), "int32"))
+    path = tmp_path / "recipe.yaml"
+    if text is not None:
+        path.write_text(text)
+    exit_code, out, err = run_cli(capsys, "run", path, "--quiet", "--out", tmp_path / "run", *extra)
+    assert exit_code == code, err
+    assert "Traceback" not in err
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("tfopt-recipe: error: ")
+    for fragment in fragments:
+        assert fragment in message
+    assert out == ""
+    assert not (tmp_path / "run").exists()  # every check runs before the run directory is made
+
+
+def test_there_are_at_least_25_malformed_cases():
+    assert len(MALFORMED) >= 25
+
+
+def test_out_directory_with_earlier_outputs_is_refused_and_left_untouched(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD)
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / "report.md").write_text("earlier report\n")
+    exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", earlier)
+    assert exit_code == 2
+    assert "already holds files" in err
+    assert [item.name for item in earlier.iterdir()] == ["report.md"]
+    assert (earlier / "report.md").read_text() == "earlier report\n"
+
+
+def test_validate_prints_a_summary_and_json(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [xla]\n")
+    exit_code, out, _ = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
+    assert exit_code == 0
+    assert "valid. model small_cnn, data synthetic (batch 4), recipes: xla." in out
+    exit_code, out, _ = run_cli(capsys, "validate", tmp_path / "recipe.yaml", "--json", "--set", "train.epochs=4")
+    document = json.loads(out)
+    assert document["valid"] is True and document["resolved"]["train"]["epochs"] == 4
+
+
+def test_dry_run_prints_the_resolved_recipe_and_plan_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [xla, data_pipeline]\n")
+    exit_code, out, _ = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--dry-run")
+    assert exit_code == 0
+    resolved = yaml.safe_load(out.split("# Plan")[0])
+    assert resolved["model"]["input_shape"] == [8, 8, 3]  # taken from the data
+    assert "apply recipes in build order: data_pipeline, xla" in out
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
+def test_list_names_recipes_models_and_sources(capsys):
+    exit_code, out, _ = run_cli(capsys, "list")
+    assert exit_code == 0
+    for name in ("mixed_precision", "xla", "data_pipeline", "small_cnn", "text_transformer", "ResNet50",
+                 "image_folder", "synthetic", "tfds"):
+        assert name in out
+    exit_code, out, _ = run_cli(capsys, "list", "--json")
+    listing = json.loads(out)
+    assert listing["recipes"]["xla"] and listing["data_sources"]["image_folder"]
+
+
+def test_no_command_prints_usage_and_exits_2(capsys):
+    exit_code, _, err = run_cli(capsys)
+    assert exit_code == 2
+    assert "usage: tfopt-recipe" in err
+
+
+def _subprocess(*code_lines: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                   "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-c", "\n".join(code_lines)], capture_output=True, text=True,
+                          cwd=REPO, env=environment, timeout=300)
+
+
+@pytest.mark.parametrize("argument, expected", [("--help", "usage: tfopt-recipe"), ("--version", "tfopt-recipe 0.")])
+def test_help_and_version_do_not_import_tensorflow(argument, expected):
+    process = _subprocess(
+        "import sys",
+        "from tfopt.cli import main",
+        "try:",
+        f"    main([{argument!r}])",
+        "except SystemExit as exit:",
+        "    code = exit.code",
+        "heavy = sorted(name for name in ('tensorflow', 'keras', 'numpy') if name in sys.modules)",
+        "print('EXIT', code, 'HEAVY', heavy)",
+    )
+    assert expected in process.stdout
+    assert "EXIT 0 HEAVY []" in process.stdout, process.stdout + process.stderr
+
+
+def test_a_real_process_prints_no_traceback_for_a_bad_recipe(tmp_path):
+    (tmp_path / "bad.yaml").write_text(GOOD + "train:\n  epochs: -3\n")
+    process = _subprocess("import sys", "from tfopt.cli import main", f"sys.exit(main(['validate', {str(tmp_path / 'bad.yaml')!r}]))")
+    assert process.returncode == 2
+    assert "Traceback" not in process.stderr
+    assert f"train.epochs: -3 is out of range; expected an integer >= 0 ({tmp_path / 'bad.yaml'}, line 4)." in process.stderr
+
+
+def _tiny_overrides(recipe_path: pathlib.Path, shapes_dir: pathlib.Path) -> list[str]:
+    """Overrides that make any shipped recipe train for seconds: tiny data, 2 timed steps, 2 training steps."""
+    data = yaml.safe_load(recipe_path.read_text())["data"]
+    overrides = ["data.batch_size=4", "train.epochs=1", "train.steps_per_epoch=2", "profile.warmup_steps=1"]
+    if data["source"] == "image_folder":
+        overrides += [f"data.path={shapes_dir}", "data.image_size=[32, 32]"]  # 32x32: ResNet50's minimum
+    elif data["source"] == "synthetic":
+        overrides += ["data.examples=16", "data.sequence_length=16" if data.get("kind") == "tokens"
+                      else "data.image_size=[16, 16]"]
+    return [argument for override in overrides for argument in ("--set", override)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe_path", RECIPES, ids=[path.name for path in RECIPES])
+def test_every_shipped_recipe_validates_and_runs(recipe_path, shapes_dir, tmp_path, capsys):
+    tiny = _tiny_overrides(recipe_path, shapes_dir)
+    assert run_cli(capsys, "validate", recipe_path, *tiny)[0] == 0
+    out_dir = tmp_path / "run"
+    exit_code, out, err = run_cli(capsys, "run", recipe_path, "--steps", "2", "--out", out_dir, *tiny)
+    assert exit_code == 0, err
+    assert "Traceback" not in err
+    summary = out.strip().splitlines()[-1]
+    assert " steps/s (" in summary and summary.endswith(f"trained to step 2; report: {out_dir / 'report.html'}")
+    assert {"recipe.yaml", "report.html", "report.json", "report.md", "tensorboard", "checkpoints", "training.json"} <= {
+        item.name for item in out_dir.iterdir()}
+    rerun = load_recipe(out_dir / "recipe.yaml")
+    assert rerun.train.steps_per_epoch == 2 and rerun.profile.steps == 2
+
+
+def test_convert_writes_the_recipe_data_as_tfrecord_files(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD)
+    exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records", "--quiet")
+    assert exit_code == 0, err
+    assert f"wrote TFRecord files to {tmp_path / 'records'}" in out
+    assert list((tmp_path / "records").glob("*.tfrecord*"))
+
+
+@pytest.fixture(scope="module")
+def starved_recipe(tmp_path_factory):
+    """A recipe whose input is the bottleneck: 512x512 JPEGs decoded and resized to 16x16 one at a time,
+    for a CNN with 4 filters."""
+    directory = tmp_path_factory.mktemp("starved")
+    images = generate_shapes(directory / "shapes", images_per_class=8, image_size=512)
+    path = directory / "starved.yaml"
+    path.write_text(f"model: {{name: small_cnn, filters: [4]}}\n"
+                    f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: 8}}\n"
+                    "profile: {steps: 4, warmup_steps: 1}\n")
+    return path
+
+
+def test_diagnose_names_the_data_pipeline_for_a_starved_input_and_changes_nothing(starved_recipe, capsys):
+    before = sorted(item.name for item in starved_recipe.parent.iterdir())
+    exit_code, out, err = run_cli(capsys, "diagnose", starved_recipe, "--quiet")
+    assert exit_code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("starved on CPU")
+    waiting = float(re.search(r"input wait ([\d.]+)%", lines[1]).group(1))
+    assert "CPU only: accelerator busy % and MFU do not apply" in lines[1]
+    assert lines[1].startswith("baseline: ") and waiting >= 5.0  # the profiler's "moderately input-bound"
+    findings = [line for line in lines if line.startswith("- ")]
+    assert findings and "-> data_pipeline: " in findings[0]
+    assert findings[0].split(" (")[0] in ("- input_bound", "- cpu_preprocessing", "- storage_bandwidth")
+    assert lines[-1].startswith("Nothing was changed.")
+    assert sorted(item.name for item in starved_recipe.parent.iterdir()) == before
+    exit_code, out, _ = run_cli(capsys, "diagnose", starved_recipe, "--quiet", "--json")
+    document = json.loads(out)
+    assert exit_code == 0 and document["diagnosis"]["recipes"][0] == "data_pipeline"
+    finding = document["diagnosis"]["findings"][0]
+    assert finding["recipe"] == "data_pipeline" and finding["percent"] >= 5.0 and finding["reason"]
+    ratio = document["measurement"]["ceiling"]["median_seconds"] / document["measurement"]["real"]["median_seconds"]
+    efficiency = document["measurement"]["input_efficiency"]
+    assert efficiency == pytest.approx(min(1.0, ratio)) or document["measurement"]["measurement_problem"]
+    assert document["metrics"]["accelerator"] == "cpu" and document["metrics"]["busy_percent"] is None
+
+
+def test_a_diverging_run_exits_1_with_one_paragraph(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD + "train: {optimizer: sgd, learning_rate: 1e30, steps_per_epoch: 3}\n"
+                                          "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n")
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run")
+    assert exit_code == 1 and out == ""
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("tfopt-recipe: error: Training stopped at step ") and "the loss is " in err
+    assert f"The partial outputs of this run are in {tmp_path / 'run'}." in err
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--resume"], "--resume needs --out RUN_DIR"),
+    (["--workers", "2"], "--workers 2 needs a distribution recipe"),
+    (["--workers", "0"], "--workers 0: expected 2 or more worker processes"),
+    (["--workers", "1"], "--workers 1: expected 2 or more worker processes; for one process, run without"),
+    (["--tune-budget", "soon"], "'soon' is not a duration"),
+])
+def test_run_option_mistakes_exit_2(tmp_path, capsys, extra, fragment):
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [xla]\n")
+    try:
+        exit_code = main(["run", str(tmp_path / "recipe.yaml"), "--quiet", *extra])
+    except SystemExit as exit:  # argparse rejects a malformed option value itself
+        exit_code = exit.code
+    assert exit_code == 2 and fragment in capsys.readouterr().err
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
+def test_tune_budget_and_auto_reach_the_resolved_recipe_and_the_plan(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: auto\n")
+    exit_code, out, _ = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--dry-run", "--json", "--tune-budget", "2m")
+    document = json.loads(out)
+    assert exit_code == 0 and document["resolved"]["recipes"] == "auto"
+    assert document["resolved"]["profile"]["tune_budget_seconds"] == 120.0
+    assert "auto: time the candidate recipes on this machine for up to 120 s" in document["plan"][1]
+
+
+def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, monkeypatch):
+    import tfopt.recipe_file
+    import tfopt.recipes.memory
+
+    calls = []
+    monkeypatch.setattr(tfopt.recipes.memory, "configure_gpu_memory", lambda **kwargs: calls.append(("gpu", kwargs)) or [])
+    real_load = tfopt.recipe_file.load_recipe
+    monkeypatch.setattr(tfopt.recipe_file, "load_recipe", lambda *args, **kwargs: calls.append(("load",)) or real_load(
+        *args, **kwargs))
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes:\n  - gpu_memory: {growth: true}\n")
+    exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run",
+                                "--set", "train.epochs=0", "--steps", "2", "--set", "profile.warmup_steps=1")
+    assert exit_code == 0, err
+    assert calls[:2] == [("gpu", {"growth": True, "limit_bytes": None}), ("load",)]
+
+
+KILLED_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import keras
+    from tfopt.run import runner
+    from tfopt.recipe_file import load_recipe
+
+    class KillAt(keras.callbacks.Callback):
+        seen = 0
+        def on_train_batch_end(self, batch, logs=None):
+            KillAt.seen += 1
+            if KillAt.seen == int(sys.argv[3]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    class KillingProgress(runner.Progress):
+        def training_callbacks(self, **kwargs):
+            return [KillAt()]
+
+    runner.run(load_recipe(sys.argv[1]), out_dir=sys.argv[2], progress=KillingProgress())
+""")
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, capsys):
+    """Mirrors tests/training/test_fit.py's SIGKILL test, through the recipe runner and `run --resume`."""
+    (tmp_path / "recipe.yaml").write_text(GOOD + "train: {epochs: 3, steps_per_epoch: 4, checkpoint_every_steps: 2}\n"
+                                          "recipes: [data_pipeline]\nprofile: {steps: 2, warmup_steps: 1}\n")
+    (tmp_path / "child.py").write_text(KILLED_CHILD)
+    run_dir = tmp_path / "run"
+    killed = _subprocess_script(tmp_path / "child.py", tmp_path / "recipe.yaml", run_dir, "7")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (run_dir / "training.json").exists()
+    report = (run_dir / "report.json").read_text()  # written before training: the kill does not lose it
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", run_dir, "--resume", "--quiet")
+    assert exit_code == 0, err
+    training = json.loads((run_dir / "training.json").read_text())
+    # Killed after step 7 of 12; checkpoints every 2 steps and at epoch ends: the newest complete one is at
+    # step 4 or 6 (the one of step 6 may still have been being written).
+    assert training["resumed_from_step"] in (4, 6)
+    assert training["global_step"] == 12 == training["resumed_from_step"] + training["steps_run"]
+    assert (run_dir / "report.json").read_text() == report
+    assert out.strip().endswith(f"trained to step 12; report: {run_dir / 'report.html'}")
+
+
+def _subprocess_script(script: pathlib.Path, *arguments) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                   "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, str(script), *map(str, arguments)], capture_output=True, text=True,
+                          cwd=REPO, env=environment, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
+def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir, tmp_path, capsys):
+    recipe = REPO / "recipes" / "small_cnn.yaml"
+    out_dir = tmp_path / "run"
+    exit_code, out, err = run_cli(capsys, "run", recipe, "--workers", "2", "--out", out_dir, "--quiet", "--steps", "2",
+                                  *_tiny_overrides(recipe, shapes_dir), "--set", "train.steps_per_epoch=3")
+    assert exit_code == 0, err
+    training = json.loads((out_dir / "training.json").read_text())
+    assert (training["engine"], training["replicas"], training["global_step"]) == ("tfopt.distribute.fit", 2, 3)
+    assert "[worker 0]" in err and "[worker 1]" in err  # both ran; their TF start-up noise is filtered out
+    assert "absl::InitializeLog" not in err
+    assert sorted(item.name for item in out_dir.iterdir()) == [
+        "checkpoints", "recipe.yaml", "report.html", "report.json", "report.md", "tensorboard", "training.json"]
+    assert not any(path.name.startswith(".tfopt_worker") for path in (out_dir / "checkpoints").iterdir())
+    assert out.strip().endswith(f"trained to step 3 on 2 replicas; report: {out_dir / 'report.html'}")
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
+def test_a_failing_worker_exits_1_naming_the_worker(tmp_path, capsys):
+    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [{distribution: {strategy: auto}}]\n"
+                                          "train: {steps_per_epoch: 2}\nprofile: {steps: 2, warmup_steps: 1}\n")
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--workers", "2", "--out", tmp_path / "run",
+                                  "--quiet", "--set", "train.learning_rate=1e30", "--set", "train.optimizer=sgd")
+    assert exit_code == 1 and out == ""
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("tfopt-recipe: error: Worker ") and "(first failure)" in message
+
+
+def test_diagnose_reads_an_existing_gpu_trace_without_running_anything(tmp_path, capsys):
+    """A capture from an H100 (tests/fixtures/gpu-h100), diagnosed on this machine for the H100 it ran on."""
+    fixture = pathlib.Path(__file__).parents[1] / "fixtures" / "gpu-h100" / "starved_pyfunc.tar.xz"
+    with tarfile.open(fixture, "r:xz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    exit_code, out, err = run_cli(capsys, "diagnose", "--trace", tmp_path / "starved_pyfunc", "--quiet")
+    assert exit_code == 0, err
+    lines = out.strip().splitlines()
+    assert "NVIDIA H100 80GB HBM3" in lines[0] and "accelerator busy 0.0%" in lines[0]
+    assert float(re.search(r"input wait ([\d.]+)%", lines[0]).group(1)) >= 95.0
+    assert lines[1].startswith("- cpu_preprocessing (high") and "-> data_pipeline" in lines[1]
+    assert any(line.startswith("  note: No timed measurement") for line in lines)
+    exit_code, out, _ = run_cli(capsys, "diagnose", "--trace", tmp_path / "starved_pyfunc", "--quiet", "--json")
+    document = json.loads(out)
+    assert document["diagnosis"]["recipes"][0] == "data_pipeline" and document["gpus"] == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_diagnose_needs_a_recipe_or_a_trace(capsys, tmp_path):
+    exit_code, _, err = run_cli(capsys, "diagnose", "--quiet")
+    assert exit_code == 2 and "--trace DIR" in err
+    exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--quiet")
+    assert exit_code == 1 and "No profiler capture" in err
+    exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--steps", "4", "--quiet")
+    assert exit_code == 2 and "runs nothing" in err

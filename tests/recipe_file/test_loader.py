@@ -1,0 +1,277 @@
+"""Tests of tfopt.recipe_file: strict loading, line-accurate errors, overrides, defaults, saving."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import textwrap
+
+import pytest
+import yaml
+
+from tfopt.errors import RecipeFileError
+from tfopt.recipe_file import load_recipe, parse_override, recipe_item_settings, save_resolved
+
+RECIPES_DIR = pathlib.Path(__file__).resolve().parents[2] / "recipes"
+# Synthetic data: constructing it touches no disk, so these tests check the file, not the data.
+TINY_DATA = "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
+
+
+def write(directory: pathlib.Path, text: str, name: str = "recipe.yaml") -> pathlib.Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load_error(path: pathlib.Path, overrides=()) -> str:
+    with pytest.raises(RecipeFileError) as error:
+        load_recipe(path, overrides=overrides)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda path: path.name)
+def test_shipped_recipes_resolve(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFOPT_DATA_DIR", os.fspath(tmp_path))  # where the embedded dataset is generated
+    recipe = load_recipe(path, overrides=["data.image_size=[32, 32]"] if "image_size" in path.read_text() else [])
+    assert recipe.name == path.stem or recipe.name == "resnet50"
+    names = [item.name for item in recipe.recipes]
+    assert names[:3] == ["data_pipeline", "mixed_precision", "xla"] and names[3:] in ([], ["distribution"])
+    assert recipe.report.formats == ("html", "markdown", "json")
+    assert set(recipe.to_dict()) == {"name", "description", "model", "data", "train", "recipes", "profile", "report"}
+
+
+def test_defaults_are_filled_in(tmp_path):
+    recipe = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))
+    resolved = recipe.to_dict()
+    assert resolved["train"] == {"optimizer": "adam", "learning_rate": 0.001, "loss": "sparse_categorical_crossentropy",
+                                 "metrics": ["accuracy"], "epochs": 1, "steps_per_epoch": None, "batch_size": 4,
+                                 "seed": 0, "checkpoint_every_steps": 100}
+    assert resolved["profile"] == {"steps": 20, "warmup_steps": 5, "logdir": None, "tune_budget_seconds": 120.0}
+    assert resolved["report"] == {"formats": ["html", "markdown", "json"], "price_per_hour": None}
+    assert resolved["recipes"] == "default"
+    assert resolved["model"] == {"name": "small_cnn", "input_shape": [64, 64, 3], "classes": 5,
+                                 "filters": [32, 64, 128], "dropout": 0.2}
+    assert resolved["data"]["examples"] == 16 and resolved["data"]["seed"] == 0
+    assert resolved["name"] == "recipe"
+
+
+def test_keras_applications_default_to_no_weights_so_nothing_is_downloaded(tmp_path):
+    recipe = load_recipe(write(tmp_path, "model: {name: MobileNetV2}\n" + TINY_DATA))
+    assert recipe.model.kwargs["weights"] is None
+    assert "name" not in recipe.model.kwargs  # keras' own `name` argument is shadowed by model.name
+    explicit = load_recipe(write(tmp_path, "model: {name: MobileNetV2, weights: imagenet}\n" + TINY_DATA))
+    assert explicit.model.kwargs["weights"] == "imagenet"
+
+
+def test_scientific_notation_without_a_dot_is_a_float(tmp_path):
+    # PyYAML follows YAML 1.1, where `1e-3` is the string '1e-3'.
+    recipe = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "train: {learning_rate: 1e-3}\n"))
+    assert recipe.train.learning_rate == 0.001
+
+
+def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla: {jit_compile: true}\n")
+    recipe = load_recipe(path, overrides=["train.epochs=3", "data.image_size=[4, 6]", "profile.steps=4",
+                                          "recipes.0.xla.jit_compile=false", "report.price_per_hour=1.5"])
+    assert recipe.train.epochs == 3
+    assert recipe.data.kwargs["image_size"] == [4, 6]
+    assert recipe.profile.steps == 4
+    assert recipe.recipes[0].jit_compile is False
+    assert recipe.report.price_per_hour == 1.5
+    assert recipe.where("train", "epochs") == "--set train.epochs=3"
+    assert recipe.where("recipes", 0, "xla", "jit_compile") == "--set recipes.0.xla.jit_compile=false"
+    assert recipe.where("model", "name") == f"{path}, line 1"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epochs", "expected key.path=value"),
+    ("=3", "expected key.path=value"),
+    ("train..epochs=3", "expected key.path=value"),
+    ("train.epochs=[1, 2", "the value is not valid YAML"),
+    ("recipes.3.xla=null", "recipes is a list of 1 items; expected an index from 0 to 0, received '3'"),
+    ("model.name.first=x", "model.name is \"small_cnn\", not a mapping, so it has no key 'first'"),
+    ("train.epochs=-2", "train.epochs: -2 is out of range; expected an integer >= 0 (--set train.epochs=-2)."),
+    ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
+    ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
+])
+def test_override_errors_name_the_option(tmp_path, override, message):
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla]\n")
+    assert message in load_error(path, overrides=[override])
+
+
+def test_parse_override_keeps_strings_with_equals_signs():
+    assert parse_override("data.path=/data/a=b") == (("data", "path"), "/data/a=b")
+    assert parse_override("train.steps_per_epoch=") == (("train", "steps_per_epoch"), None)
+
+
+ERRORS = [
+    # (file text, the key line (1-based) the message must name, a fragment of the message)
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epocs: 3\n", 4,
+     "train.epocs: unknown key of train 'epocs' (received epocs: 3). Did you mean 'epochs'?"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: three\n", 4,
+     "train.epochs: \"three\" is a string; expected an integer >= 0"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: 2.5\n", 4, "is a number; expected an integer"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: true\n", 4, "is a boolean; expected an integer"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  learning_rate: 0\n", 4,
+     "train.learning_rate: 0 is out of range; expected a number > 0"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "report:\n  formats: [json, pdf]\n", 4,
+     "report.formats: 'pdf' is not one of html, markdown, json"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "profile:\n  tune_budget_seconds: 0\n", 4,
+     "profile.tune_budget_seconds: 0 is out of range; expected a number > 0"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  checkpoint_every_steps: 0\n", 4,
+     "train.checkpoint_every_steps: 0 is out of range; expected an integer >= 1"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "profle: {steps: 3}\n", 3,
+     "profle: unknown section 'profle' (received profle: {\"steps\": 3}). Did you mean 'profile'?"),
+    ("model:\n  name: small_cnn\n  filterz: [8]\n" + TINY_DATA, 3,
+     "model.filterz: unknown argument of model small_cnn 'filterz' (received filterz: [8]). Did you mean 'filters'?"),
+    ("model:\n  name: ResNet5\n" + TINY_DATA, 2, "Unknown model 'ResNet5'. Did you mean 'ResNet50'?"),
+    ("model: {name: small_cnn}\ndata:\n  source: image_foldr\n", 3,
+     "data.source: unknown data source \"image_foldr\". Did you mean 'image_folder'?"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precisio: {}\n", 5,
+     "recipes[1]: Unknown recipe 'mixed_precisio'. Did you mean 'mixed_precision'?"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - mixed_precision:\n      policy: fp16\n", 5,
+     "mixed_precision: policy='fp16' is not a policy"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla:\n      jit: true\n", 5,
+     "recipes[0].xla.jit: xla: unknown setting 'jit' (received jit: True). Did you mean 'jit_compile'?"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n  - xla\n", 6,
+     "appears twice"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train: {optimizer: adamm}\n", 3,
+     "train.optimizer: 'adamm' is not a keras.optimizers name. Did you mean 'adam'?"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "train: {batch_size: 8}\n", 3,
+     "train.batch_size: 8 differs from data.batch_size: 4"),
+    ("model: {name: small_cnn}\nmodel: {name: small_cnn}\n" + TINY_DATA, 2,
+     "key model appears twice (first on line 1)"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "name: my run\n", 3, "name: \"my run\" cannot name a run directory"),
+    ("model:\n  name: !!python/name:os.system\n" + TINY_DATA, 2, "could not determine a constructor for the tag"),
+    ("model: !!python/object/apply:os.system [echo]\n" + TINY_DATA, 1, "the tag !!python/object/apply:os.system is not allowed"),
+    ("model: {name: small_cnn\n" + TINY_DATA, 2, "is not a valid recipe file: while parsing a flow mapping"),
+    (TINY_DATA, 1, "The recipe has no `model:` section; it is required"),
+    ("- model\n- data\n", 1, "A recipe file must be a mapping of sections"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes: everything\n", 3,
+     "recipes: received \"everything\"; expected a list of recipe items"),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "yes: 1\n", 3, "is a boolean, expected a string"),
+]
+
+
+@pytest.mark.parametrize("text, line, fragment", ERRORS, ids=[fragment[:40] for _, _, fragment in ERRORS])
+def test_errors_name_the_line_the_key_and_the_fix(tmp_path, text, line, fragment):
+    path = write(tmp_path, text)
+    message = load_error(path)
+    assert fragment in message
+    assert f"{path}, line {line}" in message
+
+
+def test_missing_unreadable_and_empty_files(tmp_path):
+    assert "does not exist" in load_error(tmp_path / "nope.yaml")
+    assert "is a directory" in load_error(tmp_path)
+    assert "is empty" in load_error(write(tmp_path, "# nothing but a comment\n"))
+    (tmp_path / "latin1.yaml").write_bytes("model: {name: caf\xe9}\n".encode("latin-1"))
+    assert "is not UTF-8" in load_error(tmp_path / "latin1.yaml")
+
+
+def test_alias_bombs_are_rejected(tmp_path):
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for name, previous in zip("bcde", "abcd"):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 10)}]")
+    assert "more than 100000 YAML nodes" in load_error(write(tmp_path, "\n".join(lines) + "\n"))
+
+
+def test_anchors_and_merge_keys_are_plain_yaml_that_works(tmp_path):
+    path = write(tmp_path, """\
+        model: {name: small_cnn}
+        data: &data {source: synthetic, kind: image, examples: 16, image_size: [8, 8]}
+        train:
+          <<: {epochs: 3, seed: 7}
+          seed: 1
+    """)
+    recipe = load_recipe(path)
+    assert (recipe.train.epochs, recipe.train.seed) == (3, 1)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("recipes: default\n", "default"),
+    ("recipes: auto\n", "auto"),
+    ("recipes: []\n", ()),
+    ("recipes:\n", ()),
+    ("recipes: [xla]\n", ("xla",)),
+    ("recipes:\n  - xla:\n", ("xla",)),
+    ("recipes:\n  - xla: {}\n  - data_pipeline: {cache: none}\n", ("xla", "data_pipeline")),
+])
+def test_recipe_item_forms(tmp_path, text, expected):
+    recipes = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + text)).recipes
+    assert (recipes if isinstance(recipes, str) else tuple(recipe.name for recipe in recipes)) == expected
+
+
+def test_paths_in_the_file_are_relative_to_it_and_options_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    path = write(tmp_path / "sub", "model: {name: small_cnn}\n" + TINY_DATA + "profile: {logdir: logs}\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe(path).profile.logdir == os.fspath(tmp_path / "sub" / "logs")
+    assert load_recipe(path, overrides=["profile.logdir=here"]).profile.logdir == os.fspath(tmp_path / "here")
+
+
+def test_model_import_paths_are_found_next_to_the_recipe_and_their_arguments_checked(tmp_path):
+    write(tmp_path, "def build(units, *, activation='relu'):\n    return None\n", name="recipe_file_models.py")
+    base = "model:\n  name: recipe_file_models:build\n"
+    recipe = load_recipe(write(tmp_path, base + "  units: 3\n" + TINY_DATA))
+    assert recipe.model.kwargs == {"units": 3, "activation": "relu"}
+    assert "needs the argument(s) units" in load_error(write(tmp_path, base + TINY_DATA))
+    message = load_error(write(tmp_path, base + "  units: 3\n  activaton: tanh\n" + TINY_DATA))
+    assert "Did you mean 'activation'?" in message and ", line 4)" in message
+    message = load_error(write(tmp_path, "model:\n  name: recipe_file_models:biuld\n" + TINY_DATA))
+    assert "has no attribute 'biuld'" in message and "Did you mean 'build'?" in message
+
+
+def test_data_source_errors_point_at_the_argument(tmp_path):
+    message = load_error(write(tmp_path, """\
+        model: {name: small_cnn}
+        data:
+          source: synthetic
+          kind: video
+    """))
+    assert "kind='video' is not a kind of synthetic data" in message and ", line 4)" in message
+    message = load_error(write(tmp_path, f"model: {{name: small_cnn}}\ndata: {{source: image_folder, path: {tmp_path}/none}}\n"))
+    assert "image_folder" in message and ", line 2)" in message
+
+
+def test_save_resolved_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFOPT_DATA_DIR", os.fspath(tmp_path / "datasets"))
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla, mixed_precision]\n")
+    recipe = load_recipe(path, overrides=["train.epochs=2"])
+    saved = save_resolved(recipe, tmp_path / "resolved.yaml")
+    again = load_recipe(saved)
+    assert again.to_dict() == recipe.to_dict()
+    assert saved.read_text().startswith("# Resolved by tfopt")
+    assert yaml.safe_load(saved.read_text())["train"]["epochs"] == 2
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["recipe.yaml", "resolved.yaml"]
+
+
+def test_save_resolved_never_leaves_half_a_file(tmp_path, monkeypatch):
+    recipe = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))
+    target = tmp_path / "resolved.yaml"
+    target.write_text("earlier run\n")
+
+    def failing_replace(source, destination):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        save_resolved(recipe, target)
+    assert target.read_text() == "earlier run\n"
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["recipe.yaml", "resolved.yaml"]
+
+
+def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path):
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - gpu_memory: {growth: false}\n")
+    assert recipe_item_settings(path, "gpu_memory") == {"growth": False, "limit_bytes": None}
+    assert recipe_item_settings(path, "distribution") is None
+    assert recipe_item_settings(path, "gpu_memory", overrides=["recipes.1.gpu_memory.limit_bytes=1073741824"]) == {
+        "growth": False, "limit_bytes": 2**30}
+    bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory:\n      growth: 3\n")
+    with pytest.raises(RecipeFileError, match=r"growth=3\. Expected true or false .*line 5\)"):
+        recipe_item_settings(bad, "gpu_memory")
+
+
+def test_absurdly_deep_nesting_is_a_recipe_error_not_a_crash(tmp_path):
+    path = write(tmp_path, "model: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert "nests its values thousands of levels deep" in load_error(path)

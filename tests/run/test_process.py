@@ -1,0 +1,45 @@
+"""Tests of tfopt.run.process: GPU memory settings are applied before TensorFlow initialises its devices."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RECIPE = ("model: {name: small_cnn, filters: [4]}\n"
+          "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
+          "recipes:\n  - gpu_memory: {growth: false, limit_bytes: 1073741824}\n  - distribution: {strategy: auto}\n")
+
+CHILD = textwrap.dedent("""
+    import sys
+    import tfopt.recipes.memory as memory
+    from tensorflow.python.eager import context
+    from tfopt.run.process import start_process
+    from tfopt.recipe_file import load_recipe
+
+    def record(**kwargs):
+        print("CONFIGURED", kwargs, "INITIALISED", context.context()._context_handle is not None)
+        return []
+
+    memory.configure_gpu_memory = record
+    strategy = start_process(sys.argv[1])
+    load_recipe(sys.argv[1])
+    print("STRATEGY", strategy, "INITIALISED", context.context()._context_handle is not None)
+""")
+
+
+def test_gpu_memory_is_configured_before_tensorflow_initialises_and_one_process_joins_no_cluster(tmp_path):
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    (tmp_path / "child.py").write_text(CHILD)
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    environment.update(PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                       TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "recipe.yaml")],
+                             capture_output=True, text=True, env=environment, timeout=300)
+    assert process.returncode == 0, process.stderr[-2000:]
+    lines = [line for line in process.stdout.splitlines() if line.startswith(("CONFIGURED", "STRATEGY"))]
+    assert lines == ["CONFIGURED {'growth': False, 'limit_bytes': 1073741824} INITIALISED False",
+                     "STRATEGY None INITIALISED True"]  # loading the recipe initialises TF: too late for GPUs

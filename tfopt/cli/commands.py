@@ -1,0 +1,362 @@
+"""`tfopt-recipe`: run, check and inspect YAML recipe files from the command line.
+
+Thin by design: it parses arguments, hands off to `tfopt.recipe_file` and `tfopt.run.runner`, and decides
+what the user sees (progress on stderr, the result on stdout). Only the standard library and tfopt's
+light modules are imported at start, so `--help` and `--version` answer at once; TensorFlow is imported
+by the commands that need it.
+
+Exit codes: 0 success; 2 a bad recipe file or command line; 1 the run failed; 130 interrupted. A tfopt
+error is printed as one paragraph, never as a traceback (`--traceback` shows it for bug reports).
+
+Example:
+    $ tfopt-recipe run recipes/resnet.yaml
+    $ tfopt-recipe run recipes/small_cnn.yaml --set train.epochs=1 --steps 5 --out runs/try
+    $ tfopt-recipe run recipes/small_cnn.yaml --out runs/try --resume      # continue a killed run
+    $ tfopt-recipe run recipes/small_cnn.yaml --workers 2                  # 2 local workers
+    $ tfopt-recipe diagnose recipes/small_cnn.yaml                         # what holds training back
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from tfopt.cli import options
+from tfopt.cli.progress import terminal_progress
+from tfopt._version import __version__
+from tfopt.errors import RecipeFileError, TfoptError
+
+__all__ = ["main", "build_parser"]
+
+_PROGRAM = "tfopt-recipe"
+
+
+class _UsageError(Exception):
+    """A command-line mistake found after parsing (exit code 2, like argparse's own)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line and returns the exit code (the console script exits with it).
+
+    Args:
+        argv: The arguments, without the program name; `sys.argv[1:]` when None.
+
+    Returns:
+        0 on success, 2 for a bad recipe file or command line, 1 when the run failed, 130 on Ctrl-C.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return args.handler(args)
+    except (RecipeFileError, _UsageError) as error:
+        return _report_error(error, 2, args)
+    except TfoptError as error:
+        return _report_error(error, 1, args)
+    except KeyboardInterrupt:
+        print(f"{_PROGRAM}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
+        return _report_error(error, 1, args, hint=" This may be a bug in tfopt or in your model code: rerun "
+                                                   "with --traceback to see where it happened.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `tfopt-recipe` (importing it imports no TensorFlow)."""
+    parser = argparse.ArgumentParser(
+        prog=_PROGRAM, description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
+                                   "well, and prove the gain with before/after measurements.",
+        epilog="Exit codes: 0 success, 2 bad recipe file or arguments, 1 run failure. "
+               "Example: tfopt-recipe run recipes/resnet.yaml")
+    parser.add_argument("--version", action="version", version=f"{_PROGRAM} {__version__}")
+    parser.set_defaults(handler=None)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", "-q", action="store_true", help="no progress bars or log lines")
+    common.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    common.add_argument("--traceback", action="store_true", help="show Python tracebacks (for bug reports)")
+    overrides = argparse.ArgumentParser(add_help=False, parents=[common])
+    overrides.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        help="override a value of the file, parsed as YAML (repeatable): --set train.epochs=2 "
+             "--set data.image_size=[32,32] --set recipes.0.xla.jit_compile=false")
+    overrides.add_argument("--steps", type=int, metavar="N",
+                           help="timed steps of each measurement (same as --set profile.steps=N)")
+    overrides.add_argument("--tune-budget", type=options.seconds, metavar="TIME",
+                           help="time `recipes: auto` may spend timing candidates, e.g. 120s or 2m "
+                                "(same as --set profile.tune_budget_seconds=120)")
+    recipe_options = argparse.ArgumentParser(add_help=False, parents=[overrides])
+    recipe_options.add_argument("file", metavar="FILE", help="a YAML recipe file, e.g. recipes/resnet.yaml")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    run = commands.add_parser("run", parents=[recipe_options], help="apply a recipe, measure, train, report")
+    run.add_argument("--out", metavar="DIR", help="run directory (new or empty); default runs/<name>-<timestamp>")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out DIR after a crash or kill: keep its report, train from its "
+                          "newest checkpoint (train.epochs may be raised to train longer)")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="train with N local worker processes over 127.0.0.1 (MultiWorkerMirroredStrategy; "
+                          "the recipes need a distribution item); measured on one process first")
+    run.add_argument("--dry-run", action="store_true", help="print the resolved recipe and plan, run nothing")
+    run.set_defaults(handler=_run)
+    commands.add_parser("validate", parents=[recipe_options], help="check a recipe file, run nothing") \
+        .set_defaults(handler=_validate)
+    diagnose = commands.add_parser("diagnose", parents=[overrides],
+                                   help="measure the baseline (or read an existing trace), change nothing")
+    diagnose.add_argument("file", metavar="FILE", nargs="?", help="a YAML recipe file, e.g. recipes/resnet.yaml")
+    diagnose.add_argument("--trace", metavar="DIR",
+                          help="diagnose an existing TF Profiler capture instead (a TensorBoard logdir or "
+                               ".xplane.pb, e.g. from Keras' TensorBoard(profile_batch=...)); runs nothing")
+    diagnose.set_defaults(handler=_diagnose)
+    convert = commands.add_parser("convert", parents=[recipe_options],
+                                  help="write the recipe's data as TFRecord files")
+    convert.add_argument("--out", metavar="DIR", required=True, help="directory for the TFRecord files")
+    convert.set_defaults(handler=_convert)
+    commands.add_parser("list", parents=[common], help="list recipes, models and data sources") \
+        .set_defaults(handler=_list)
+    return parser
+
+
+def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
+    """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup (GPU
+    memory settings, joining a multi-worker cluster)."""
+    from tfopt.recipe_file import load_recipe
+
+    if start:
+        from tfopt.run.process import start_process
+
+        start_process(args.file, options.overrides(args))
+    return load_recipe(args.file, overrides=options.overrides(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = pathlib.Path(args.out) if args.out else None
+    if not args.resume and out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise _UsageError(f"--out {args.out} already holds files; a run never writes over earlier outputs. "
+                          "Choose a new directory, delete this one, or add --resume to continue the run it holds.")
+    if args.resume and out is None:
+        raise _UsageError("--resume needs --out RUN_DIR, the directory of the run to continue, e.g. "
+                          f"{_PROGRAM} run {args.file} --out runs/small_cnn-20250101-120000 --resume.")
+    if args.workers is not None:
+        return _run_workers(args)
+    if args.dry_run:
+        return _dry_run(_load(args), args)
+    recipe = _load(args, start=True)
+    from tfopt.run import runner
+
+    with terminal_progress(args) as progress:
+        outcome = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume)
+    _print_outcome(outcome, args)
+    return 0
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    """Measures and reports in this process, then trains with N workers that continue its run directory.
+
+    Measuring happens here, on one process with the machine to itself: under MultiWorkerMirroredStrategy
+    Keras' `fit`, which the profiler's timed steps use, fails (keras-team/keras#20585). The workers are
+    `python -m tfopt.cli run FILE --out RUN --resume`, so they take up the run this process started, and
+    only the chief (worker 0) writes checkpoints and training.json.
+    """
+    if args.workers < 2:
+        raise _UsageError(f"--workers {args.workers}: expected 2 or more worker processes; for one process, "
+                          "run without --workers.")
+    recipe = _load(args)
+    if isinstance(recipe.recipes, str) or "distribution" not in {item.name for item in recipe.recipes}:
+        raise _UsageError(f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
+                          "would train a model of its own. Add `- distribution: {strategy: auto}` under recipes: "
+                          f"({recipe.where('recipes')}).")
+    if args.dry_run:
+        return _dry_run(recipe, args)
+    from tfopt.run import runner
+    from tfopt.distribute import launch_local_workers
+
+    with terminal_progress(args) as progress:
+        measured = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume, train=False)
+        progress.phase(f"training with {args.workers} workers on 127.0.0.1")
+        # The workers print little (--quiet): their error paragraphs and summary lines, shown as they come.
+        launch_local_workers([sys.executable, "-m", "tfopt.cli", "run", args.file, *options.worker_arguments(args),
+                              "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
+                             output=options.worker_line)
+    record = measured.run_dir / "training.json"  # absent when train.epochs is 0
+    training = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+    _print_outcome(dataclasses.replace(measured, training=training), args)
+    return 0
+
+
+def _print_outcome(outcome: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        _print_json(outcome.to_dict())
+    else:
+        print(outcome.summary())
+
+
+def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
+    from tfopt.run import runner
+    from tfopt.recipe_file.schema import REPORT_SUFFIXES
+    from tfopt.optimize import resolve_recipes
+
+    recipe = runner.prepare(recipe)
+    if recipe.recipes == "auto":
+        order_text = (f"auto: time the candidate recipes on this machine for up to "
+                      f"{recipe.profile.tune_budget_seconds:g} s, keep only those that help")
+    else:
+        chosen = resolve_recipes(list(recipe.recipes) if not isinstance(recipe.recipes, str) else recipe.recipes)
+        order_text = ", ".join(item.name for item in chosen.recipes) or "(none)"
+    run_dir = args.out or f"runs/{recipe.name}-<timestamp>"
+    steps = f"{recipe.train.steps_per_epoch} steps" if recipe.train.steps_per_epoch else "the whole dataset"
+    plan = [f"profile the baseline: {recipe.profile.warmup_steps} warm-up + {recipe.profile.steps} timed steps, "
+            f"real input and compute-only ceiling, a TF Profiler trace",
+            f"apply recipes in build order: {order_text}",
+            "profile the optimized setup the same way, write "
+            + ", ".join(f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats),
+            f"train {recipe.train.epochs} epoch(s) of {steps}, batch {recipe.data.batch_size}, checkpoints every "
+            f"{recipe.train.checkpoint_every_steps} steps"
+            + (f", on {args.workers} local workers" if getattr(args, "workers", None) else ""),
+            f"write {run_dir}/: recipe.yaml, tensorboard/, checkpoints/, training.json and the report"]
+    if args.json:
+        _print_json({"resolved": recipe.to_dict(), "plan": plan})
+        return 0
+    import yaml
+
+    print(f"# Resolved recipe (dry run: nothing is built, measured or written)\n"
+          f"{yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None)}")
+    print("# Plan")
+    print("\n".join(f"{index}. {line}" for index, line in enumerate(plan, 1)))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    recipe = _load(args)
+    if args.json:
+        _print_json({"valid": True, "resolved": recipe.to_dict()})
+        return 0
+    recipes = recipe.recipes if isinstance(recipe.recipes, str) else ", ".join(r.name for r in recipe.recipes)
+    print(f"{args.file}: valid. model {recipe.model.name}, data {recipe.data.source} (batch "
+          f"{recipe.data.batch_size}), recipes: {recipes or '(none)'}.")
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    if args.trace:
+        return _diagnose_trace(args)
+    if not args.file:
+        raise _UsageError("diagnose needs a recipe FILE to measure, or --trace DIR to read an existing capture.")
+    recipe = _load(args, start=True)
+    from tfopt.run import runner
+
+    with terminal_progress(args) as progress:
+        profile = runner.diagnose(recipe, progress=progress)
+    real, ceiling = profile.measurement.real, profile.measurement.ceiling
+    diagnosis = profile.diagnosis
+    if args.json:
+        _print_json({"recipe": recipe.name, "hardware": profile.hardware.describe(),
+                     "measurement": profile.measurement.to_dict(), "breakdown": profile.breakdown.to_dict(),
+                     "metrics": profile.metrics.to_dict(), "diagnosis": diagnosis.to_dict(),
+                     "logdir": os.fspath(profile.logdir)})
+        return 0
+    print(f"{recipe.name} on {profile.hardware.describe()}")
+    print(f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); on-device "
+          f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}.")
+    _print_diagnosis(diagnosis)
+    print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
+          f"`{_PROGRAM} run {args.file}` applies the recipes and measures the gain.")
+    return 0
+
+
+def _diagnose_trace(args: argparse.Namespace) -> int:
+    if args.file or options.overrides(args):
+        raise _UsageError("diagnose --trace reads an existing capture and runs nothing: give it no recipe FILE, "
+                          "--set, --steps or --tune-budget.")
+    from tfopt.profiling.diagnose import diagnose_capture
+    from tfopt.profiling.metrics import Metrics
+
+    breakdown, hardware, diagnosis = diagnose_capture(args.trace)
+    metrics = Metrics.of(hardware, None, breakdown)
+    if args.json:
+        _print_json({"trace": args.trace, "gpus": [gpu.name for gpu in hardware.gpus],
+                     "breakdown": breakdown.to_dict(), "metrics": metrics.to_dict(), "diagnosis": diagnosis.to_dict()})
+        return 0
+    devices = ", ".join(gpu.name for gpu in hardware.gpus) or "no accelerator (a CPU-only capture)"
+    print(f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
+          f"ms; {metrics.headline()}.")
+    _print_diagnosis(diagnosis)
+    return 0
+
+
+def _print_diagnosis(diagnosis: Any) -> None:
+    if not diagnosis.findings:
+        print(diagnosis.summary)
+    for finding in diagnosis.findings:
+        print(f"- {finding.bottleneck} ({finding.severity}, {finding.percent:.1f}%) -> {finding.recipe}: "
+              f"{finding.reason}")
+    for note in diagnosis.notes:
+        print(f"  note: {note}")
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import tfopt.data
+
+    recipe = _load(args)
+    to_tfrecord = getattr(tfopt.data, "to_tfrecord", None)
+    if to_tfrecord is None:
+        raise TfoptError("This tfopt version has no tfopt.data.to_tfrecord, which `convert` calls; update tfopt.")
+    with terminal_progress(args) as progress:
+        progress.phase(f"writing {recipe.data.source} data as TFRecord files to {args.out}")
+        written = to_tfrecord(recipe.data.source_object, args.out)
+    if args.json:
+        _print_json({"out": os.fspath(args.out), "written": os.fspath(written) if written else None})
+    else:
+        print(f"wrote TFRecord files to {args.out}; use them with: data: {{source: tfrecord, path: {args.out}}}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    import tfopt.data
+    from tfopt import models, registry
+
+    listing = {
+        "recipes": {name: _summary(registry.get(name)) for name in registry.names()},
+        "models": {**{name: _summary(function) for name, function in models.MODELS.items()},
+                   **{name: "keras.applications model" for name in models.application_names()}},
+        "data_sources": {name: _summary(source) for name, source in sorted(tfopt.data.SOURCES.items())},
+    }
+    if args.json:
+        _print_json(listing)
+        return 0
+    for title, entries in (("Recipes", listing["recipes"]), ("Data sources", listing["data_sources"])):
+        print(f"{title}:")
+        print("\n".join(f"  {name:<18} {summary}" for name, summary in entries.items()))
+    print("Models:")
+    print("\n".join(f"  {name:<18} {models.MODELS[name].__doc__.strip().splitlines()[0]}" for name in models.MODELS))
+    print(f"  keras.applications: {', '.join(models.application_names())} (weights: null unless you write "
+          "weights: imagenet)")
+    print("  or any import path package.module:function returning a keras.Model")
+    return 0
+
+
+def _summary(obj: Any) -> str:
+    doc = (obj.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _report_error(error: BaseException, code: int, args: argparse.Namespace, hint: str = "") -> int:
+    if args.traceback:
+        traceback.print_exception(error)
+    kind = "" if isinstance(error, (TfoptError, _UsageError)) else f"{type(error).__name__}: "
+    print(f"{_PROGRAM}: error: {kind}{' '.join(str(error).split())}{hint}", file=sys.stderr)
+    return code
+

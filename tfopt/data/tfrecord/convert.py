@@ -1,0 +1,277 @@
+"""`to_tfrecord`: convert a dataset to sharded TFRecord files, safely and in parallel.
+
+Safety rules, because a conversion can take hours and is often killed (preemption, Ctrl-C, OOM):
+
+* every shard is written under a temporary name and renamed when complete;
+* a journal (`.tfopt_progress.jsonl`) records each finished shard, so a killed conversion of an input
+  with random access (image folder, arrays) resumes where it stopped; other inputs are redone;
+* the manifest is written last and atomically, and readers require it, so a directory is either a
+  complete conversion or unusable, never half-used (`tfopt.data.verify` re-checks every byte);
+* converting the same input with the same options again is a no-op.
+
+Shards are written in parallel with tfopt's own TensorFlow-free writer (`codec`):
+`tf.io.TFRecordWriter` holds the GIL, so nothing runs beside it (measured). Image files are converted
+by worker processes (`tfrecord_workers`), because reading and encoding records is GIL-bound Python;
+in-memory inputs (arrays, datasets) by threads, which still overlap compression, hashing and I/O.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import pathlib
+import re
+import threading
+from collections.abc import Iterator
+
+from tfopt.data.tfrecord import codec
+from tfopt.data.tfrecord.inputs import ConversionInput, conversion_input
+from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from tfopt.data.tfrecord.workers import ShardWriterPool, write_shard
+from tfopt.errors import DataError
+
+__all__ = ["to_tfrecord"]
+
+logger = logging.getLogger("tfopt")
+
+DEFAULT_SHARD_BYTES = 64 * 2**20
+# Even a small dataset gets several shards, so that workers can shard by file and reads interleave.
+_MIN_SHARDS = 8
+_JOURNAL_NAME = ".tfopt_progress.jsonl"
+_OWN_FILE = re.compile(
+    r"^(part-\d{5}\.tfrecord(\.gz|\.zz)?|\.part-.*\.tmp-\d+|\.tfopt_progress\.jsonl|\.tfopt_manifest\.json\.tmp-\d+)$"
+)
+
+
+def to_tfrecord(
+    source,
+    out_dir: str | os.PathLike,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    records_per_shard: int | None = None,
+    compression: str | None = None,
+    num_workers: int | None = None,
+    overwrite: bool = False,
+) -> pathlib.Path:
+    """Converts a dataset to sharded TFRecord files with a manifest, in parallel.
+
+    Image folders keep their ENCODED JPEG/PNG bytes (decoding happens when reading, in parallel), which
+    keeps the files about as small as the originals. Read the result with `TFRecordSource(out_dir)`.
+
+    Args:
+        source: An `ImageFolderSource` or image-folder path, a `NumpySource`, a `SyntheticSource`, an
+            `(x, y)` tuple of arrays, a `TfdsSource`, or an unbatched `tf.data.Dataset` of `(x, y)`.
+        out_dir: The directory to write (created if needed).
+        shard_bytes: Target bytes per shard before compression; ignored when `records_per_shard` is set.
+            There are at least 8 shards when the dataset has 8 examples or more.
+        records_per_shard: Exact number of records per shard (the last one may hold fewer).
+        compression: None, "GZIP" or "ZLIB".
+        num_workers: Shards written at the same time (default: the number of CPUs); by worker processes
+            for an image folder, by threads otherwise.
+        overwrite: Replace a complete conversion of a different input found in `out_dir`.
+
+    Returns:
+        `out_dir` as a `pathlib.Path`.
+
+    Raises:
+        DataError: The input cannot be converted or is empty, or `out_dir` holds a conversion of another
+            input and `overwrite` is False.
+        ValueError: An option is out of range.
+
+    Example:
+        >>> import tempfile
+        >>> from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes
+        >>> folder = generate_shapes(tempfile.mkdtemp(), images_per_class=4, image_size=32)
+        >>> out = to_tfrecord(ImageFolderSource(folder, image_size=32), tempfile.mkdtemp(), compression="GZIP")
+        >>> TFRecordSource(out).num_examples
+        20
+    """
+    compression = _check_options(compression, shard_bytes, records_per_shard, num_workers)
+    out_dir = pathlib.Path(out_dir).expanduser()
+    conversion = conversion_input(source)
+    if conversion.num_examples == 0:
+        raise DataError(f"to_tfrecord: {conversion.description} holds zero examples; there is nothing to convert.")
+    options = {"compression": compression, "shard_bytes": shard_bytes, "records_per_shard": records_per_shard}
+    if (out_dir / MANIFEST_NAME).exists() and _is_same_conversion(out_dir, conversion, options, overwrite):
+        logger.info("to_tfrecord: %s already holds this conversion; nothing to do", out_dir)
+        return out_dir
+    _refuse_foreign_files(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workers = num_workers or os.cpu_count() or 1
+    if conversion.records is not None:
+        shards, fingerprint = _write_random_access(out_dir, conversion, options, workers), conversion.fingerprint
+    else:
+        _remove_own_files(out_dir)
+        shards, content_sha256 = _write_sequential(out_dir, conversion, options, workers)
+        fingerprint = conversion.fingerprint or content_sha256
+    total = sum(shard["records"] for shard in shards)
+    if total == 0:
+        _remove_own_files(out_dir)
+        raise DataError(f"to_tfrecord: {conversion.description} yielded zero examples; there is nothing to convert.")
+    write_manifest(
+        out_dir,
+        {
+            "source": conversion.description,
+            "fingerprint": fingerprint,
+            "options": options,
+            "compression": compression,
+            "num_examples": total,
+            "features": conversion.features,
+            "class_names": conversion.class_names,
+            "shards": shards,
+        },
+    )
+    (out_dir / _JOURNAL_NAME).unlink(missing_ok=True)
+    return out_dir
+
+
+def _check_options(compression, shard_bytes, records_per_shard, num_workers) -> str | None:
+    if isinstance(compression, str):
+        compression = {"": None, "NONE": None}.get(compression.upper(), compression.upper())
+    if compression not in codec.COMPRESSIONS:
+        raise ValueError(f"to_tfrecord: compression={compression!r} is not supported. Expected None, 'GZIP' or 'ZLIB'.")
+    values = {"shard_bytes": shard_bytes, "records_per_shard": records_per_shard, "num_workers": num_workers}
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"to_tfrecord: {name}={value!r} is not a positive integer.")
+    return compression
+
+
+def _is_same_conversion(out_dir, conversion: ConversionInput, options: dict, overwrite: bool) -> bool:
+    """True when `out_dir` already holds this conversion; raises when it holds another one."""
+    try:
+        manifest = read_manifest(out_dir)
+    except DataError:
+        if overwrite:
+            return False
+        raise
+    fingerprint = conversion.fingerprint or _content_sha256(conversion.stream())
+    if manifest.get("fingerprint") == fingerprint:
+        return manifest.get("options") == options  # same input, other options: redo it
+    if overwrite:
+        return False
+    raise DataError(
+        f"to_tfrecord: {out_dir} already holds a conversion of another input ({manifest.get('source')!r}); "
+        f"this input is {conversion.description!r}. Pass another out_dir, or overwrite=True to replace it."
+    )
+
+
+def _content_sha256(records: Iterator[bytes]) -> str:
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(len(record).to_bytes(8, "little"))
+        digest.update(record)
+    return "content:" + digest.hexdigest()
+
+
+def _plan(num_examples: int, example_bytes: int, options: dict) -> list[tuple[int, int]]:
+    per_shard = options["records_per_shard"]
+    if per_shard is None:
+        count = max(math.ceil(num_examples * example_bytes / options["shard_bytes"]), min(_MIN_SHARDS, num_examples))
+        per_shard = math.ceil(num_examples / count)
+    return [(start, min(num_examples, start + per_shard)) for start in range(0, num_examples, per_shard)]
+
+
+def _write_random_access(out_dir, conversion: ConversionInput, options: dict, workers: int) -> list[dict]:
+    plan = _plan(conversion.num_examples, conversion.example_bytes, options)
+    header = {"fingerprint": conversion.fingerprint, "options": options, "plan": plan}
+    done = _resume(out_dir, header)
+    journal_lock = threading.Lock()
+    todo = [index for index in range(len(plan)) if index not in done]
+    if done:
+        logger.info("to_tfrecord: resuming %s, %d of %d shards already written", out_dir, len(done), len(plan))
+    workers = min(workers, max(1, len(todo)))
+    in_processes = conversion.task is not None and workers > 1
+    # The worker processes are stopped before the threads are joined, so that on an error or Ctrl-C the
+    # threads waiting for a worker's answer fail at once instead of waiting for their shards to finish.
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool, contextlib.ExitStack() as stack:
+        processes = stack.enter_context(ShardWriterPool(workers)) if in_processes else None
+
+        def write(index: int) -> dict:
+            start, stop = plan[index]
+            if processes is not None:
+                shard = processes.write(out_dir, index, conversion.task(start, stop), options["compression"])
+            else:
+                shard = write_shard(out_dir, index, conversion.records(start, stop), options["compression"])
+            with journal_lock, open(out_dir / _JOURNAL_NAME, "a") as journal:
+                journal.write(json.dumps(dict(shard, index=index)) + "\n")
+                journal.flush()
+                os.fsync(journal.fileno())
+            return shard
+
+        written = dict(zip(todo, pool.map(write, todo)))
+    return [done.get(index) or written[index] for index in range(len(plan))]
+
+
+def _resume(out_dir: pathlib.Path, header: dict) -> dict[int, dict]:
+    """Returns the shards a previous, interrupted run of the same conversion finished; else starts afresh."""
+    journal = out_dir / _JOURNAL_NAME
+    done = {}
+    try:
+        lines = journal.read_text().splitlines()
+        if lines and json.loads(lines[0]) == json.loads(json.dumps(header)):
+            for line in lines[1:]:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    break  # a line torn by the kill: everything after it is redone
+                path = out_dir / entry["file"]
+                if path.is_file() and path.stat().st_size == entry["bytes"]:
+                    done[entry.pop("index")] = entry
+    except (OSError, ValueError):
+        done = {}
+    if not done:
+        _remove_own_files(out_dir)
+        journal.write_text(json.dumps(header) + "\n")
+    for path in out_dir.glob(".part-*.tmp-*"):  # shards a killed run left half-written
+        path.unlink(missing_ok=True)
+    return done
+
+
+def _write_sequential(out_dir, conversion: ConversionInput, options: dict, workers: int) -> tuple[list[dict], str]:
+    digest = hashlib.sha256()
+    plan = _plan(conversion.num_examples, conversion.example_bytes, options) if conversion.num_examples else None
+    limit_records = (plan[0][1] - plan[0][0]) if plan else options["records_per_shard"]
+    futures, pending, pending_bytes = [], [], 0
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for record in conversion.stream():
+            digest.update(len(record).to_bytes(8, "little"))
+            digest.update(record)
+            pending.append(record)
+            pending_bytes += len(record)
+            full = len(pending) >= limit_records if limit_records else pending_bytes >= options["shard_bytes"]
+            if full:
+                futures.append(pool.submit(write_shard, out_dir, len(futures), pending, options["compression"]))
+                pending, pending_bytes = [], 0
+                # Bound the shards held in memory while writers catch up.
+                while sum(not f.done() for f in futures) > 2 * workers:
+                    concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+        if pending or not futures:
+            futures.append(pool.submit(write_shard, out_dir, len(futures), pending, options["compression"]))
+        shards = [future.result() for future in futures]
+    return shards, "content:" + digest.hexdigest()
+
+
+def _refuse_foreign_files(out_dir: pathlib.Path) -> None:
+    """Files named like tfopt's shards in a directory without a conversion of tfopt's (manifest or
+    progress journal) are the user's: writing shards there would replace them, so refuse. Other files
+    are left alone and kept."""
+    if not out_dir.is_dir() or (out_dir / MANIFEST_NAME).exists() or (out_dir / _JOURNAL_NAME).exists():
+        return
+    foreign = sorted(path.name for path in out_dir.iterdir() if _OWN_FILE.match(path.name))
+    if foreign:
+        raise DataError(f"to_tfrecord: {out_dir} already holds files named like tfopt's shards that are not "
+                        f"a tfopt conversion ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}). "
+                        "Choose a new or empty directory; tfopt never writes over files it did not make.")
+
+
+def _remove_own_files(out_dir: pathlib.Path) -> None:
+    """Deletes shards, temporaries, journal and manifest this module wrote; never anything else."""
+    for path in out_dir.iterdir():
+        if path.is_file() and (_OWN_FILE.match(path.name) or path.name == MANIFEST_NAME):
+            path.unlink()

@@ -1,0 +1,213 @@
+"""Loads a recipe file: the reader's YAML, the schema's sections and the resolved items, as one RecipeFile.
+
+The resolved recipe, every default filled in, is saved beside each run's outputs so a run can be
+repeated exactly (`save_resolved`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from tfopt._atomic import write_atomic
+from tfopt.recipe_file.resolve import (SECTION_HELP, check_training_names, resolve_data, resolve_model, resolve_recipe_item,
+                                   resolve_recipes, yaml_safe)
+from tfopt.recipe_file.schema import (DataSection, ModelSection, ProfileSection, ReportSection, TrainSection, check_name,
+                                  check_section, fail, reject_unknown)
+from tfopt.recipe_file.reader import Locations, apply_override, parse_override, read_text, read_yaml, show, type_name
+from tfopt._version import __version__
+from tfopt.errors import RecipeFileError
+
+_SECTIONS = ("name", "description", "model", "data", "train", "recipes", "profile", "report")
+_REQUIRED = ("model", "data")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeFile:
+    """A validated recipe file with every default filled in.
+
+    Attributes:
+        path: The file it was read from (None when built from text).
+        name: The recipe's name; run directories are called `<name>-<timestamp>`.
+        description: Free text, shown by `tfopt-recipe list` and in the report.
+        model: The model to build and its arguments.
+        data: The data source and its arguments.
+        train: How the model is compiled and trained after the recipes are applied.
+        recipes: The constructed recipe objects in file order, "default" (tfopt's default recipes, each
+            deciding by the hardware) or "auto" (tfopt measures candidates on this machine and keeps
+            what helps, within `profile.tune_budget_seconds`).
+        profile: How the before/after measurements are taken.
+        report: What the report contains.
+    """
+
+    path: pathlib.Path | None
+    name: str
+    description: str
+    model: ModelSection
+    data: DataSection
+    train: TrainSection
+    recipes: tuple[Any, ...] | str
+    profile: ProfileSection
+    report: ReportSection
+    locations: Locations = dataclasses.field(compare=False, repr=False)
+
+    def where(self, *path: str | int) -> str:
+        """Where a key path was set: "recipes/resnet.yaml, line 12" or "--set train.epochs=3"."""
+        return self.locations.where(path)
+
+    def error(self, path: Sequence[str | int], message: str) -> RecipeFileError:
+        """A RecipeFileError for `path`, its location appended: for errors found after loading."""
+        return RecipeFileError(f"{message} ({self.locations.where(tuple(path))})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain YAML-safe data; `load_recipe` of its dump gives an equal recipe."""
+        recipes = self.recipes if isinstance(self.recipes, str) else [
+            {recipe.name: yaml_safe(recipe.get_config())} for recipe in self.recipes]
+        return {
+            "name": self.name,
+            "description": self.description,
+            "model": {"name": self.model.name, **yaml_safe(self.model.kwargs)},
+            "data": {"source": self.data.source, "batch_size": self.data.batch_size,
+                     **yaml_safe(self.data.kwargs)},
+            "train": yaml_safe(dataclasses.asdict(self.train)),
+            "recipes": recipes,
+            "profile": yaml_safe(dataclasses.asdict(self.profile)),
+            "report": yaml_safe(dataclasses.asdict(self.report)),
+        }
+
+
+def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RecipeFile:
+    """Reads, checks and resolves a recipe file.
+
+    Relative paths inside the file (`data.path`, `data.data_dir`, `profile.logdir`) are relative to the
+    file's directory, so a recipe works from any working directory; paths given with `--set` are
+    relative to the working directory, where the user typed them.
+
+    Args:
+        path: The YAML recipe file.
+        overrides: `key.path=value` strings applied on top of the file before checking (the CLI's
+            `--set`); values are parsed as YAML, so `train.epochs=2` is an integer and
+            `data.image_size=[32, 32]` a list. List items are addressed by index: `recipes.0.xla.jit_compile=true`.
+
+    Returns:
+        The resolved recipe.
+
+    Raises:
+        RecipeFileError: The file is missing or malformed, or a value is wrong; the message names the
+            file, the line, the key path, the value received, what was expected and the fix.
+
+    Example:
+        >>> load_recipe("recipes/resnet.yaml", overrides=["data.image_size=[32, 32]"]).data.kwargs["image_size"]
+        [32, 32]
+    """
+    raw, locations = _read(path, overrides)
+    return _resolve(raw, locations, pathlib.Path(path))
+
+
+def recipe_item_settings(path: str | os.PathLike, name: str, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The settings of the file's recipe item `name`, read without initialising TensorFlow.
+
+    Some settings must be in force before TensorFlow initialises its devices, which `load_recipe` does
+    (it checks optimizer names and data sources): GPU memory growth or limits (`gpu_memory`), and the
+    MultiWorkerMirroredStrategy of a worker (`distribution`), which TensorFlow accepts only before its
+    first op. So `tfopt-recipe` reads those items first, applies them, and then loads the whole recipe.
+
+    Args:
+        path: The YAML recipe file.
+        name: A recipe name, e.g. "gpu_memory".
+        overrides: The `--set` options, as for `load_recipe`.
+
+    Returns:
+        The item's `get_config()` (its constructor arguments, defaults filled in), or None when the
+        recipe list has no such item.
+
+    Raises:
+        RecipeFileError: The file is malformed or the item is invalid (naming its line).
+
+    Example:
+        >>> recipe_item_settings("recipes/small_cnn.yaml", "gpu_memory") is None
+        True
+    """
+    raw, locations = _read(path, overrides)
+    items = raw.get("recipes")
+    if not isinstance(items, list):
+        return None
+    for index, item in enumerate(items):
+        item_name = item if isinstance(item, str) else next(iter(item), None) if isinstance(item, dict) else None
+        if item_name == name:
+            return resolve_recipe_item(item, ("recipes", index), locations).get_config()
+    return None
+
+
+def _read(path: str | os.PathLike, overrides: Sequence[str]) -> tuple[dict, Locations]:
+    """The file's mapping of sections with the `--set` overrides applied, and where each key came from."""
+    label = os.fspath(path)
+    raw, lines = read_yaml(read_text(pathlib.Path(path), label), label)
+    locations = Locations(label, lines)
+    if raw is None:
+        raise RecipeFileError(f"Recipe file {label} is empty. Expected a mapping with at least `model:` and "
+                              "`data:` sections; see recipes/small_cnn.yaml for a complete example.")
+    if not isinstance(raw, dict):
+        raise fail(locations, (), f"A recipe file must be a mapping of sections ({', '.join(_SECTIONS)}); "
+                                  f"received a {type_name(raw)}: {show(raw)}.")
+    for override in overrides:
+        key_path, value = parse_override(override)
+        apply_override(raw, key_path, value, locations, override)
+    return raw, locations
+
+
+def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
+    """Writes the resolved recipe as YAML, atomically (a reader never sees half a file).
+
+    Args:
+        recipe: The recipe to save.
+        path: The file to write; its directory must exist.
+
+    Returns:
+        The path written.
+    """
+    path = pathlib.Path(path)
+    header = (f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"
+              f" from {recipe.path or 'text'}: every default is filled in.\n"
+              f"# Repeat this run with: tfopt-recipe run {path}\n")
+    return write_atomic(path, header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None))
+
+
+def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> RecipeFile:
+    reject_unknown(raw, _SECTIONS, (), locations, "section")
+    for section in _REQUIRED:
+        if section not in raw:
+            raise fail(locations, (), f"The recipe has no `{section}:` section; it is required. "
+                                      f"{SECTION_HELP[section]}")
+    bases = {"file": file_path.resolve().parent, "option": pathlib.Path.cwd()}
+    name = check_name(raw.get("name", file_path.stem), locations)
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise fail(locations, ("description",), f"description: {show(description)} is a "
+                                                 f"{type_name(description)}; expected a string")
+    # Cheap checks first, so a typo is reported before TensorFlow is imported or data is touched.
+    train = check_section(TrainSection, raw.get("train"), ("train",), locations, bases)
+    profile = check_section(ProfileSection, raw.get("profile"), ("profile",), locations, bases)
+    report = check_section(ReportSection, raw.get("report"), ("report",), locations, bases)
+    model = resolve_model(raw["model"], locations, bases)
+    check_training_names(train, locations)
+    recipes = resolve_recipes(raw.get("recipes", "default"), locations)
+    data = resolve_data(raw["data"], train, locations, bases)
+    return RecipeFile(
+        path=file_path,
+        name=name,
+        description=description,
+        model=model,
+        data=data,
+        train=dataclasses.replace(train, batch_size=data.batch_size),
+        recipes=recipes,
+        profile=profile,
+        report=report,
+        locations=locations,
+    )

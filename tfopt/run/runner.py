@@ -1,0 +1,236 @@
+"""Runs a resolved recipe file: builds the model and data, measures, applies the recipes, trains, reports.
+
+Every run writes into a directory of its own (`runs/<name>-<timestamp>` by default): the resolved
+recipe (recipe.yaml), the profiler traces and training scalars (tensorboard/), the checkpoints, the
+report (report.html, report.md, report.json, rendered by `tfopt.profiling.report` from one set of
+numbers) and training.json. The directory is made only after the model and data were built, and a
+new run never writes into a directory that holds files, so a failed run never touches an earlier one.
+
+The report is written right after the measurements, before training, so a run killed while training
+keeps it; `run(..., resume=True)` then skips measuring and continues training from the newest
+checkpoint (see `tfopt.run.directory` for what a resumed run may change).
+
+This module never prints: progress goes through a `Progress` object (the CLI passes one that draws
+tqdm bars) and the `tfopt` logger.
+
+Example:
+    >>> from tfopt.recipe_file import load_recipe
+    >>> outcome = run(load_recipe("recipes/small_cnn.yaml"))      # doctest: +SKIP
+    >>> print(outcome.summary())                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from typing import Any
+
+from tfopt.recipe_file.schema import REPORT_SUFFIXES
+from tfopt.run.model import build_model, compile_arguments, prepare
+from tfopt.run.directory import RESOLVED_RECIPE_NAME, new_run_dir, resumed_run_dir
+from tfopt.errors import TfoptError
+from tfopt.profiling.metrics import Metrics, compared
+from tfopt.recipe_file import RecipeFile, save_resolved
+
+__all__ = ["Progress", "RunOutcome", "build_model", "compile_arguments", "diagnose", "prepare", "run"]
+
+_log = logging.getLogger("tfopt")
+
+
+class Progress:
+    """What a run reports while it works. This base class reports nothing (library code is quiet)."""
+
+    def phase(self, description: str) -> None:
+        """A new phase of the run begins (reading data, measuring, training, ...)."""
+
+    def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[Any]:
+        """Keras callbacks that show training progress; none by default."""
+        return []
+
+    def tuning(self, event: Any) -> None:
+        """A `tfopt.auto.ProgressEvent` of `recipes: auto` (a trial started or finished)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a finished run produced.
+
+    Attributes:
+        run_dir: The run's directory.
+        recipe: The resolved recipe, as saved in `run_dir`.
+        report: The report's numbers (`Report.to_dict()`, as in report.json), or None where nothing
+            was measured (a worker of a multi-worker run, or `measure=False`).
+        report_paths: Report format ("html", "markdown", "json") -> file.
+        training: What training did (as in training.json), or None with `train.epochs: 0`.
+        applied: What each recipe did and why (`Plan.applied` as dicts).
+    """
+
+    run_dir: pathlib.Path
+    recipe: RecipeFile
+    report: dict[str, Any] | None
+    report_paths: dict[str, pathlib.Path]
+    training: dict[str, Any] | None
+    applied: tuple[dict[str, Any], ...] = ()
+
+    def summary(self) -> str:
+        """One line for the terminal: steps/s, accelerator busy %, MFU, input wait and input efficiency before
+        and after, training, the report's path."""
+        trained = ""
+        if self.training is not None:
+            workers = f" on {self.training['replicas']} replicas" if self.training.get("replicas") else ""
+            trained = f"; trained to step {self.training['global_step']}{workers}"
+        if self.report is None or len(self.report["runs"]) < 2:
+            return f"{self.recipe.name}: not measured{trained}; outputs in {self.run_dir}"
+        before, after = self.report["runs"]["before"], self.report["runs"]["after"]
+        path = next((self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
+                    self.run_dir)
+        return (f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
+                f"({self.report['speedup']:.2f}x); {compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
+                f"{trained}; report: {path}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe record: run directory, resolved recipe, report numbers, training, report paths."""
+        return {"run_dir": os.fspath(self.run_dir), "recipe": self.recipe.to_dict(), "applied": list(self.applied),
+                "report": self.report, "training": self.training, "summary": self.summary(),
+                "reports": {name: os.fspath(path) for name, path in self.report_paths.items()}}
+
+
+def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_root: str | os.PathLike = "runs",
+        progress: Progress | None = None, resume: bool = False, train: bool = True) -> RunOutcome:
+    """Runs a recipe: measures before and after its recipes, writes the report, trains.
+
+    Args:
+        recipe: A recipe from `load_recipe`.
+        out_dir: The run directory; new or empty, or with `resume` an earlier run's. Default
+            `<runs_root>/<name>-<timestamp>`.
+        runs_root: Where default run directories are made.
+        progress: Receives phase changes and supplies training progress callbacks.
+        resume: Continue the run in `out_dir`: keep its report if it was written, and train from its
+            newest checkpoint.
+        train: Train after measuring (False: measure and report only, as the launcher of workers does).
+            In a worker of a multi-worker cluster nothing is measured (the process that launched the
+            workers did) and only the chief writes.
+
+    Returns:
+        The run's outcome; `outcome.summary()` is the line to show.
+
+    Raises:
+        RecipeFileError: The model rejects its arguments.
+        NonFiniteLossError: The loss went NaN/Inf while training; the message names the last good checkpoint.
+        TfoptError: `out_dir` holds files already (or no run to resume), or data, measurement or training
+            failed; the message says why and where the partial outputs are.
+    """
+    import keras
+
+    from tfopt.distribute.environment import detect_environment
+
+    progress = progress or Progress()
+    cluster = detect_environment()
+    keras.utils.set_random_seed(recipe.train.seed)
+    progress.phase("reading data")
+    recipe = prepare(recipe)
+    progress.phase("building the model")
+    model = build_model(recipe)
+    if resume:
+        run_dir = resumed_run_dir(out_dir, recipe.to_dict())
+    elif cluster.is_chief:
+        run_dir = new_run_dir(recipe.name, out_dir, runs_root)
+    else:  # the chief makes the directory; a worker only needs its name (for temporary checkpoint copies)
+        run_dir = pathlib.Path(out_dir or ".")
+    if cluster.is_chief:  # a resumed run may have raised train.epochs: the saved recipe says what ran
+        save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
+    try:
+        report = _earlier_report(run_dir) if resume else None
+        report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
+                        if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
+        if report is None and cluster.num_workers == 1:
+            progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
+            built, report, report_paths = _measure(model, recipe, run_dir, progress)
+        else:
+            progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
+            built = _build(model, recipe, progress)
+        training = None
+        if train and recipe.train.epochs:
+            from tfopt.run.training import train_model
+
+            progress.phase(f"training {recipe.train.epochs} epoch(s)")
+            training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
+                                   chief=cluster.is_chief)
+    except TfoptError as error:
+        error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
+        raise
+    return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
+                      applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
+
+
+def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, dict, dict]:
+    """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once."""
+    result = _apply(model, recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
+                    profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
+    progress.phase("writing the report")
+    report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
+    paths = {name: report.save(run_dir / f"report{REPORT_SUFFIXES[name]}") for name in recipe.report.formats}
+    return _built(result), report.to_dict(), paths
+
+
+def _build(model: Any, recipe: RecipeFile, progress: Progress) -> Any:
+    """Applies the recipes and builds, measuring nothing (in a worker, under the cluster it joined)."""
+    return _built(_apply(model, recipe, progress, measure_speed=False))
+
+
+def _apply(model: Any, recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
+    """`tfopt.apply` with the recipe file's model, data, recipes and tuning budget."""
+    import tfopt
+
+    return tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
+                       model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
+                       batch_size=recipe.data.batch_size, tune_budget_seconds=recipe.profile.tune_budget_seconds,
+                       on_tune_progress=progress.tuning, **measuring)
+
+
+def _built(result: Any) -> Any:
+    from tfopt.builder import Built
+
+    return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
+
+
+def _recipes_argument(recipe: RecipeFile) -> Any:
+    return recipe.recipes if isinstance(recipe.recipes, str) else list(recipe.recipes)
+
+
+def _earlier_report(run_dir: pathlib.Path) -> dict[str, Any] | None:
+    """The numbers of an earlier attempt's report.json, or None (then the resumed run measures again)."""
+    try:
+        return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def logdir(recipe: RecipeFile, run_dir: pathlib.Path) -> pathlib.Path:
+    """The TensorBoard directory: `profile.logdir`, or `<run_dir>/tensorboard`."""
+    return pathlib.Path(recipe.profile.logdir) if recipe.profile.logdir else run_dir / "tensorboard"
+
+
+def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Any:
+    """Profiles the recipe's baseline (no recipe applied) and diagnoses it, writing nothing.
+
+    Returns:
+        The baseline's `tfopt.profiling.capture.Profile`: `.diagnosis.findings` name each bottleneck,
+        the recipe that fixes it and why; `.measurement` holds the real and compute-only step times.
+    """
+    import keras
+
+    import tfopt
+
+    progress = progress or Progress()
+    keras.utils.set_random_seed(recipe.train.seed)
+    progress.phase("reading data")
+    recipe = prepare(recipe)
+    progress.phase("building the model")
+    model = build_model(recipe)
+    progress.phase("profiling the baseline (TF Profiler)")
+    dataset = recipe.data.source_object.pipeline(batch_size=recipe.data.batch_size, optimized=False)
+    return tfopt.profile(model, dataset, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps)

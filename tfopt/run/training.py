@@ -1,0 +1,127 @@
+"""Training a run's optimized model: resumable in one process, `tfopt.distribute.fit` across processes.
+
+One process (any single-process strategy) trains with `tfopt.training.train`: checkpoints every
+`train.checkpoint_every_steps` steps and at epoch ends, a killed run resumes mid-epoch, and a NaN/Inf
+loss stops with `NonFiniteLossError`. Several processes (multi-worker, Horovod) train with
+`tfopt.distribute.fit`, because Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy
+(keras-team/keras#20585) and `train()` is built on `model.fit`; its checkpoints are per epoch, so a
+restarted cluster resumes from the last completed epoch. The NaN guard runs in both.
+
+Only the chief writes: TensorBoard scalars, `training.json`, and the kept checkpoints (the other
+workers' copies go to temporary directories that `distribute.fit` removes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
+from tfopt.errors import TfoptError
+
+MULTI_PROCESS_STRATEGIES = ("multi_worker", "horovod")
+
+
+def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *, tensorboard_dir: pathlib.Path,
+                chief: bool = True) -> dict[str, Any]:
+    """Trains `built` for the recipe's epochs and returns what was trained (also saved as training.json).
+
+    Args:
+        built: The optimized model, dataset and strategy (a `tfopt.builder.Built`).
+        recipe: The resolved recipe (its `train:` section).
+        run_dir: The run directory; checkpoints go to `<run_dir>/checkpoints`.
+        progress: Supplies progress callbacks (`Progress.training_callbacks`).
+        tensorboard_dir: Where the epoch scalars go (`<dir>/train`).
+        chief: Whether this process writes the run's files.
+
+    Returns:
+        engine ("tfopt.training.train" or "tfopt.distribute.fit"), history, global_step,
+        resumed_from_step, steps_per_epoch and last_checkpoint.
+
+    Raises:
+        NonFiniteLossError: The loss went NaN/Inf; the message names the step and the last good checkpoint.
+        TfoptError: Training raised anything else (one paragraph with its cause).
+    """
+    train = recipe.train
+    callbacks = progress.training_callbacks(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch) if chief else []
+    if chief:
+        callbacks.insert(0, scalar_summaries(tensorboard_dir / "train"))
+    checkpoints = run_dir / CHECKPOINTS_NAME
+    try:
+        if built.plan.strategy in MULTI_PROCESS_STRATEGIES:
+            record = _distributed(built, train, checkpoints, callbacks)
+        else:
+            from tfopt.training import train as resumable_train
+
+            result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
+                                     checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
+                                     callbacks=callbacks)
+            record = {"engine": "tfopt.training.train", **result.to_dict()}
+    except TfoptError:
+        raise
+    except Exception as error:  # noqa: BLE001 - reported as one paragraph with its cause
+        raise TfoptError(f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}") from error
+    if chief:
+        from tfopt._atomic import write_atomic
+
+        record = _continuing(run_dir / TRAINING_NAME, record)
+        write_atomic(run_dir / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's record with the earlier attempts' history in front, so training.json keeps it all."""
+    if not record.get("resumed_from_step") or not path.is_file():
+        return record
+    earlier = json.loads(path.read_text(encoding="utf-8")).get("history", {})
+    history = {key: [*earlier.get(key, []), *record.get("history", {}).get(key, [])]
+               for key in dict.fromkeys([*earlier, *record.get("history", {})])}
+    return {**record, "history": history}
+
+
+def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:
+    from tfopt.distribute import fit
+    from tfopt.training import NonFiniteLossGuard
+
+    model = built.model
+    history = fit(model, built.dataset, strategy=built.strategy, epochs=train.epochs,
+                  steps_per_epoch=train.steps_per_epoch, callbacks=[NonFiniteLossGuard(), *callbacks],
+                  checkpoint_dir=checkpoints, verbose=0)
+    global_step = int(model.optimizer.iterations.numpy())
+    epochs_run = len(history.epoch)
+    return {"engine": "tfopt.distribute.fit", "epochs": train.epochs, "steps_per_epoch": train.steps_per_epoch,
+            "history": {key: [float(value) for value in values] for key, values in history.history.items()},
+            "resumed_from_epoch": train.epochs - epochs_run, "global_step": global_step,
+            "replicas": int(built.strategy.num_replicas_in_sync), "last_checkpoint": os.fspath(checkpoints)}
+
+
+def scalar_summaries(directory: pathlib.Path) -> Any:
+    """A Keras callback writing each epoch's metrics as TensorBoard scalars, with TensorFlow alone.
+
+    `keras.callbacks.TensorBoard` needs the `tensorboard` package for `tf.summary.scalar`, and
+    TensorFlow 2.21 no longer installs it: training would fail with TBNotInstalledError. Core
+    `tf.summary.write` with the scalars plugin's metadata writes the same event records.
+    """
+    import keras
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+    class ScalarSummaries(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writer = tf.summary.create_file_writer(os.fspath(directory))
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            with self.writer.as_default():
+                for name, value in (logs or {}).items():
+                    tf.summary.write(f"epoch_{name}", tf.constant(float(value)), step=epoch, metadata=metadata)
+            self.writer.flush()
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            self.writer.flush()  # not closed: a resumed run calls fit() twice (rest of an epoch, then the others)
+
+    return ScalarSummaries()
