@@ -14,7 +14,7 @@ from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import make_plan
 from tfopt.recipes import batch_size as batch_size_module
-from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch, scale_learning_rate
+from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch
 
 MIB = 2**20
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
@@ -115,28 +115,6 @@ def test_auto_recipe_records_the_trials():
     assert result.batch_size in (8, 12, 16)  # 12: the refinement at 3/4 of 16
 
 
-@pytest.mark.parametrize("rule, expected", [("linear", 0.8), ("sqrt", 0.2), ("none", 0.1)])
-def test_learning_rate_rules(rule, expected):
-    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}, "loss": "mse"}
-    scaled, detail = scale_learning_rate(config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128,
-                                         rule=rule)
-    assert scaled["optimizer"]["config"]["learning_rate"] == pytest.approx(expected)
-    assert config["optimizer"]["config"]["learning_rate"] == 0.1
-
-
-def test_learning_rate_schedule_is_scaled():
-    schedule = keras.saving.serialize_keras_object(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9))
-    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": schedule}}}
-    scaled, _ = scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="linear")
-    assert scaled["optimizer"]["config"]["learning_rate"]["config"]["initial_learning_rate"] == pytest.approx(0.2)
-
-
-def test_unscalable_learning_rate_says_how_to_fix():
-    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": {"class_name": "Custom", "config": {}}}}}
-    with pytest.raises(RecipeConfigError, match="scale_learning_rate='none'"):
-        scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="sqrt")
-
-
 @pytest.mark.parametrize("settings, words", [
     ({"batch_size": 0}, "Expected 'auto' or a positive integer"),
     ({"batch_size": "max"}, "batch_size='max'"),
@@ -148,14 +126,6 @@ def test_unscalable_learning_rate_says_how_to_fix():
 def test_bad_settings(settings, words):
     with pytest.raises(RecipeConfigError, match=words):
         BatchSize(**settings)
-
-
-def test_learning_rate_of_an_optimizer_given_by_name_is_scaled():
-    config, reason = scale_learning_rate({"optimizer": "adam", "loss": "mse"}, old_batch_size=32, new_batch_size=128,
-                                         rule="linear")
-    assert config["optimizer"]["class_name"] == "Adam"
-    assert config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.004)  # Keras' default 0.001 x 4
-    assert "x4" in reason
 
 
 def fake_trials(monkeypatch, seen=None, memory_per_example=64 * MIB, out_of_memory_from=None):

@@ -65,7 +65,8 @@ def test_linear_learning_rate_scaling_with_warmup():
     optimizer = keras.saving.deserialize_keras_object(dict(plan.compile_config))["optimizer"]
     optimizer.build([keras.Variable(np.zeros(2, "float32"))])
     np.testing.assert_allclose(float(optimizer.learning_rate), 1e-3, rtol=1e-6)
-    assert "learning rate x 2, linear warm-up over 2 steps" in plan.applied[-1].detail
+    detail = plan.applied[-1].detail
+    assert "-> LinearWarmup (x2, batch 8 -> 16" in detail and "linear warm-up over 2 steps" in detail
 
 
 def test_config_round_trip_with_devices():

@@ -18,21 +18,17 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import math
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 from tfopt.data.batches import describe_dropped, examples_per_pass, rebatch_counted
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
 
 _log = logging.getLogger("tfopt")
 
-LR_SCALING_RULES = ("none", "linear", "sqrt")
-_LR_REASONS = {"linear": "linear scaling rule (Goyal et al. 2017, for SGD-like optimizers)",
-               "sqrt": "square-root scaling (keeps gradient noise constant; often better for Adam)"}
 
 
 def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int = 1024,
@@ -120,50 +116,6 @@ def rebatch(dataset: Any, batch_size: int) -> Any:
     return rebatch_counted(dataset, batch_size, drop_remainder=static_batch is not None)[0]
 
 
-def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int,
-                        rule: str) -> tuple[dict[str, Any], str]:
-    """Scales the optimizer's learning rate in a compile config by the batch ratio (linear or square root).
-
-    Returns:
-        The new compile config and a sentence saying what changed and why.
-
-    Raises:
-        RecipeConfigError: The learning rate is not a number or a schedule with `initial_learning_rate`.
-
-    Example:
-        >>> config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}}
-        >>> scale_learning_rate(config, old_batch_size=32, new_batch_size=128, rule="sqrt")[0]["optimizer"]
-        {'class_name': 'SGD', 'config': {'learning_rate': 0.2}}
-    """
-    if rule == "none" or new_batch_size == old_batch_size:
-        return dict(compile_config), "learning rate kept"
-    factor = new_batch_size / old_batch_size if rule == "linear" else math.sqrt(new_batch_size / old_batch_size)
-    optimizer = compile_config.get("optimizer")
-    if isinstance(optimizer, str):  # compile(optimizer="adam"): Keras' defaults for that optimizer
-        import keras
-
-        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
-    config = dict(optimizer.get("config", {})) if isinstance(optimizer, dict) else None
-    rate = config.get("learning_rate") if config else None
-    if isinstance(rate, (int, float)):
-        config["learning_rate"] = rate * factor
-        before, after = f"{rate:g}", f"{rate * factor:g}"
-    elif isinstance(rate, dict) and "initial_learning_rate" in rate.get("config", {}):
-        schedule_config = dict(rate["config"])
-        before = f"{schedule_config['initial_learning_rate']:g}"
-        schedule_config["initial_learning_rate"] *= factor
-        after = f"{schedule_config['initial_learning_rate']:g}"
-        config["learning_rate"] = {**rate, "config": schedule_config}
-    else:
-        raise RecipeConfigError(
-            f"scale_learning_rate={rule!r}: cannot scale the learning rate {rate!r} of optimizer {optimizer!r}. "
-            "It must be a number or a schedule with initial_learning_rate; set scale_learning_rate='none' and "
-            "set the rate yourself.")
-    new_config = {**compile_config, "optimizer": {**optimizer, "config": config}}
-    return new_config, (f"learning rate {before} -> {after} (x{factor:.3g}, batch {old_batch_size} -> "
-                        f"{new_batch_size}: {_LR_REASONS[rule]})")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchSize(Recipe):
     """Trains with the fastest batch size that fits (found by timed trials), or a given one.
@@ -201,9 +153,7 @@ class BatchSize(Recipe):
                                                      or self.memory_budget_bytes <= 0):
             raise RecipeConfigError(f"batch_size: memory_budget_bytes={self.memory_budget_bytes!r}. Expected a "
                                     "positive integer number of bytes, or None for the default.")
-        if self.scale_learning_rate not in LR_SCALING_RULES:
-            raise RecipeConfigError(f"batch_size: scale_learning_rate={self.scale_learning_rate!r}. Expected one "
-                                    f"of {', '.join(map(repr, LR_SCALING_RULES))}.")
+        check_rule(self.name, self.scale_learning_rate)
 
     def __call__(self, plan: Plan) -> Plan:
         if self.batch_size == "auto":

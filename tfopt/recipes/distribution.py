@@ -20,6 +20,7 @@ from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.learning_rate import scale_learning_rate
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 SHARD_POLICIES = ("auto", "file", "data", "off")
@@ -86,37 +87,6 @@ def shard_dataset(dataset: Any, shard_by: str) -> Any:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policies[shard_by]
     return dataset.with_options(options)
-
-
-def scale_learning_rate(compile_config: Mapping[str, Any], scale: float, warmup_steps: int) -> dict[str, Any]:
-    """A copy of a serialized compile config whose optimizer's learning rate is scaled, with warm-up.
-
-    Raises:
-        RecipeConfigError: The optimizer's learning rate cannot be found in its config.
-    """
-    import keras
-
-    from tfopt.distribute.warmup import LinearWarmup
-
-    optimizer = compile_config["optimizer"]
-    if isinstance(optimizer, str):
-        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
-    optimizer = _with_learning_rate(optimizer, lambda rate: keras.saving.serialize_keras_object(
-        LinearWarmup(rate, scale=scale, warmup_steps=warmup_steps)))
-    return {**compile_config, "optimizer": optimizer}
-
-
-def _with_learning_rate(optimizer: Mapping[str, Any], change: Any) -> dict[str, Any]:
-    config = dict(optimizer.get("config", {}))
-    if "inner_optimizer" in config:  # LossScaleOptimizer: the rate lives in the wrapped optimizer
-        config["inner_optimizer"] = _with_learning_rate(config["inner_optimizer"], change)
-    elif "learning_rate" in config:
-        config["learning_rate"] = change(config["learning_rate"])
-    else:
-        raise RecipeConfigError(
-            f"distribution: scale_learning_rate='linear' cannot find the learning rate of optimizer "
-            f"{optimizer.get('class_name')!r}. Use scale_learning_rate='none' and scale it yourself.")
-    return {**optimizer, "config": config}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,10 +182,11 @@ class Distribution(Recipe):
             notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}")
         else:
             notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
-        if self.scale_learning_rate == "linear" and replicas > 1 or self.warmup_steps:
-            scale = replicas if self.scale_learning_rate == "linear" and self.scale_batch else 1
-            compile_config = scale_learning_rate(compile_config, scale, self.warmup_steps)
-            notes.append(f"learning rate x {scale}, linear warm-up over {self.warmup_steps} steps")
+        if self.scale_learning_rate == "linear" and batch_size != plan.batch_size or self.warmup_steps:
+            compile_config, lr_detail = scale_learning_rate(
+                compile_config, old_batch_size=plan.batch_size, new_batch_size=batch_size,
+                rule=self.scale_learning_rate, warmup_steps=self.warmup_steps)
+            notes.append(lr_detail)
         if name == "horovod":
             notes.append("each rank reads its share of every global batch (by data)")
         elif name == "multi_worker":

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.recipes.batch_size import LR_SCALING_RULES, scale_learning_rate
+from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,9 +56,7 @@ class GradAccum(Recipe):
                 not isinstance(self.effective_batch_size, int) or self.effective_batch_size < 2):
             raise RecipeConfigError(f"grad_accum: effective_batch_size={self.effective_batch_size!r}. Expected "
                                     "an integer >= 2, or None to use steps.")
-        if self.scale_learning_rate not in LR_SCALING_RULES:
-            raise RecipeConfigError(f"grad_accum: scale_learning_rate={self.scale_learning_rate!r}. Expected one "
-                                    f"of {', '.join(map(repr, LR_SCALING_RULES))}.")
+        check_rule(self.name, self.scale_learning_rate)
 
     def accumulation_steps(self, batch_size: int) -> int:
         """Micro-batches per update for a plan whose batch is `batch_size`.

@@ -1,0 +1,62 @@
+"""One learning-rate scaling for batch_size, grad_accum and distribution: rules, schedules, wrapped
+optimizers, warm-up, and errors that say how to fix them."""
+
+import keras
+import numpy as np
+import pytest
+
+from tfopt.errors import RecipeConfigError
+from tfopt.recipes.learning_rate import scale_learning_rate
+
+
+@pytest.mark.parametrize("rule, expected", [("linear", 0.8), ("sqrt", 0.2), ("none", 0.1)])
+def test_learning_rate_rules(rule, expected):
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}, "loss": "mse"}
+    scaled, detail = scale_learning_rate(config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128,
+                                         rule=rule)
+    assert scaled["optimizer"]["config"]["learning_rate"] == pytest.approx(expected)
+    assert config["optimizer"]["config"]["learning_rate"] == 0.1
+
+
+def test_learning_rate_schedule_is_scaled():
+    schedule = keras.saving.serialize_keras_object(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9))
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": schedule}}}
+    scaled, _ = scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="linear")
+    assert scaled["optimizer"]["config"]["learning_rate"]["config"]["initial_learning_rate"] == pytest.approx(0.2)
+
+
+def test_unscalable_learning_rate_says_how_to_fix():
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": {"class_name": "Custom", "config": {}}}}}
+    with pytest.raises(RecipeConfigError, match="scale_learning_rate='none'"):
+        scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="sqrt")
+
+
+def test_learning_rate_of_an_optimizer_given_by_name_is_scaled():
+    config, reason = scale_learning_rate({"optimizer": "adam", "loss": "mse"}, old_batch_size=32, new_batch_size=128,
+                                         rule="linear")
+    assert config["optimizer"]["class_name"] == "Adam"
+    assert config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.004)  # Keras' default 0.001 x 4
+    assert "x4" in reason
+
+
+def test_the_rate_inside_a_loss_scale_optimizer_is_scaled():
+    inner = {"class_name": "SGD", "config": {"learning_rate": 0.1}}
+    config = {"optimizer": {"class_name": "LossScaleOptimizer", "config": {"inner_optimizer": inner}}}
+    scaled, detail = scale_learning_rate(config, old_batch_size=8, new_batch_size=32, rule="linear")
+    assert scaled["optimizer"]["config"]["inner_optimizer"]["config"]["learning_rate"] == pytest.approx(0.4)
+    assert inner["config"]["learning_rate"] == 0.1 and "0.1 -> 0.4" in detail
+
+
+def test_a_warmup_wraps_the_rate_and_ramps_to_the_scaled_value():
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}}
+    scaled, detail = scale_learning_rate(config, old_batch_size=8, new_batch_size=16, rule="linear", warmup_steps=4)
+    schedule = keras.saving.deserialize_keras_object(scaled["optimizer"]["config"]["learning_rate"])
+    np.testing.assert_allclose([float(schedule(step)) for step in (0, 3, 9)], [0.05, 0.2, 0.2], rtol=1e-6)
+    assert "warm-up over 4 steps" in detail
+
+
+def test_a_warmup_alone_keeps_the_rate_it_ramps_to():
+    config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}}
+    scaled, _ = scale_learning_rate(config, old_batch_size=8, new_batch_size=8, rule="none", warmup_steps=2)
+    schedule = keras.saving.deserialize_keras_object(scaled["optimizer"]["config"]["learning_rate"])
+    np.testing.assert_allclose([float(schedule(0)), float(schedule(5))], [0.05, 0.1], rtol=1e-6)
