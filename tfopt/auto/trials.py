@@ -28,15 +28,15 @@ import keras
 from tfopt.auto.decide import TrialResult
 from tfopt.builder import Built, build
 from tfopt.plan import Plan
-from tfopt.profiling.timing import StepTimes
+from tfopt.errors import MeasurementError
+from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
 from tfopt.recipes.base import Recipe, chain
 
 
 @dataclasses.dataclass
 class _Compiled:
     built: Built
-    state: list[Any]
-    initial: list[Any]
+    reset: Callable[[], None]
     losses: tuple[float, ...] | None = None
     compile_seconds: float | None = None
     stopped: bool = False
@@ -92,7 +92,7 @@ class TrialRunner:
             times, stopped = _timed(compiled.built.model, plan.dataset, steps=self.steps,
                                     warmup_steps=self.warmup_steps, batch_size=plan.batch_size,
                                     deadline=deadline, clock=self.clock)
-        _reset(compiled)
+        compiled.reset()
         return TrialResult(configuration, step_times=times, compile_seconds=compile_seconds, losses=compiled.losses,
                            wall_seconds=self.clock() - began, stopped_by_budget=stopped)
 
@@ -107,20 +107,16 @@ class TrialRunner:
                 # A model_fn without user weights starts from fresh random weights on every build:
                 # every configuration starts from the baseline's instead.
                 model.set_weights(self._initial_weights)
-            if not model.optimizer.built:
-                with built.strategy.scope():  # slots live where the weights do; outside it strategies refuse
-                    model.optimizer.build(model.trainable_variables)
-            state = [*model.weights, *model.optimizer.variables]
-            self._models[key] = _Compiled(built, state, [variable.numpy() for variable in state])
+            self._models[key] = _Compiled(built, training_state_snapshot(model))
         return self._models[key]
 
     def _check_numerics(self, compiled: _Compiled, deadline: float) -> None:
         """Runs the loss trajectory once per built model (its first steps also trace and compile)."""
         if compiled.losses is None:
-            _reset(compiled)
+            compiled.reset()
             compiled.losses, compiled.compile_seconds, compiled.stopped = self._numerics(
                 compiled.built.model, deadline)
-        _reset(compiled)
+        compiled.reset()
 
     def _numerics(self, model: Any, deadline: float) -> tuple[tuple[float, ...], float, bool]:
         recorder = _Recorder(deadline, self.clock)
@@ -158,13 +154,18 @@ class _Recorder(keras.callbacks.Callback):
 
 def _timed(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int, deadline: float,
            clock: Callable[[], float]) -> tuple[StepTimes | None, bool]:
-    recorder = _Recorder(deadline, clock)
-    model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0, shuffle=False,
-              callbacks=[recorder])
-    measured = tuple(recorder.step_seconds[warmup_steps:])
-    if recorder.stopped and len(measured) < steps:
+    """Times steps as every measurement does (windows, one sync at each end); (None, True) where the
+    deadline stopped it before all of them were timed."""
+    try:
+        times = time_training_steps(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
+                                    deadline=deadline, clock=clock)
+    except MeasurementError:
+        if clock() > deadline:
+            return None, True
+        raise
+    if times.steps < steps:
         return None, True
-    return StepTimes(seconds=measured, batch_size=batch_size), False
+    return times, False
 
 
 def _read_one_epoch(dataset: Any, deadline: float, clock: Callable[[], float]) -> bool:
@@ -203,8 +204,3 @@ def _model_key(plan: Plan) -> str:
     """What decides the built model: configurations with the same key differ only in their data."""
     return repr((plan.dtype_policy, plan.strategy, sorted(plan.strategy_options.items()),
                  sorted(plan.compile_config.items())))
-
-
-def _reset(compiled: _Compiled) -> None:
-    for variable, value in zip(compiled.state, compiled.initial):
-        variable.assign(value)

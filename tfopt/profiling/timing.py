@@ -191,16 +191,21 @@ class WindowTimer(keras.callbacks.Callback):
         windows: How many windows to time.
         window_steps: Steps in each window.
         sync: Waits for the device given a step's logs; `read_loss` by default.
+        deadline: A `clock()` time after which training stops at the next window's end (`stopped` says so).
+        clock: Monotonic seconds, compared with `deadline`.
     """
 
     def __init__(self, *, warmup_steps: int, windows: int, window_steps: int,
-                 sync: Callable[[Mapping[str, Any] | None], None] = read_loss):
+                 sync: Callable[[Mapping[str, Any] | None], None] = read_loss, deadline: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.boundaries = {warmup_steps + index * window_steps for index in range(windows + 1)}
         self.window_steps = window_steps
         self.sync = sync
+        self.deadline, self.clock = deadline, clock
         self.seconds: list[float] = []
         self.sync_times: list[float] = []
+        self.stopped = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # Keras passes the index of the last step the call ran: steps completed = batch + 1.
@@ -211,10 +216,14 @@ class WindowTimer(keras.callbacks.Callback):
         if self.sync_times:
             self.seconds.append((now - self.sync_times[-1]) / self.window_steps)
         self.sync_times.append(now)
+        if self.deadline is not None and self.clock() > self.deadline:
+            self.stopped = True
+            self.model.stop_training = True
 
 
 def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-                        window_steps: int | None = None) -> StepTimes:
+                        window_steps: int | None = None, deadline: float | None = None,
+                        clock: Callable[[], float] = time.monotonic) -> StepTimes:
     """Trains `model` for `warmup_steps + steps` steps on `dataset` with `fit` and times the last `steps`.
 
     The dataset is repeated so a short one does not run out. This trains the model: use `measure()` to
@@ -227,17 +236,20 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
         warmup_steps: Steps run first and not timed (tracing, compilation, pipeline warm-up); at least 1.
         batch_size: Examples per step, to report examples/s.
         window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
+        deadline: A `clock()` time after which timing stops at the next window's end.
+        clock: Monotonic seconds, compared with `deadline`.
 
     Returns:
-        The windows' per-step times.
+        The windows' per-step times (fewer windows than asked where the deadline stopped them).
 
     Raises:
-        MeasurementError: The arguments are out of range, or training failed.
+        MeasurementError: The arguments are out of range, training failed, or no window was timed.
     """
     per_call = _check_counts(model, steps, warmup_steps)
     warmup_steps = -(-warmup_steps // per_call) * per_call
     windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
-    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps)
+    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps, deadline=deadline,
+                        clock=clock)
     try:
         model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + windows * window_steps, epochs=1, verbose=0,
                   shuffle=False, callbacks=[timer])
@@ -446,13 +458,13 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
                        flops_per_step=flops, peak_flops_per_second=peak, precision=precision)
 
 
-@contextlib.contextmanager
-def training_state_restored(model: Any) -> Iterator[None]:
-    """Puts the model's weights and optimizer variables back as they were after a block that trains it.
+def training_state_snapshot(model: Any) -> Callable[[], None]:
+    """Saves the model's weights and optimizer variables; the returned function puts them back.
 
-    Measuring trains the model for a few steps; a model handed back to the user must not carry them.
-    The optimizer is built (when it is not yet) inside the model's strategy scope: variables created
-    outside it fail under any strategy but the default one.
+    Measuring trains the model for a few steps; a model handed back to the user must not carry them, and
+    every auto-mode trial must start where the others did. The optimizer is built (when it is not yet)
+    inside the model's strategy scope: variables created outside it fail under any strategy but the
+    default one.
     """
     optimizer = model.optimizer
     with model.distribute_strategy.scope():
@@ -460,12 +472,23 @@ def training_state_restored(model: Any) -> Iterator[None]:
             optimizer.build(model.trainable_variables)
         state = [*model.weights, *optimizer.variables]
         saved = [variable.numpy() for variable in state]
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         with model.distribute_strategy.scope():
             for variable, value in zip(state, saved):
                 variable.assign(value)
+
+    return restore
+
+
+@contextlib.contextmanager
+def training_state_restored(model: Any) -> Iterator[None]:
+    """Puts the model's weights and optimizer variables back as they were after a block that trains it."""
+    restore = training_state_snapshot(model)
+    try:
+        yield
+    finally:
+        restore()
 
 
 def _check_counts(model: Any, steps: int, warmup_steps: int) -> int:
