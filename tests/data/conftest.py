@@ -20,7 +20,7 @@ def no_cache(monkeypatch):
     """Makes every RAM budget zero, so the optimized pipeline takes its no-cache path."""
     from tfopt.data import pipeline
 
-    monkeypatch.setattr(pipeline, "ram_budget_bytes", lambda fraction: 0)
+    monkeypatch.setattr(pipeline, "ram_budget_bytes", lambda *fraction: 0)
 
 
 @pytest.fixture(scope="session")

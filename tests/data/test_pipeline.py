@@ -41,18 +41,6 @@ def test_naive_pipeline_never_caches(shapes_dir, tmp_path):
         collect(dataset)
 
 
-def test_prefetch_is_bounded_by_the_ram_budget(monkeypatch):
-    monkeypatch.setattr(pipeline, "ram_budget_bytes", lambda fraction: 10_000)
-    assert pipeline.prefetch_batches(1_000) == 10
-    assert pipeline.prefetch_batches(50_000) == 1
-    monkeypatch.setattr(pipeline, "ram_budget_bytes", lambda fraction: 10**12)
-    assert pipeline.prefetch_batches(1_000) == 16
-
-
-def test_ram_budget_is_a_fraction_of_available_memory():
-    assert 0 < pipeline.ram_budget_bytes(0.01) < pipeline.ram_budget_bytes(0.5)
-
-
 def test_options_of_optimized_and_sharded_pipelines(shapes_dir):
     source = ImageFolderSource(shapes_dir, image_size=32)
     naive = source.pipeline(batch_size=8, optimized=False)

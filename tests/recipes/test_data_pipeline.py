@@ -177,3 +177,34 @@ def test_unrewritable_pipeline_is_left_with_the_reason():
 def test_settings_must_be_booleans(setting):
     with pytest.raises(RecipeConfigError, match=f"{setting}='no' must be true or false"):
         DataPipeline(**{setting: "no"})
+
+
+@pytest.fixture
+def source_plan(tmp_path):
+    """A plan whose data comes from a tfopt.data source (24 tiny JPEGs), so the recipe rebuilds it."""
+    from tfopt.data import ImageFolderSource, generate_shapes
+    from tfopt.hardware import Hardware
+
+    source = ImageFolderSource(generate_shapes(tmp_path / "shapes", images_per_class=6, image_size=16),
+                               image_size=(12, 12))
+    dataset = source.pipeline(batch_size=8, optimized=False, shuffle=False)
+    return make_plan(make_cnn(num_classes=5), dataset, hardware=Hardware(), source=source)
+
+
+def test_a_source_pipeline_takes_the_recipes_budget_order_and_cache_settings(source_plan):
+    from tfopt.data.ram_budget import ram_budget_bytes
+
+    tuned = DataPipeline(ram_budget_fraction=0.1, deterministic=False)(source_plan)
+    options = tuned.dataset.options()
+    assert options.deterministic is False
+    assert abs(options.autotune.ram_budget - ram_budget_bytes(0.1)) < ram_budget_bytes(0.1) * 0.2
+    assert has_cache(tuned.dataset) and "non-deterministic order" in tuned.applied[-1].detail
+    uncached = DataPipeline(cache="none")(source_plan)
+    assert not has_cache(uncached.dataset) and uncached.dataset.options().deterministic is not False
+    assert "no cache" in uncached.applied[-1].detail
+
+
+def test_a_cache_setting_a_source_cannot_honour_is_refused(source_plan, tmp_path):
+    for cache in ("memory", str(tmp_path / "cache")):
+        with pytest.raises(RecipeConfigError, match="does not apply to a tfopt.data source"):
+            DataPipeline(cache=cache).check(source_plan)

@@ -8,7 +8,7 @@ those stages twice:
 * naive, as a newcomer writes it: shuffle, `map(decode)`, `batch`, `map(augment)`, `map(finish)`,
   with no parallelism, no cache and no prefetch;
 * optimized, as the tf.data performance guide teaches: parallel maps (AUTOTUNE), `cache()` after the
-  decode and before random augmentation when the decoded data fits a RAM budget, augmentation and
+  decode and before random augmentation when the decoded data fits the RAM budget (`ram_budget`), augmentation and
   `finish` vectorized after `batch` and fused by XLA into one pass over the batch, and a prefetch
   bounded by bytes, because an AUTOTUNE prefetch can grow until it exhausts host memory (TF Model
   Garden pins 32 batches for this reason).
@@ -28,33 +28,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import psutil
 import tensorflow as tf
 
+from tfopt.data.ram_budget import prefetch_batches, ram_budget_bytes
 from tfopt.data.source import PipelineRequest
 
-__all__ = ["assemble", "ram_budget_bytes", "prefetch_batches"]
-
 logger = logging.getLogger("tfopt")
-
-# Fractions of the memory available when the pipeline is built. The cache holds the whole decoded
-# (sharded) dataset and the shuffle buffer after it may hold as much again, so caching is allowed only
-# up to a quarter of what is free; prefetch needs only a few batches.
-_CACHE_FRACTION = 0.25
-_PREFETCH_FRACTION = 0.02
-_AUTOTUNE_FRACTION = 0.5
-_MAX_PREFETCH_BATCHES = 16
-
-
-def ram_budget_bytes(fraction: float) -> int:
-    """Returns `fraction` of the host memory available right now, in bytes."""
-    return int(psutil.virtual_memory().available * fraction)
-
-
-def prefetch_batches(batch_bytes: int) -> int:
-    """How many batches to prefetch: as many as fit the prefetch RAM budget, between 1 and 16."""
-    return int(min(_MAX_PREFETCH_BATCHES, max(1, ram_budget_bytes(_PREFETCH_FRACTION) // max(1, batch_bytes))))
-
 
 def assemble(
     records: tf.data.Dataset,
@@ -101,10 +80,11 @@ def assemble(
         dataset = dataset.map(decode)
         dataset = dataset.batch(request.batch_size, drop_remainder=request.drop_remainder)
         dataset = _augment_and_finish(dataset, augment, finish, request.seed, optimized=False)
-        return _with_options(dataset, optimized=False, sharded_by_source=sharded_by_source)
+        return _with_options(dataset, request, budget_bytes=0, sharded_by_source=sharded_by_source)
 
+    budget_bytes = ram_budget_bytes() if request.ram_budget_bytes is None else request.ram_budget_bytes
     cache_bytes = num_examples * decoded_example_bytes
-    cache = cache_allowed and cache_bytes <= ram_budget_bytes(_CACHE_FRACTION)
+    cache = cache_allowed and request.cache and cache_bytes <= budget_bytes
     dataset = records
     if request.shuffle and not cache:
         dataset = dataset.shuffle(record_buffer, seed=request.seed, reshuffle_each_iteration=True)
@@ -112,16 +92,16 @@ def assemble(
     if cache:
         dataset = dataset.cache()
         if request.shuffle:
-            budget_examples = ram_budget_bytes(_CACHE_FRACTION) // max(decoded_example_bytes, 1)
+            budget_examples = budget_bytes // max(decoded_example_bytes, 1)
             dataset = dataset.shuffle(
                 max(1, min(num_examples, budget_examples)), seed=request.seed, reshuffle_each_iteration=True
             )
     dataset = dataset.batch(request.batch_size, drop_remainder=request.drop_remainder)
     dataset = _augment_and_finish(dataset, augment, finish, request.seed, optimized=True)
-    buffer_batches = prefetch_batches(request.batch_size * output_example_bytes)
+    buffer_batches = prefetch_batches(request.batch_size * output_example_bytes, budget_bytes)
     dataset = dataset.prefetch(buffer_batches)
     logger.debug("optimized pipeline: cache=%s (%d bytes decoded), prefetch=%d batches", cache, cache_bytes, buffer_batches)
-    return _with_options(dataset, optimized=True, sharded_by_source=sharded_by_source)
+    return _with_options(dataset, request, budget_bytes=budget_bytes, sharded_by_source=sharded_by_source)
 
 
 def _augment_and_finish(batches, augment, finish, seed, *, optimized):
@@ -144,11 +124,12 @@ def _augment_and_finish(batches, augment, finish, seed, *, optimized):
     return tf.data.Dataset.zip((batches, seeds)).map(augment_and_finish, num_parallel_calls=calls)
 
 
-def _with_options(dataset, *, optimized, sharded_by_source):
+def _with_options(dataset, request, *, budget_bytes, sharded_by_source):
     options = tf.data.Options()
-    if optimized:
+    if request.optimized:
         options.autotune.enabled = True
-        options.autotune.ram_budget = ram_budget_bytes(_AUTOTUNE_FRACTION)
+        options.autotune.ram_budget = budget_bytes
+        options.deterministic = request.deterministic
     if sharded_by_source:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options)

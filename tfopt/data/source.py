@@ -30,6 +30,9 @@ class PipelineRequest:
     drop_remainder: bool
     num_shards: int
     shard_index: int
+    ram_budget_bytes: int | None = None
+    cache: bool = True
+    deterministic: bool = True
 
 
 class DataSource(abc.ABC):
@@ -52,6 +55,9 @@ class DataSource(abc.ABC):
         drop_remainder: bool = False,
         num_shards: int = 1,
         shard_index: int = 0,
+        ram_budget_bytes: int | None = None,
+        cache: bool = True,
+        deterministic: bool = True,
     ):
         """Builds the `tf.data.Dataset` of `(x, y)` batches for one epoch.
 
@@ -65,6 +71,11 @@ class DataSource(abc.ABC):
             drop_remainder: Drop the last, smaller batch (static batch shapes, e.g. for XLA or TPUs).
             num_shards: Number of workers reading disjoint parts of the data.
             shard_index: This worker's index in `[0, num_shards)`.
+            ram_budget_bytes: What the optimized pipeline's cache, autotuned buffers and prefetch may hold;
+                `tfopt.data.ram_budget`'s default share of the available RAM when None.
+            cache: Whether the optimized pipeline may cache decoded examples (within the budget).
+            deterministic: Keep element order in the optimized pipeline; False lets parallel stages
+                deliver out of order (faster, different order).
 
         Returns:
             A `tf.data.Dataset` yielding `(x, y)` batches.
@@ -72,7 +83,9 @@ class DataSource(abc.ABC):
         check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
         return self._build_pipeline(PipelineRequest(batch_size=batch_size, optimized=optimized, shuffle=shuffle,
                                                     seed=seed, drop_remainder=drop_remainder,
-                                                    num_shards=num_shards, shard_index=shard_index))
+                                                    num_shards=num_shards, shard_index=shard_index,
+                                                    ram_budget_bytes=ram_budget_bytes, cache=cache,
+                                                    deterministic=deterministic))
 
     @abc.abstractmethod
     def _build_pipeline(self, request: PipelineRequest):

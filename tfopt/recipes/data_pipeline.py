@@ -40,8 +40,8 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
         cache: "auto" (cache in memory where valid and within the budget), "memory" (cache in memory
             where valid, whatever the size), "none", or a file path prefix for an on-disk cache.
         deterministic: Keep element order. False lets parallel stages deliver out of order (faster).
-        ram_budget_bytes: RAM that autotuned buffers and an automatic cache may use; a quarter of the
-            available memory when None.
+        ram_budget_bytes: RAM that autotuned buffers, an automatic cache and the prefetch may use;
+            `tfopt.data.ram_budget`'s default share of the available memory when None.
         parallel_random_maps: Run maps whose only state is random ops in parallel: the draws keep their
             distribution, not their assignment to elements. False keeps the exact draw order.
         parallel_python_maps: Run maps calling py_function/numpy_function in parallel. False for a
@@ -57,9 +57,9 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
         [[0, 2], [4, 6], [8, 10]]
     """
     if ram_budget_bytes is None:
-        import psutil
+        from tfopt.data.ram_budget import ram_budget_bytes as default_budget
 
-        ram_budget_bytes = psutil.virtual_memory().available // 4
+        ram_budget_bytes = default_budget()
     tuned, _ = _tune(dataset, cache=cache, deterministic=deterministic, ram_budget_bytes=ram_budget_bytes,
                      parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps)
     return tuned
@@ -72,7 +72,8 @@ class DataPipeline(Recipe):
     Args:
         cache: "auto", "memory", "none" or a file path prefix (see `tune_pipeline`).
         deterministic: Keep element order.
-        ram_budget_fraction: Share of host RAM that autotuned buffers and the cache may use, in (0, 0.9].
+        ram_budget_fraction: Share of the available host RAM that autotuned buffers, the cache and the
+            prefetch may use, in (0, 0.9]; a tfopt source's own optimized pipeline uses it too.
         parallel_random_maps: Parallelize maps whose only state is random ops; false keeps the exact draws.
         parallel_python_maps: Parallelize maps calling Python; false for Python functions with shared state.
 
@@ -106,16 +107,27 @@ class DataPipeline(Recipe):
     def check(self, plan: Plan) -> None:
         from pathlib import Path
 
+        if plan.source is not None and self.cache not in ("auto", "none"):
+            raise RecipeConfigError(
+                f"data_pipeline: cache={self.cache!r} does not apply to a tfopt.data source, whose optimized "
+                "pipeline caches the decoded examples where they fit the RAM budget. Use cache: auto (or none "
+                "to never cache), or pass a tf.data.Dataset to have its end cached as asked.")
         if self.cache not in CACHE_CHOICES and not Path(self.cache).parent.is_dir():
             raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is a file path whose directory "
                                     f"{str(Path(self.cache).parent)!r} does not exist. Create it first.")
 
     def __call__(self, plan: Plan) -> Plan:
-        budget = int((plan.hardware.host_memory_bytes or 8 * 2**30) * self.ram_budget_fraction)
+        from tfopt.data.ram_budget import ram_budget_bytes
+
+        budget = ram_budget_bytes(self.ram_budget_fraction)
         if plan.source is not None:
-            dataset = plan.source.pipeline(batch_size=plan.batch_size, optimized=True)
+            dataset = plan.source.pipeline(batch_size=plan.batch_size, optimized=True, ram_budget_bytes=budget,
+                                           cache=self.cache == "auto", deterministic=self.deterministic)
             return plan.replace(dataset=dataset).record(
-                self.name, f"rebuilt from the source ({plan.source.describe()}) as an optimized pipeline")
+                self.name, f"rebuilt from the source ({plan.source.describe()}) as an optimized pipeline: "
+                           f"{'cache after decode where it fits, ' if self.cache == 'auto' else 'no cache, '}"
+                           f"autotune within {budget / 2**30:.1f} GiB of RAM, "
+                           f"{'deterministic' if self.deterministic else 'non-deterministic'} order")
         dataset, notes = _tune(plan.dataset, cache=self.cache, deterministic=self.deterministic,
                                ram_budget_bytes=budget, parallel_random_maps=self.parallel_random_maps,
                                parallel_python_maps=self.parallel_python_maps)
@@ -132,7 +144,7 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
     """
     import tensorflow as tf
 
-    from tfopt.data.pipeline import prefetch_batches
+    from tfopt.data.ram_budget import prefetch_batches
     from tfopt.data.rewrite import parallelize
 
     notes = []
@@ -140,7 +152,7 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
     if cache != "none":
         dataset, note = _cache_where_valid(dataset, cache, ram_budget_bytes, element_bytes)
         notes.append(note)
-    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch_batches(element_bytes),
+    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch_batches(element_bytes, ram_budget_bytes),
                                          parallel_random_maps=parallel_random_maps,
                                          parallel_python_maps=parallel_python_maps)
     notes.extend(rewrite_notes)
