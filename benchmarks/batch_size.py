@@ -2,7 +2,7 @@
 
 Run: python benchmarks/batch_size.py [--max-batch-size 512] [--trial-steps 8] [--budget-mib N]
 
-The table is what `tfopt.find_batch_size` measures on this machine: examples/s of short timed trials at
+The table is what `tfopt.recipes.find_batch_size` measures on this machine: examples/s of short timed trials at
 powers of two and around the best, with each trial's peak memory (host RSS on CPU, allocator peak on
 GPU). Speeds are side by side in one process, so they compare with each other, not across machines.
 """

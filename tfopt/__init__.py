@@ -4,6 +4,9 @@
     >>> result = tfopt.apply(model, dataset)          # doctest: +SKIP
     >>> result.summary()                              # doctest: +SKIP
 
+The top level is what a user calls, what they get back and what they may catch; everything else is
+reached through its subpackage (`tfopt.recipes`, `tfopt.data`, `tfopt.builder`, ...).
+
 Importing tfopt does not import TensorFlow: the public names load their modules on first use, so
 `tfopt-recipe --help` stays instant.
 """
@@ -17,19 +20,28 @@ from tfopt._version import __version__
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _PUBLIC = {
+    # what a user calls
     "apply": "tfopt.optimize",
-    "ApplyResult": "tfopt.optimize",
-    "Plan": "tfopt.plan",
-    "build": "tfopt.builder",
-    "chain": "tfopt.recipes.base",
     "profile": "tfopt.profiling.capture",
-    "Profile": "tfopt.profiling.capture",
-    "compare": "tfopt.profiling.report",
-    "Report": "tfopt.profiling.report",
     "diagnose": "tfopt.profiling.diagnose",
-    "Monitor": "tfopt.profiling.live",
-    "find_batch_size": "tfopt.recipes.batch_size",
+    "compare": "tfopt.profiling.report",
     "load_recipe": "tfopt.recipe_file",
+    "chain": "tfopt.recipes.base",
+    "Monitor": "tfopt.profiling.live",
+    # what they get back
+    "ApplyResult": "tfopt.optimize",
+    "Profile": "tfopt.profiling.capture",
+    "Report": "tfopt.profiling.report",
+    # what they may catch
+    "TfoptError": "tfopt.errors",
+    "DataError": "tfopt.errors",
+    "DistributionError": "tfopt.errors",
+    "IncompatibleModelError": "tfopt.errors",
+    "MeasurementError": "tfopt.errors",
+    "NonFiniteLossError": "tfopt.errors",
+    "RecipeClashError": "tfopt.errors",
+    "RecipeConfigError": "tfopt.errors",
+    "RecipeFileError": "tfopt.errors",
 }
 
 __all__ = ["__version__", *_PUBLIC]

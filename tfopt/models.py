@@ -28,8 +28,6 @@ from keras import layers
 
 from tfopt.suggest import did_you_mean
 
-__all__ = ["MODELS", "application_names", "resolve_model", "small_cnn", "text_transformer", "TokenAndPositionEmbedding"]
-
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 

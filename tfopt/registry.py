@@ -75,8 +75,8 @@ def from_item(item: Any) -> Any:
         RecipeConfigError: The recipe's constructor rejected a setting's value.
 
     Example:
-        >>> from_item({"xla": {"fallback": "warn"}})
-        Xla(fallback='warn')
+        >>> from_item({"xla": {"jit_compile": True}}) == get("xla")(jit_compile=True)
+        True
     """
     if isinstance(item, str):
         name, settings, settings_path = item, {}, ()

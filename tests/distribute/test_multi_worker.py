@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfopt.distribute import keras_fit_works_multi_worker, launch_local_workers
+from tfopt.distribute import launch_local_workers
+from tfopt.distribute.probe import keras_fit_works_multi_worker
 from tfopt.errors import DistributionError
 
 sys.path.insert(0, str(Path(__file__).parent))

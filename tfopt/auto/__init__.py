@@ -10,14 +10,6 @@ Modules: `candidates` (what to try, from the diagnosis and hardware), `trials` (
 table), `tune` (all of it together).
 """
 
-from tfopt.auto.candidates import Candidates, choose_candidates
-from tfopt.auto.decide import LOSS_TOLERANCE, NOISE_FLOOR_FRACTION, TrialResult, Verdict, judge, noise_fraction
-from tfopt.auto.search import ProgressEvent, search
-from tfopt.auto.table import Decision, TrialRow, TrialsTable
 from tfopt.auto.tune import DEFAULT_BUDGET_SECONDS, Tuning, tune
 
-__all__ = [
-    "DEFAULT_BUDGET_SECONDS", "LOSS_TOLERANCE", "NOISE_FLOOR_FRACTION", "Candidates", "Decision", "ProgressEvent",
-    "TrialResult", "TrialRow", "TrialsTable", "Tuning", "Verdict", "choose_candidates", "judge", "noise_fraction",
-    "search", "tune",
-]
+__all__ = ["DEFAULT_BUDGET_SECONDS", "Tuning", "tune"]

@@ -43,6 +43,10 @@ class Tuning:
         diagnosis: The profiler's diagnosis of the baseline, or None where profiling was unavailable.
         input_efficiency: The baseline's on-device ceiling step time / real step time, None where the
             reading was a measurement problem.
+
+    Example:
+        >>> tuning = tune(plan, budget_seconds=120)  # doctest: +SKIP
+        >>> print(tuning.table.to_markdown())  # doctest: +SKIP
     """
 
     recipe: Recipe

@@ -33,8 +33,6 @@ from tfopt.cli.progress import terminal_progress
 from tfopt._version import __version__
 from tfopt.errors import RecipeFileError, TfoptError
 
-__all__ = ["main", "build_parser"]
-
 _PROGRAM = "tfopt-recipe"
 
 
@@ -50,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 on success, 2 for a bad recipe file or command line, 1 when the run failed, 130 on Ctrl-C.
+
+    Example:
+        >>> main(["run", "recipes/small_cnn.yaml", "--steps", "5"])  # doctest: +SKIP
+        0
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -72,7 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of `tfopt-recipe` (importing it imports no TensorFlow)."""
+    """The argument parser of `tfopt-recipe` (importing it imports no TensorFlow).
+
+    Example:
+        >>> build_parser().parse_args(["validate", "recipes/small_cnn.yaml"]).file
+        'recipes/small_cnn.yaml'
+    """
     parser = argparse.ArgumentParser(
         prog=_PROGRAM, description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
                                    "well, and prove the gain with before/after measurements.",

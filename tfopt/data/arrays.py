@@ -17,8 +17,6 @@ from tfopt.data import pipeline
 from tfopt.data.source import DataSource, PipelineRequest
 from tfopt.errors import DataError
 
-__all__ = ["NumpySource", "in_memory_pipeline"]
-
 
 class NumpySource(DataSource):
     """Features `x` and labels `y` from NumPy arrays or `.npy`/`.npz` files, passed through unchanged.

@@ -12,8 +12,6 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-__all__ = ["DRAWABLE_SHAPES", "draw_example", "shape_id"]
-
 DRAWABLE_SHAPES = ("circle", "square", "triangle", "cross", "ring")
 # Shapes are drawn at twice the size and downsampled: cheap anti-aliasing, so edges look like a photo's
 # rather than like aliased pixel art that a model could key on.

@@ -28,8 +28,6 @@ import numpy as np
 from tfopt.data.drawing import DRAWABLE_SHAPES, draw_example, shape_id
 from tfopt.errors import DataError
 
-__all__ = ["DEFAULT_CLASSES", "MANIFEST_NAME", "generate_shapes", "default_dataset_dir"]
-
 logger = logging.getLogger("tfopt")
 
 DEFAULT_CLASSES = DRAWABLE_SHAPES

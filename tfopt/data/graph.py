@@ -24,8 +24,6 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["serialize", "pipeline_ops", "function_ops", "stateful_kinds", "PYTHON", "RANDOM", "OTHER"]
-
 PYTHON = "python"
 RANDOM = "random"
 OTHER = "other"

@@ -16,8 +16,6 @@ from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.errors import DataError
 
-__all__ = ["ImageFolderSource", "IMAGE_EXTENSIONS"]
-
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["decode_image", "to_unit_float", "random_augment", "resize_uint8"]
-
 
 def decode_image(encoded: tf.Tensor, image_size: tuple[int, int] | None, channels: int = 3) -> tf.Tensor:
     """Decodes JPEG/PNG/BMP/GIF bytes to a uint8 `[height, width, channels]` image, resized if asked.

@@ -18,8 +18,6 @@ from tfopt.data.tfrecord.source import TFRecordSource
 from tfopt.errors import DataError
 from tfopt.suggest import did_you_mean
 
-__all__ = ["SOURCES", "make_source"]
-
 SOURCES: dict[str, type[DataSource]] = {
     cls.name: cls for cls in (ImageFolderSource, NumpySource, SyntheticSource, TfdsSource, TFRecordSource)
 }

@@ -33,8 +33,6 @@ import tensorflow as tf
 
 from tfopt.data import graph as pipeline_graph
 
-__all__ = ["parallelize", "KNOWN_DATASET_OPS"]
-
 # Dataset ops verified to survive the graph round trip in-process (tests/data/test_rewrite.py). An op
 # outside this set may hold state the round trip does not carry (a snapshot's files, a data service):
 # the pipeline is left as it was rather than guessed at.

@@ -41,6 +41,13 @@ class DataSource(abc.ABC):
     Subclasses set the class attribute `name` (the registry name used in YAML), take their whole
     configuration as constructor arguments, and implement `_build_pipeline` (given a checked
     `PipelineRequest`), `describe` and `get_config`.
+
+    Example:
+        >>> from tfopt.data import SyntheticSource
+        >>> source = SyntheticSource(kind="image", examples=8, image_size=(4, 4))
+        >>> x, y = next(iter(source.pipeline(batch_size=4, optimized=True)))
+        >>> isinstance(source, DataSource), x.shape.as_list(), y.shape.as_list()
+        (True, [4, 4, 4, 3], [4])
     """
 
     name: ClassVar[str] = ""

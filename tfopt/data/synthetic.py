@@ -20,8 +20,6 @@ from tfopt.data import images
 from tfopt.data.arrays import in_memory_pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 
-__all__ = ["SyntheticSource"]
-
 _KINDS = ("image", "tokens")
 _KEYWORDS_PER_CLASS = 8
 _KEYWORD_RATE = 0.125

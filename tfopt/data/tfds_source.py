@@ -22,8 +22,6 @@ from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.errors import DataError
 from tfopt.suggest import did_you_mean
 
-__all__ = ["TfdsSource"]
-
 # Shuffle buffer over decoded examples in the naive pipeline (what tutorials write) and over
 # undecoded records in the optimized one when the data does not fit the cache.
 _SHUFFLE_BUFFER = 10_000

@@ -72,6 +72,10 @@ class Profile:
         diagnosis: The bottlenecks and the recipes that fix them.
         hardware: The machine it ran on.
         steps_per_epoch: The dataset's length in batches, where tf.data knows it.
+
+    Example:
+        >>> profile = tfopt.profile(model, dataset)  # doctest: +SKIP
+        >>> profile.metrics.input_efficiency, profile.diagnosis  # doctest: +SKIP
     """
 
     measurement: Measurement

@@ -60,6 +60,10 @@ class Report:
         currency: The price's currency, as printed.
         steps_per_epoch: Steps in an epoch for the cost line; the first run's dataset length by default.
         created: When the report was made (UTC, ISO 8601).
+
+    Example:
+        >>> report = tfopt.compare(before=tfopt.profile(model, slow), after=tfopt.profile(model, fast))  # doctest: +SKIP
+        >>> report.save("report.html")  # doctest: +SKIP
     """
 
     profiles: Mapping[str, Any]

@@ -44,6 +44,11 @@ class RecipeFile:
             what helps, within `profile.tune_budget_seconds`).
         profile: How the before/after measurements are taken.
         report: What the report contains.
+
+    Example:
+        >>> recipe = load_recipe("recipes/small_cnn.yaml")
+        >>> recipe.name, recipe.model.name, recipe.data.source
+        ('small_cnn', 'small_cnn', 'image_folder')
     """
 
     path: pathlib.Path | None
@@ -171,6 +176,9 @@ def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
 
     Returns:
         The path written.
+
+    Example:
+        >>> save_resolved(load_recipe("recipes/small_cnn.yaml"), "resolved.yaml")  # doctest: +SKIP
     """
     path = pathlib.Path(path)
     header = (f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"

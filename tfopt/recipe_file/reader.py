@@ -69,6 +69,10 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
 
     Raises:
         RecipeFileError: There is no `=`, the key path is empty, or the value is not valid YAML.
+
+    Example:
+        >>> parse_override("data.image_size=[32, 32]")
+        (('data', 'image_size'), [32, 32])
     """
     key, separator, value_text = text.partition("=")
     parts = tuple(key.strip().split("."))

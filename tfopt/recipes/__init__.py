@@ -3,7 +3,7 @@
 Each module offers the recipe class and a functional form for people who want one piece only.
 """
 
-from tfopt.recipes.base import Chain, Recipe, Stage, chain
+from tfopt.recipes.base import Recipe, Stage, chain
 from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch
 from tfopt.recipes.data_pipeline import DataPipeline, tune_pipeline
 from tfopt.recipes.distribution import Distribution, choose_strategy
@@ -13,7 +13,7 @@ from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, float32
 from tfopt.recipes.xla import Xla, static_batches, xla_blockers
 
 __all__ = [
-    "BatchSize", "Chain", "DataPipeline", "Distribution", "GpuMemory", "GradAccum", "MixedPrecision", "Recipe",
+    "BatchSize", "DataPipeline", "Distribution", "GpuMemory", "GradAccum", "MixedPrecision", "Recipe",
     "Stage", "Xla", "chain", "choose_policy", "choose_strategy", "configure_gpu_memory", "find_batch_size",
     "float32_matmul_scope", "policy_scope", "rebatch", "static_batches", "tune_pipeline", "with_gradient_accumulation",
     "xla_blockers",

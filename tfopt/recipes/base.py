@@ -22,7 +22,12 @@ class Stage(enum.IntEnum):
     """Build order: the data feeds the model, the dtype decides how layers are made, and the compile-time
     step settings (XLA) decide what a batch costs. Only then is the batch sized by timing that step (a
     float32 step without XLA would be the wrong step to time); placement multiplies the per-replica batch
-    over the replicas, and the update (gradient accumulation) is set from the final batch."""
+    over the replicas, and the update (gradient accumulation) is set from the final batch.
+
+    Example:
+        >>> Stage.NUMERICS < Stage.COMPILE < Stage.BATCH
+        True
+    """
 
     DATA = 0
     NUMERICS = 1
@@ -37,6 +42,18 @@ class Recipe(abc.ABC):
 
     Subclasses are keyword-only frozen dataclasses, so the constructor is the schema and
     `get_config()` round-trips: `type(r)(**r.get_config()) == r`.
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Note(Recipe):
+        ...     name = "note"
+        ...     stage = Stage.DATA
+        ...     text: str = "checked"
+        ...     def __call__(self, plan):
+        ...         return plan.record(self.name, self.text)
+        >>> Note(text="why").get_config()
+        {'text': 'why'}
     """
 
     name: ClassVar[str]

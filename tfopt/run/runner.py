@@ -35,8 +35,6 @@ from tfopt.errors import TfoptError
 from tfopt.profiling.metrics import Metrics, compared
 from tfopt.recipe_file import RecipeFile, save_resolved
 
-__all__ = ["Progress", "RunOutcome", "build_model", "compile_arguments", "diagnose", "prepare", "run"]
-
 _log = logging.getLogger("tfopt")
 
 

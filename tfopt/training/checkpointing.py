@@ -157,6 +157,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         checkpoint: Where to save.
         every_steps: Interval in global steps.
         steps_done: Global steps trained before this `fit()` call.
+
+    Example:
+        >>> checkpoint = TrainingCheckpoint(model, "run/ckpt")  # doctest: +SKIP
+        >>> model.fit(dataset, epochs=3, callbacks=[CheckpointCallback(checkpoint, every_steps=100)])  # doctest: +SKIP
     """
 
     def __init__(self, checkpoint: TrainingCheckpoint, *, every_steps: int, steps_done: int = 0):

@@ -55,6 +55,10 @@ class TrainingResult:
         steps_run: Steps trained by this call.
         global_step: Steps trained in total, over all calls on this checkpoint directory.
         last_checkpoint: The newest checkpoint, or None without a checkpoint_dir.
+
+    Example:
+        >>> result = tfopt.training.train(built, epochs=2, checkpoint_dir="run/ckpt")  # doctest: +SKIP
+        >>> result.global_step, result.history["loss"]  # doctest: +SKIP
     """
 
     history: dict[str, list[float]]
@@ -76,7 +80,7 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
     """Trains a built plan for `epochs`, resuming from `checkpoint_dir` and stopping on a NaN/Inf loss.
 
     Args:
-        built: The result of `tfopt.build(plan)` (model, dataset, strategy).
+        built: The result of `tfopt.builder.build(plan)` (model, dataset, strategy).
         epochs: Total epochs, counting those done before a restart.
         steps_per_epoch: Steps per epoch; None means one pass over the (finite) dataset.
         checkpoint_dir: Where to save and resume from, or None for no checkpoints.
@@ -98,7 +102,8 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
         IncompatibleModelError: `checkpoint_dir` holds a checkpoint of another model.
 
     Example:
-        >>> result = train(tfopt.build(plan), epochs=3, checkpoint_dir="run/ckpt")  # doctest: +SKIP
+        >>> from tfopt.builder import build  # doctest: +SKIP
+        >>> result = train(build(plan), epochs=3, checkpoint_dir="run/ckpt")  # doctest: +SKIP
         >>> result.global_step  # doctest: +SKIP
         300
     """

@@ -76,6 +76,9 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
     Args:
         steps_done: Global steps already trained before this `fit()` call (a resumed run), so the message
             names global steps.
+
+    Example:
+        >>> model.fit(dataset, epochs=3, callbacks=[NonFiniteLossGuard()])  # doctest: +SKIP
     """
 
     def __init__(self, steps_done: int = 0):

@@ -22,8 +22,6 @@ from collections.abc import Iterable, Iterator
 
 import google_crc32c
 
-__all__ = ["COMPRESSIONS", "CorruptRecordError", "encode_example", "write_records", "read_records"]
-
 # TFRecordOptions compression names -> zlib window bits (31: gzip wrapper, 15: zlib wrapper).
 COMPRESSIONS = {None: None, "GZIP": 31, "ZLIB": 15}
 _MASK_DELTA = 0xA282EAD8

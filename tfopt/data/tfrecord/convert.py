@@ -35,8 +35,6 @@ from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest, write_man
 from tfopt.data.tfrecord.workers import ShardWriterPool, write_shard
 from tfopt.errors import DataError
 
-__all__ = ["to_tfrecord"]
-
 logger = logging.getLogger("tfopt")
 
 DEFAULT_SHARD_BYTES = 64 * 2**20

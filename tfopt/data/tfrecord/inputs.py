@@ -24,8 +24,6 @@ from tfopt.data.tfrecord.codec import encode_example
 from tfopt.data.tfrecord.workers import task_records
 from tfopt.errors import DataError
 
-__all__ = ["ConversionInput", "conversion_input"]
-
 
 @dataclasses.dataclass(frozen=True)
 class ConversionInput:

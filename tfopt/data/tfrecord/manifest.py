@@ -24,8 +24,6 @@ from tfopt._atomic import write_atomic
 from tfopt._version import __version__
 from tfopt.errors import DataError
 
-__all__ = ["MANIFEST_NAME", "FORMAT", "VERSION", "read_manifest", "write_manifest", "shard_file_name"]
-
 MANIFEST_NAME = "tfopt_manifest.json"
 FORMAT = "tfopt.tfrecord"
 VERSION = 1

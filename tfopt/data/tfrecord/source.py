@@ -21,8 +21,6 @@ from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.data.tfrecord.manifest import read_manifest
 
-__all__ = ["TFRecordSource"]
-
 _SHUFFLE_BUFFER = 10_000
 _MAX_CYCLE_LENGTH = 16
 

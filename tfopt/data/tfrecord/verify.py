@@ -17,8 +17,6 @@ from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.manifest import read_manifest
 from tfopt.errors import DataError
 
-__all__ = ["verify"]
-
 
 def verify(out_dir: str | os.PathLike, *, num_workers: int | None = None) -> dict:
     """Re-reads a conversion and checks every shard's size, record CRCs, record count and sha256.

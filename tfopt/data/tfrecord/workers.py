@@ -31,8 +31,6 @@ from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.manifest import shard_file_name
 from tfopt.errors import DataError
 
-__all__ = ["write_shard", "task_records", "ShardWriterPool"]
-
 
 def write_shard(out_dir: pathlib.Path, index: int, records: Iterable[bytes], compression: str | None) -> dict:
     """Writes shard `index` under a temporary name and renames it into place once complete.
