@@ -1,86 +1,63 @@
-"""What `tfopt-recipe` shows while it works: phase lines, log lines and one tqdm bar per epoch, on stderr.
+"""What `tfopt-recipe` shows while it works: phase lines, log lines and tqdm's own Keras bars, on stderr.
 
 Kept apart from the command line's parsing so the library stays quiet (it reports through
-`tfopt.run.runner.Progress` and the `tfopt` logger) and the CLI module stays about arguments and results.
+`tfopt.run.runner.Progress` and the `tfopt` logger) and the command module stays about arguments and
+results. The bars are `tqdm.keras.TqdmCallback`; `tqdm.contrib.logging.logging_redirect_tqdm` writes the
+`tfopt` logger's lines above them instead of through them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 PROGRAM = "tfopt-recipe"
 
 
-class terminal_progress:  # noqa: N801 - used like a function in `with`
-    """tqdm bars and log lines on stderr, or nothing with --quiet."""
+@contextlib.contextmanager
+def terminal_progress(args: argparse.Namespace) -> Iterator[Any]:
+    """A `runner.Progress` drawing tqdm bars and log lines on stderr, or showing nothing with --quiet."""
+    from tfopt.run import runner
 
-    def __init__(self, args: argparse.Namespace):
-        self.enabled = not args.quiet
-        self._handler: logging.Handler | None = None
+    enabled = not args.quiet
 
-    def __enter__(self) -> Any:
-        from tfopt.run import runner
+    class TerminalProgress(runner.Progress):
+        def phase(self, description: str) -> None:
+            if enabled:
+                _write(f"{PROGRAM}: {description}")
 
-        enabled = self.enabled
+        def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[Any]:
+            if not enabled:
+                return []
+            from tqdm.keras import TqdmCallback
 
-        class TerminalProgress(runner.Progress):
-            def phase(self, description: str) -> None:
-                if enabled:
-                    _write(f"{PROGRAM}: {description}")
+            # verbose=2: one bar per epoch that stays on screen, under a bar of the epochs.
+            return [TqdmCallback(epochs=epochs, verbose=2, file=sys.stderr, dynamic_ncols=True)]
 
-            def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[Any]:
-                return [_tqdm_callback(epochs)] if enabled else []
+    if not enabled:
+        yield TerminalProgress()
+        return
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-        if enabled:
-            self._handler = _TqdmLogHandler()
-            logging.getLogger("tfopt").addHandler(self._handler)
-            logging.getLogger("tfopt").setLevel(logging.INFO)
-        return TerminalProgress()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._handler is not None:
-            logging.getLogger("tfopt").removeHandler(self._handler)
-
-
-class _TqdmLogHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        _write(f"  {self.format(record)}")
+    logger = logging.getLogger("tfopt")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("  %(message)s"))  # logging_redirect_tqdm keeps this format
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with logging_redirect_tqdm(loggers=[logger]):
+            yield TerminalProgress()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
 
 
 def _write(line: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(line, file=sys.stderr)
-
-
-def _tqdm_callback(epochs: int) -> Any:
-    import keras
-    from tqdm import tqdm
-
-    class TqdmCallback(keras.callbacks.Callback):
-        """One tqdm bar per epoch, with the loss as it goes."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.bar: Any = None
-
-        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-            self.bar = tqdm(total=self.params.get("steps"), desc=f"epoch {epoch + 1}/{epochs}", unit="step",
-                            file=sys.stderr, leave=True, dynamic_ncols=True)
-
-        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-            self.bar.update(1)
-            if logs and "loss" in logs:
-                self.bar.set_postfix(loss=f"{float(logs['loss']):.4f}", refresh=False)
-
-        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-            self.bar.close()
-
-        def on_train_end(self, logs: dict | None = None) -> None:
-            if self.bar is not None:
-                self.bar.close()
-
-    return TqdmCallback()
