@@ -4,16 +4,25 @@ Order matters and is fixed here: the strategy is made first, then inside its sco
 scope the model is created once, the user's weights are copied in, and the model is compiled once (a
 fresh optimizer inside the scope, XLA as the plan says). Global Keras state (the dtype policy) is only
 changed inside a scope that restores it, even when building fails.
+
+What XLA needs is settled here too, on the model this build creates: that every layer lowers to XLA
+(else the build compiles without it and says which layer), and full batches of one static shape (a
+partial last batch would compile the step again every epoch). So a recipe that asks for XLA builds
+nothing, and turning XLA off never costs the examples that static batches would drop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
-from tfopt.errors import IncompatibleModelError
+from tfopt.data.batches import describe_dropped, static_batches
+from tfopt.errors import IncompatibleModelError, TfoptError
 from tfopt.plan import Plan
 from tfopt.policies import dtype_policy_scope
+
+_log = logging.getLogger("tfopt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +80,7 @@ def build(plan: Plan) -> Built:
         model = _create_model(plan)
         if plan.weights_from is not None:
             _copy_weights(plan.weights_from, model)
+        plan = _settle_xla(model, plan)
         model.compile(**_compile_arguments(plan))
         if plan.dtype_policy == "mixed_float16" and not isinstance(
                 model.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -86,6 +96,8 @@ def _create_model(plan: Plan) -> Any:
 
     try:
         model = plan.model_fn()
+    except TfoptError:
+        raise
     except Exception as error:
         raise IncompatibleModelError(f"model_fn raised {type(error).__name__}: {error}") from error
     if not isinstance(model, keras.Model):
@@ -110,6 +122,57 @@ def _with_float32_outputs(model: Any, plan: Plan) -> Any:
     cast = keras.layers.Activation("linear", dtype="float32", name="float32_outputs")
     wrapped = keras.Model(inputs, tf.nest.map_structure(cast, model(inputs)), name=model.name)
     return wrapped
+
+
+def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
+    """Why `model` cannot be compiled with XLA, one entry per problem; empty where it can.
+
+    Checks each layer's `supports_jit` flag (which Keras silently obeys), then lowers the forward pass
+    to XLA HLO, which fails on ops without an XLA kernel (string ops, py_function, some lookups).
+
+    Args:
+        model: A built Keras model.
+        sample_inputs: One batch of its inputs.
+
+    Returns:
+        Human-readable reasons, e.g. ["layer 'text_vectorization' (TextVectorization) does not support XLA"].
+
+    Example:
+        >>> import keras, numpy as np
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> xla_blockers(model, np.zeros((2, 3), "float32"))
+        []
+    """
+    import tensorflow as tf
+
+    blockers = [f"layer {layer.name!r} ({type(layer).__name__}) does not support XLA"
+                for layer in model._flatten_layers(include_self=False) if not getattr(layer, "supports_jit", True)]
+    if blockers:
+        return blockers
+    forward = tf.function(lambda inputs: model(inputs, training=True), jit_compile=True)
+    try:
+        forward.experimental_get_compiler_ir(sample_inputs)(stage="hlo")
+    except Exception as error:  # XLA reports unsupported ops as several different error types
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return [f"XLA could not compile the forward pass: {first_line}"]
+    return []
+
+
+def _settle_xla(model: Any, plan: Plan) -> Plan:
+    """The plan as it builds under XLA: without it where a layer of this model does not lower to it
+    (Keras would otherwise obey a layer's `supports_jit=False` silently, or fail at the first step on an
+    op without an XLA kernel), else with its batches made full and static, saying what that drops."""
+    if not plan.jit_compile:
+        return plan
+    blockers = xla_blockers(model, plan.sample_inputs)
+    if blockers:
+        _log.warning("xla: off: %s", "; ".join(blockers))
+        return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers),
+                                                           skipped=True)
+    dataset, dropped = static_batches(plan.dataset, plan.batch_size)
+    if dataset is plan.dataset:  # the batches were static already
+        return plan
+    return plan.replace(dataset=dataset).record("xla", describe_dropped(dropped, plan.batch_size))
 
 
 def _copy_weights(source: Any, target: Any) -> None:

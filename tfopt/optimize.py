@@ -226,6 +226,7 @@ def apply(
         optimized = tuning.plan
     else:
         recipe.check(baseline)
+        recipe = recipe.measured(baseline)  # timed trials (a batch-size search) run here, never in a recipe call
         optimized = recipe(baseline)
     for step in optimized.applied:
         _log.info("%s", step)
@@ -236,7 +237,8 @@ def apply(
     built = build(optimized)
     if measure_speed or profile:
         after, after_profile = _evidence(built, "after", **evidence)
-    return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=optimized,
+    # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
+    return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
                        after_profile=after_profile, tuning=tuning)
 

@@ -30,3 +30,11 @@ def test_examples_per_pass_of_static_batches_is_counted_from_the_batches():
     assert examples_per_pass(full) == (16, True)
     assert examples_per_pass(TWENTY_BY_8.map(lambda batch: batch + 1).prefetch(2)) == (20, True)
     assert examples_per_pass(TWENTY_BY_8.unbatch().batch(8)) == (None, False)
+
+
+def test_examples_per_pass_are_counted_through_a_rebatch():
+    rebatched, _ = rebatch_counted(TWENTY_BY_8, 6, drop_remainder=False)  # 6, 6, 6, 2
+    assert examples_per_pass(rebatched) == (20, True)
+    assert examples_per_pass(rebatched.repeat(2)) == (20, False)
+    again, dropped = rebatch_counted(rebatched, 6, drop_remainder=True)
+    assert dropped == 2 and len(again) == 3 and [len(batch) for batch in again] == [6, 6, 6]

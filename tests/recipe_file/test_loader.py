@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tfopt.errors import RecipeFileError
-from tfopt.recipe_file import load_recipe, parse_override, recipe_item_settings, save_resolved
+from tfopt.recipe_file import load_recipe, parse_override, read_recipe, recipe_item_settings, save_resolved
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[2] / "recipes"
 # Synthetic data: constructing it touches no disk, so these tests check the file, not the data.
@@ -263,13 +263,27 @@ def test_save_resolved_never_leaves_half_a_file(tmp_path, monkeypatch):
 
 def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path):
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - gpu_memory: {growth: false}\n")
-    assert recipe_item_settings(path, "gpu_memory") == {"growth": False, "limit_bytes": None}
-    assert recipe_item_settings(path, "distribution") is None
-    assert recipe_item_settings(path, "gpu_memory", overrides=["recipes.1.gpu_memory.limit_bytes=1073741824"]) == {
-        "growth": False, "limit_bytes": 2**30}
+    assert recipe_item_settings(read_recipe(path), "gpu_memory") == {"growth": False, "limit_bytes": None}
+    assert recipe_item_settings(read_recipe(path), "distribution") is None
+    overridden = read_recipe(path, overrides=["recipes.1.gpu_memory.limit_bytes=1073741824"])
+    assert recipe_item_settings(overridden, "gpu_memory") == {"growth": False, "limit_bytes": 2**30}
     bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory:\n      growth: 3\n")
     with pytest.raises(RecipeFileError, match=r"growth=3\. Expected true or false .*line 5\)"):
-        recipe_item_settings(bad, "gpu_memory")
+        recipe_item_settings(read_recipe(bad), "gpu_memory")
+
+
+def test_the_command_line_parses_the_file_once_per_run(tmp_path, monkeypatch):
+    from tfopt.cli import commands
+    from tfopt.recipe_file import loader
+
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory: {growth: true}\n")
+    parses = []
+    real_read_yaml = loader.read_yaml
+    monkeypatch.setattr(loader, "read_yaml", lambda *args: parses.append(args[1]) or real_read_yaml(*args))
+    monkeypatch.setattr("tfopt.recipes.memory.configure_gpu_memory", lambda **settings: [])
+    args = commands.build_parser().parse_args(["run", str(path), "--set", "train.epochs=2"])
+    recipe = commands._load(args, start=True)
+    assert parses == [str(path)] and recipe.train.epochs == 2
 
 
 def test_absurdly_deep_nesting_is_a_recipe_error_not_a_crash(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfopt
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.hardware import Hardware, detect
@@ -108,11 +109,28 @@ def test_recipe_keeps_the_batch_it_already_has():
 
 def test_auto_recipe_records_the_trials():
     plan = make_plan(make_cnn(), make_images(count=32, batch_size=8), hardware=Hardware())
-    result = BatchSize(min_batch_size=8, max_batch_size=16, trial_steps=2)(plan)
+    result = BatchSize(min_batch_size=8, max_batch_size=16, trial_steps=2).measured(plan)(plan)
     detail = result.applied[-1].detail
     kind = "GPU memory" if tf.config.list_logical_devices("GPU") else "host RSS"  # where the model trains
     assert f"trials within the {kind} bound (8: " in detail and "16: " in detail
     assert result.batch_size in (8, 12, 16)  # 12: the refinement at 3/4 of 16
+
+
+def test_the_auto_recipe_call_runs_no_trial_and_apply_runs_them(monkeypatch):
+    fake_trials(monkeypatch)
+    plan = conv_plan()
+    builds = []
+    counting = plan.replace(model_fn=lambda: builds.append(1) or plan.model_fn())
+    recipe = BatchSize(min_batch_size=16, max_batch_size=32, trial_steps=2)
+    with pytest.raises(RecipeConfigError, match=r"measured\(plan\)"):
+        recipe(counting)
+    assert builds == []  # a recipe call is pure: it builds nothing
+    searched = recipe.measured(counting)
+    assert builds == [1] and searched.get_config() == recipe.get_config()  # one trial model for every trial
+    assert searched(counting).batch_size == 32 and builds == [1]
+    result = tfopt.apply(make_cnn(), make_images(count=64, batch_size=8), recipes=[recipe], hardware=Hardware(),
+                         measure_speed=False)
+    assert result.plan.batch_size == 32 and "fastest of" in result.plan.applied[-1].detail
 
 
 @pytest.mark.parametrize("settings, words", [
@@ -162,7 +180,7 @@ def test_search_times_the_step_mixed_precision_and_xla_made(monkeypatch):
     recipe = chain(BatchSize(min_batch_size=16, max_batch_size=32, trial_steps=2),
                    Xla(jit_compile=True), MixedPrecision(policy="mixed_bfloat16"))
     assert [r.name for r in recipe.recipes] == ["mixed_precision", "xla", "batch_size"]
-    plan = recipe(conv_plan())
+    plan = recipe.measured(conv_plan())(conv_plan())
     assert seen and set(seen) == {("bfloat16", True)}
     assert plan.batch_size == 32 and plan.jit_compile and plan.dtype_policy == "mixed_bfloat16"
 

@@ -47,12 +47,17 @@ def test_config_round_trips(name):
 
 @pytest.mark.parametrize("name", all_recipe_names())
 def test_recipe_is_pure(name, baseline):
-    before = {f.name: getattr(baseline, f.name) for f in dataclasses.fields(baseline)}
-    result = registry.get(name)()(baseline)
-    after = {f.name: getattr(baseline, f.name) for f in dataclasses.fields(baseline)}
+    builds = []
+    counting = baseline.replace(model_fn=lambda: builds.append(1) or baseline.model_fn())
+    recipe = registry.get(name)().measured(counting)  # where a recipe leaves a choice to trials, they run here
+    builds.clear()
+    before = {f.name: getattr(counting, f.name) for f in dataclasses.fields(counting)}
+    result = recipe(counting)
+    after = {f.name: getattr(counting, f.name) for f in dataclasses.fields(counting)}
     assert after == before, "the recipe changed the plan it was given"
-    assert result is not baseline
-    assert len(result.applied) == len(baseline.applied) + 1
+    assert builds == [], "the recipe built a model: building is build()'s, trials are measured()'s"
+    assert result is not counting
+    assert len(result.applied) == len(counting.applied) + 1
     assert result.applied[-1].recipe == name
 
 
@@ -83,7 +88,7 @@ class StepCounter(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("name", all_recipe_names())
 def test_two_training_steps_after_recipe(name, baseline):
-    plan = registry.get(name)()(baseline)
+    plan = registry.get(name)().measured(baseline)(baseline)
     built = build(plan)
     counter = StepCounter()
     history = built.model.fit(built.dataset.repeat(), steps_per_epoch=2, epochs=1, verbose=0, callbacks=[counter])

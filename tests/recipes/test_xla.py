@@ -13,7 +13,9 @@ from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.builder import build
 from tfopt.plan import make_plan
 from tfopt.recipes.batch_size import BatchSize
-from tfopt.recipes.xla import Xla, static_batches, xla_blockers
+from tfopt.builder import xla_blockers
+from tfopt.data.batches import static_batches
+from tfopt.recipes.xla import Xla
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
 
@@ -63,10 +65,25 @@ def test_forced_xla_compiles_and_trains_on_cpu(cpu_hardware):
     assert np.isfinite(loss)
 
 
-def test_unsupported_layer_is_named_and_xla_stays_off():
-    plan = Xla()(make_plan(model_with_unsupported_layer(), make_images(), hardware=FAKE_HARDWARE["a100"]))
-    assert plan.jit_compile is False
-    assert "'no_jit' (NoJitLayer)" in plan.applied[-1].detail
+def test_unsupported_layer_is_named_and_the_build_compiles_without_xla():
+    # 20 examples in batches of 8: XLA would have dropped the last 4, which without XLA are kept.
+    plan = Xla()(make_plan(model_with_unsupported_layer(), make_images(count=20, batch_size=8),
+                           hardware=FAKE_HARDWARE["a100"]))
+    assert plan.jit_compile is True  # the recipe decides without building a model
+    built = build(plan)
+    assert built.model.jit_compile is False and built.plan.jit_compile is False
+    assert built.plan.applied[-1].skipped and "'no_jit' (NoJitLayer)" in built.plan.applied[-1].detail
+    assert [int(x.shape[0]) for x, _ in built.dataset] == [8, 8, 4]
+    assert np.isfinite(built.model.fit(built.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+def test_the_recipe_builds_no_model():
+    plan = make_plan(model_with_unsupported_layer(), make_images(), hardware=FAKE_HARDWARE["a100"])
+    calls = []
+    counting = plan.replace(model_fn=lambda: calls.append(1) or plan.model_fn())
+    assert Xla()(counting).jit_compile is True and calls == []
+    build(Xla()(counting))
+    assert calls == [1]  # the one build
 
 
 def test_op_without_xla_kernel_is_reported():
@@ -84,13 +101,22 @@ def test_off_is_explicit_false(cpu_hardware):
     assert Xla(jit_compile=False)(plan).compile_config["jit_compile"] is False
 
 
-def test_xla_keeps_batch_shapes_static_and_says_what_it_drops():
+def test_the_build_keeps_batch_shapes_static_under_xla_and_says_what_it_drops():
     # 20 examples in batches of 8: the last batch of 4 compiled the XLA step again every epoch.
     plan = Xla()(make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"]))
-    assert plan.jit_compile is True
-    assert plan.dataset.element_spec[0].shape.as_list() == [8, 12, 12, 3]
-    assert [int(x.shape[0]) for x, _ in plan.dataset] == [8, 8] and len(plan.dataset) == 2
-    assert "the last 4 examples of each pass are dropped" in plan.applied[-1].detail
+    assert plan.jit_compile is True and plan.dataset.element_spec[0].shape[0] is None  # the recipe only decides
+    built = build(plan)
+    assert built.dataset.element_spec[0].shape.as_list() == [8, 12, 12, 3]
+    assert [int(x.shape[0]) for x, _ in built.dataset] == [8, 8] and len(built.dataset) == 2
+    assert built.plan.applied[-1].recipe == "xla"
+    assert "the last 4 examples of each pass are dropped" in built.plan.applied[-1].detail
+
+
+def test_full_static_batches_are_built_as_they_are():
+    data = make_images(count=16, batch_size=8).unbatch().batch(8, drop_remainder=True)
+    plan = Xla(jit_compile=True)(make_plan(make_cnn(), data, hardware=FAKE_HARDWARE["cpu_bf16"]))
+    built = build(plan)
+    assert built.dataset is plan.dataset and built.plan.applied == plan.applied
 
 
 def test_static_batches_leaves_full_batches_alone_and_counts_what_it_cannot_know():
@@ -104,13 +130,13 @@ def test_static_batches_leaves_full_batches_alone_and_counts_what_it_cannot_know
     assert dropped is None and [len(batch) for batch in filtered] == [8]  # 13 examples: 5 dropped, count unknown
 
 
-def test_a_new_batch_size_under_xla_says_what_it_drops():
+def test_a_new_batch_size_under_xla_is_made_static_at_that_size():
     plan = Xla(jit_compile=True)(make_plan(make_cnn(), make_images(count=20, batch_size=8),
                                            hardware=FAKE_HARDWARE["cpu_bf16"]))
-    resized = BatchSize(batch_size=6)(plan)  # the 16 examples xla kept: 2 batches of 6, 4 more dropped
-    assert [int(x.shape[0]) for x, _ in resized.dataset] == [6, 6] and len(resized.dataset) == 2
-    assert resized.dataset.element_spec[0].shape[0] == 6
-    assert "the last 4 examples of each pass are dropped" in resized.applied[-1].detail
+    built = build(BatchSize(batch_size=6)(plan))  # 20 examples: 3 batches of 6, 2 dropped
+    assert [int(x.shape[0]) for x, _ in built.dataset] == [6, 6, 6] and len(built.dataset) == 3
+    assert built.dataset.element_spec[0].shape[0] == 6
+    assert "the last 2 examples of each pass are dropped" in built.plan.applied[-1].detail
 
 
 COMPILE_THREE_EPOCHS = """
@@ -120,10 +146,14 @@ from tfopt.builder import build
 from tfopt.plan import make_plan
 from tfopt.recipes.xla import Xla
 
-plan = make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"])
-plan = Xla()(plan) if sys.argv[1] == "recipe" else plan.with_compile(jit_compile=True)
-built = build(plan)
-built.model.fit(built.dataset, epochs=3, verbose=0)
+data = make_images(count=20, batch_size=8)
+if sys.argv[1] == "recipe":
+    built = build(Xla()(make_plan(make_cnn(), data, hardware=FAKE_HARDWARE["h100"])))
+    model, data = built.model, built.dataset
+else:  # Keras alone, on the same batches
+    model = make_cnn(compiled=False)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+model.fit(data, epochs=3, verbose=0)
 """
 
 
@@ -137,9 +167,9 @@ def xla_step_compilations(directory, how):
 
 @pytest.mark.slow
 def test_the_xla_step_compiles_once_over_three_epochs(tmp_path):
-    compilations = {how: xla_step_compilations(tmp_path, how) for how in ("recipe", "jit_compile only")}
+    compilations = {how: xla_step_compilations(tmp_path, how) for how in ("recipe", "keras jit_compile")}
     # Without static shapes the partial batch of 4 compiles the step a second time (then XLA caches it).
-    assert compilations == {"recipe": 1, "jit_compile only": 2}
+    assert compilations == {"recipe": 1, "keras jit_compile": 2}
 
 
 @pytest.mark.gpu

@@ -18,15 +18,16 @@ CHILD = textwrap.dedent("""
     import tfopt.recipes.memory as memory
     from tensorflow.python.eager import context
     from tfopt.run.process import start_process
-    from tfopt.recipe_file import load_recipe
+    from tfopt.recipe_file import load_recipe, read_recipe
 
     def record(**kwargs):
         print("CONFIGURED", kwargs, "INITIALISED", context.context()._context_handle is not None)
         return []
 
     memory.configure_gpu_memory = record
-    strategy = start_process(sys.argv[1])
-    load_recipe(sys.argv[1])
+    document = read_recipe(sys.argv[1])
+    strategy = start_process(document)
+    load_recipe(document)
     print("STRATEGY", strategy, "INITIALISED", context.context()._context_handle is not None)
 """)
 

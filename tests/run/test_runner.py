@@ -79,9 +79,15 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert len(training["history"]["loss"]) == 2
     assert list((run_dir / "checkpoints").iterdir())
     events = list((run_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
-    tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(events[0]))
+    tags = {value.tag for path in events for event in tf.compat.v1.train.summary_iterator(str(path))
             for value in event.summary.value}
-    assert {"epoch_loss", "epoch_accuracy"} <= tags
+    assert {"epoch_loss", "epoch_accuracy", "tfopt/steps_per_second", "tfopt/input_wait_percent"} <= tags
+    # The training ran under tfopt.Monitor: its windows are in training.json, monitor.jsonl and the report.
+    windows = training["monitor"]
+    assert len(windows) >= 2 and windows[-1]["step"] == 4 and all(w["steps_per_second"] > 0 for w in windows)
+    assert (run_dir / "tensorboard" / "train" / "monitor.jsonl").is_file()
+    assert [w["step"] for w in report["training"]["windows"]] == [w["step"] for w in windows]
+    assert "## Training (tfopt.Monitor)" in markdown and 'alt="training chart"' in html
     assert not list(run_dir.rglob("*.tmp"))
     summary = outcome.summary()
     assert summary.startswith(f"tiny: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s")

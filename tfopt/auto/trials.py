@@ -82,6 +82,10 @@ class TrialRunner:
         if declined:
             return TrialResult(configuration, skipped="; ".join(declined), wall_seconds=self.clock() - began)
         compiled = self._compiled(plan)
+        # The build declines too (XLA off where a layer cannot compile): that configuration is not what it says.
+        declined = [str(step) for step in compiled.built.plan.applied[len(plan.applied):] if step.skipped]
+        if declined:
+            return TrialResult(configuration, skipped="; ".join(declined), wall_seconds=self.clock() - began)
         self._check_numerics(compiled, deadline)
         compile_seconds = None if compiled.compile_reported else compiled.compile_seconds
         compiled.compile_reported = True

@@ -136,13 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
     """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup (GPU
     memory settings, joining a multi-worker cluster)."""
-    from tfopt.recipe_file import load_recipe
+    from tfopt.recipe_file import load_recipe, read_recipe
 
+    document = read_recipe(args.file, options.overrides(args))  # parsed once for the whole run
     if start:
         from tfopt.run.process import start_process
 
-        start_process(args.file, options.overrides(args))
-    return load_recipe(args.file, overrides=options.overrides(args))
+        start_process(document)
+    return load_recipe(document)
 
 
 def _run(args: argparse.Namespace) -> int:

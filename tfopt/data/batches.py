@@ -3,7 +3,7 @@ examples a pass holds, so that what dropping a partial batch costs can be said i
 
 `Dataset.rebatch` leaves tf.data's cardinality unknown, which breaks `len(dataset)` and the
 `steps_per_epoch=len(dataset)` of one-iterator training; XLA needs full batches (a partial one compiles
-the step again), and `batch_size` and `xla` both say how many examples per pass that drops.
+the step again), and the build says how many examples per pass that drops.
 """
 
 from __future__ import annotations
@@ -34,6 +34,36 @@ def rebatch_counted(dataset: Any, batch_size: int, *, drop_remainder: bool) -> t
     return rebatched, None if examples is None else examples % batch_size
 
 
+def static_batches(dataset: Any, batch_size: int) -> tuple[Any, int | None]:
+    """The dataset with every batch full, and how many examples per pass that drops.
+
+    XLA compiles a step per input shape, and Keras traces the step with the batch dimension unknown, so
+    a partial last batch compiles it again every epoch (20 s and more for ResNet-50 on an H100, where the
+    other 18 steps of an epoch took 0.3 s). Rebatching with `drop_remainder=True` makes the batch
+    dimension static.
+
+    Args:
+        dataset: A batched dataset.
+        batch_size: Its batch size.
+
+    Returns:
+        The dataset with static batches (the same object where they were static already), and the
+        examples dropped per pass over the data (0 where the batches were full already, None where
+        tf.data does not know how many examples a pass holds).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> data, dropped = static_batches(tf.data.Dataset.range(20).batch(8), 8)
+        >>> [len(batch) for batch in data], dropped, len(data), data.element_spec.shape
+        ([8, 8], 4, 2, TensorShape([8]))
+    """
+    import tensorflow as tf
+
+    if tf.nest.flatten(dataset.element_spec)[0].shape[0] is not None:
+        return dataset, 0
+    return rebatch_counted(dataset, batch_size, drop_remainder=True)
+
+
 def describe_dropped(dropped: int | None, batch_size: int) -> str:
     """What keeping batches full (static, for XLA) costs the data, for a plan's record."""
     if dropped == 0:
@@ -61,6 +91,8 @@ def examples_per_pass(dataset: Any) -> tuple[int | None, bool]:
             return 0, False
         return (batches * static_batch if batches >= 0 else None), batches >= 0
     node = _batch_op(dataset)
+    if node is not None and hasattr(node, "_batch_sizes"):  # a rebatch, which tf.data cannot count
+        return _rebatched_examples_per_pass(node, batches)
     examples = int(node._input_dataset.cardinality()) if node is not None else int(tf.data.UNKNOWN_CARDINALITY)
     if examples == infinite:
         return 0, False  # repeated before batching: no batch ends early
@@ -68,9 +100,22 @@ def examples_per_pass(dataset: Any) -> tuple[int | None, bool]:
     return (examples if examples >= 0 else None), one_pass
 
 
+def _rebatched_examples_per_pass(rebatch: Any, batches: int) -> tuple[int | None, bool]:
+    """`examples_per_pass` through a rebatch keeping partial batches: its input's examples, one pass where
+    the dataset has as many batches as one pass of them makes (nothing after the rebatch repeats it)."""
+    from tensorflow.python.framework import tensor_util
+
+    examples, one_pass = examples_per_pass(rebatch._input_dataset)
+    size = tensor_util.constant_value(rebatch._batch_sizes)
+    if not examples or size is None or size.ndim != 0:
+        return examples, False
+    return examples, one_pass and batches == -(-examples // int(size))
+
+
 def _batch_op(dataset: Any) -> Any:
-    """The pipeline's batch op, found through unary datasets (map, prefetch, options, ...), or None."""
+    """The pipeline's last batch or rebatch op, found through unary datasets (map, prefetch, options, ...),
+    or None."""
     node = dataset
-    while node is not None and not hasattr(node, "_batch_size"):
+    while node is not None and not hasattr(node, "_batch_size") and not hasattr(node, "_batch_sizes"):
         node = getattr(node, "_input_dataset", None)
     return node

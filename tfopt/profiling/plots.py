@@ -5,13 +5,15 @@ display needed) and encoded as PNG for self-contained HTML.
 - Metrics: accelerator busy %, MFU, input wait and input efficiency per run, side by side; below them,
   the hardware's own readings over time (NVML's coarse "a kernel was running" sample on GPUs, this
   process's CPU use on the host).
+- Training: the `tfopt.Monitor` windows of the training that followed, over the steps: examples/s, and
+  input wait % and MFU % where measured, so a run that degraded after an hour shows where.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfopt.profiling.breakdown import CATEGORY_LABELS
@@ -100,6 +102,40 @@ def metrics_figure(profiles: Mapping[str, Any]) -> Any:
     for axes in (metric_axes, hardware_axes):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    return figure
+
+
+def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
+    """The Monitor's windows over the training steps: throughput above, input wait and MFU below.
+
+    Args:
+        windows: `tfopt.Monitor` window records (`kind == "window"`), in order.
+
+    Returns:
+        A matplotlib Figure with two axes.
+    """
+    figure = _figure(height=4.6)
+    speed_axes, percent_axes = figure.subplots(2, 1, sharex=True)
+    steps = [window["step"] for window in windows]
+    throughput = "examples_per_second" if all("examples_per_second" in window for window in windows) \
+        else "steps_per_second"
+    speed_axes.plot(steps, [window[throughput] for window in windows], marker=".", color=_RUN_COLORS[1])
+    speed_axes.set_ylabel(throughput.replace("_per_second", "/s"))
+    speed_axes.set_ylim(bottom=0)
+    speed_axes.set_title("Training, window by window (tfopt.Monitor)")
+    for index, (key, label) in enumerate((("input_wait_percent", "input wait %"), ("mfu_percent", "MFU %"))):
+        if any(key in window for window in windows):
+            percent_axes.plot([window["step"] for window in windows if key in window],
+                              [window[key] for window in windows if key in window], marker=".",
+                              color=_RUN_COLORS[2 + index], label=label)
+    percent_axes.axhline(20.0, color="#d62728", linewidth=0.8, linestyle=":", label="input-wait alert (20%)")
+    percent_axes.set_ylabel("%")
+    percent_axes.set_ylim(0, 105)
+    percent_axes.set_xlabel("training step (window end)")
+    for axes in (speed_axes, percent_axes):
+        axes.grid(alpha=0.3)
+    percent_axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
     return figure
 

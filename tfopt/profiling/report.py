@@ -17,7 +17,8 @@ import datetime
 import html
 import json
 import math
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.metrics import CPU_NOTE
-from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64
+from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64, training_figure
 
 REPORT_VERSION = 1
 
@@ -60,6 +61,8 @@ class Report:
         currency: The price's currency, as printed.
         steps_per_epoch: Steps in an epoch for the cost line; the first run's dataset length by default.
         created: When the report was made (UTC, ISO 8601).
+        training: The `tfopt.Monitor` window records of the training that followed the measurements
+            (`tfopt-recipe run` adds them once it has trained), plotted and summed up in their own section.
 
     Example:
         >>> report = tfopt.compare(before=tfopt.profile(model, slow), after=tfopt.profile(model, fast))  # doctest: +SKIP
@@ -73,6 +76,7 @@ class Report:
     steps_per_epoch: int | None = None
     created: str = dataclasses.field(default_factory=lambda: datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"))
+    training: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Every number in the report, rounded to 4 significant digits (the JSON format)."""
@@ -93,14 +97,18 @@ class Report:
             "applied": [dataclasses.asdict(step) for step in self.applied],
             "hours_unit": self._hours_unit(),
             "runs": runs,
+            "training": _training_dict(self.training),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def figures(self) -> dict[str, Any]:
-        """The report's matplotlib figures: "breakdown" and "metrics"."""
-        return {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
+        """The report's matplotlib figures: "breakdown", "metrics", and "training" once there are windows."""
+        figures = {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
+        if self.training:
+            figures["training"] = training_figure(self.training)
+        return figures
 
     def to_markdown(self) -> str:
         data = self.to_dict()
@@ -121,6 +129,8 @@ class Report:
             lines += [f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> "
                       f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
+        if data["training"]:
+            lines += ["", "## Training (tfopt.Monitor)", "", _training_text(data["training"])]
         lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
                   _overhead_text(data), "", "## Traces", ""]
         lines += [f"- {name}: `tensorboard --logdir {run['logdir']}`" for name, run in data["runs"].items()]
@@ -162,6 +172,8 @@ class Report:
             if not run["diagnosis"]["findings"]:
                 parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
             parts.append("</ul>")
+        if data["training"]:
+            parts += ["<h2>Training (tfopt.Monitor)</h2>", f"<p>{html.escape(_training_text(data['training']))}</p>"]
         parts += ["<h2>Cost</h2>", f"<p>{html.escape(self._cost_text(data))}</p>",
                   "<h2>Profiling overhead</h2>", f"<p>{html.escape(_overhead_text(data))}</p>",
                   "<h2>Traces</h2><ul>"]
@@ -243,6 +255,30 @@ def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = ()
     profiles = {"before": before, "after": after} if after is not None else {"profile": before}
     return Report(profiles=profiles, applied=steps, price_per_hour=price_per_hour, currency=currency,
                   steps_per_epoch=steps_per_epoch)
+
+
+def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The training windows' series (rounded) and their medians; None before training."""
+    if not windows:
+        return None
+    keys = [key for key in ("steps_per_second", "examples_per_second", "input_wait_percent", "mfu_percent",
+                            "device_memory_peak_bytes") if all(key in window for window in windows)]
+    return {"windows": [{"step": window["step"], **{key: _round(window[key]) for key in keys}} for window in windows],
+            "median": {key: _round(statistics.median(window[key] for window in windows)) for key in keys}}
+
+
+def _training_text(training: dict[str, Any]) -> str:
+    windows, median = training["windows"], training["median"]
+    parts = [f"{len(windows)} windows to step {windows[-1]['step']}"]
+    if "examples_per_second" in median:
+        low = min(window["examples_per_second"] for window in windows)
+        parts.append(f"median {_show(median['examples_per_second'])} examples/s (slowest window {_show(low)})")
+    if "input_wait_percent" in median:
+        worst = max(window["input_wait_percent"] for window in windows)
+        parts.append(f"input wait median {_show(median['input_wait_percent'])}% (worst window {_show(worst)}%)")
+    if "mfu_percent" in median:
+        parts.append(f"MFU median {_show(median['mfu_percent'])}%")
+    return "; ".join(parts) + ". Every window, with alerts: monitor.jsonl beside the TensorBoard scalars."
 
 
 def _summary_rows(data: dict[str, Any]) -> list[list[str]]:

@@ -87,7 +87,39 @@ class RecipeFile:
         }
 
 
-def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RecipeFile:
+@dataclasses.dataclass(frozen=True)
+class RecipeDocument:
+    """A recipe file read once: its sections with the `--set` overrides applied, and where each key came from.
+
+    `tfopt-recipe` reads the file once and hands this to what must run before TensorFlow starts
+    (`recipe_item_settings`) and then to `load_recipe`, so the file is parsed once per run.
+
+    Example:
+        >>> document = read_recipe("recipes/small_cnn.yaml")
+        >>> document.path.name, load_recipe(document).name
+        ('small_cnn.yaml', 'small_cnn')
+    """
+
+    raw: dict
+    locations: Locations
+    path: pathlib.Path
+
+
+def read_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RecipeDocument:
+    """Reads a recipe file's YAML and applies the overrides, checking nothing beyond that.
+
+    Raises:
+        RecipeFileError: The file is missing, is not YAML, is not a mapping, or an override is malformed.
+
+    Example:
+        >>> read_recipe("recipes/small_cnn.yaml", ["train.epochs=1"]).raw["train"]["epochs"]
+        1
+    """
+    raw, locations = _read(path, overrides)
+    return RecipeDocument(raw, locations, pathlib.Path(path))
+
+
+def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[str] = ()) -> RecipeFile:
     """Reads, checks and resolves a recipe file.
 
     Relative paths inside the file (`data.path`, `data.data_dir`, `profile.logdir`) are relative to the
@@ -95,7 +127,8 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recip
     relative to the working directory, where the user typed them.
 
     Args:
-        path: The YAML recipe file.
+        path: The YAML recipe file, or the `RecipeDocument` `read_recipe` made of it (then `overrides` are
+            already applied and must be empty).
         overrides: `key.path=value` strings applied on top of the file before checking (the CLI's
             `--set`); values are parsed as YAML, so `train.epochs=2` is an integer and
             `data.image_size=[32, 32]` a list. List items are addressed by index: `recipes.0.xla.jit_compile=true`.
@@ -111,11 +144,13 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recip
         >>> load_recipe("recipes/resnet.yaml", overrides=["data.image_size=[32, 32]"]).data.kwargs["image_size"]
         [32, 32]
     """
-    raw, locations = _read(path, overrides)
-    return _resolve(raw, locations, pathlib.Path(path))
+    document = path if isinstance(path, RecipeDocument) else read_recipe(path, overrides)
+    if overrides and isinstance(path, RecipeDocument):
+        raise ValueError("load_recipe: the overrides of a RecipeDocument are applied by read_recipe; pass none here.")
+    return _resolve(document.raw, document.locations, document.path)
 
 
-def recipe_item_settings(path: str | os.PathLike, name: str, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+def recipe_item_settings(document: RecipeDocument, name: str) -> dict[str, Any] | None:
     """The settings of the file's recipe item `name`, read without initialising TensorFlow.
 
     Some settings must be in force before TensorFlow initialises its devices, which `load_recipe` does
@@ -124,9 +159,8 @@ def recipe_item_settings(path: str | os.PathLike, name: str, overrides: Sequence
     first op. So `tfopt-recipe` reads those items first, applies them, and then loads the whole recipe.
 
     Args:
-        path: The YAML recipe file.
+        document: The recipe file as `read_recipe` read it.
         name: A recipe name, e.g. "gpu_memory".
-        overrides: The `--set` options, as for `load_recipe`.
 
     Returns:
         The item's `get_config()` (its constructor arguments, defaults filled in), or None when the
@@ -136,10 +170,10 @@ def recipe_item_settings(path: str | os.PathLike, name: str, overrides: Sequence
         RecipeFileError: The file is malformed or the item is invalid (naming its line).
 
     Example:
-        >>> recipe_item_settings("recipes/small_cnn.yaml", "gpu_memory") is None
+        >>> recipe_item_settings(read_recipe("recipes/small_cnn.yaml"), "gpu_memory") is None
         True
     """
-    raw, locations = _read(path, overrides)
+    raw, locations = document.raw, document.locations
     items = raw.get("recipes")
     if not isinstance(items, list):
         return None

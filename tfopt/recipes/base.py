@@ -62,6 +62,19 @@ class Recipe(abc.ABC):
     def check(self, plan: Plan) -> None:
         """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
 
+    @property
+    def needs_trials(self) -> bool:
+        """Whether this recipe leaves a choice to timed trials, which `measured` makes."""
+        return False
+
+    def measured(self, plan: Plan) -> Recipe:
+        """This recipe with the choices it leaves to timed trials made on `plan`; itself where it leaves none.
+
+        Trials build and train throwaway models, which a pure `__call__` must not, so `tfopt.apply` calls
+        this first (`BatchSize(batch_size="auto")` searches here) and then applies the result.
+        """
+        return self
+
     @abc.abstractmethod
     def __call__(self, plan: Plan) -> Plan:
         """Returns a new plan with this recipe applied; never modifies `plan`."""
@@ -107,6 +120,22 @@ class Chain(Recipe):
             recipe.check(plan)
             plan = recipe(plan)
         return plan
+
+    @property
+    def needs_trials(self) -> bool:
+        return any(recipe.needs_trials for recipe in self.recipes)
+
+    def measured(self, plan: Plan) -> Chain:
+        """The chain with each recipe's trials run on the plan the recipes before it made."""
+        if not self.needs_trials:
+            return self
+        chosen = []
+        for recipe in self.recipes:
+            recipe.check(plan)
+            recipe = recipe.measured(plan)
+            plan = recipe(plan)
+            chosen.append(recipe)
+        return Chain(*chosen)
 
     def get_config(self) -> dict[str, Any]:
         return {"recipes": [{recipe.name: recipe.get_config()} for recipe in self.recipes]}

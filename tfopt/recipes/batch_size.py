@@ -24,7 +24,7 @@ from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
-from tfopt.data.batches import describe_dropped, examples_per_pass, rebatch_counted
+from tfopt.data.batches import rebatch_counted
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
 
 _log = logging.getLogger("tfopt")
@@ -155,28 +155,64 @@ class BatchSize(Recipe):
                                     "positive integer number of bytes, or None for the default.")
         check_rule(self.name, self.scale_learning_rate)
 
+    @property
+    def needs_trials(self) -> bool:
+        return self.batch_size == "auto"
+
+    def measured(self, plan: Plan) -> Recipe:
+        """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""
+        if not self.needs_trials:
+            return self
+        search = find_batch_size(plan, min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
+                                 memory_budget_bytes=self.memory_budget_bytes, trial_steps=self.trial_steps)
+        return SearchedBatchSize(requested=self, search=search)
+
     def __call__(self, plan: Plan) -> Plan:
-        if self.batch_size == "auto":
-            search = find_batch_size(plan, min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
-                                     memory_budget_bytes=self.memory_budget_bytes, trial_steps=self.trial_steps)
-            batch_size = search.best_batch_size
-            table = ", ".join(f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok"
-                              else f"{t.batch_size}: {t.status}" for t in search.trials)
-            reason = f"fastest of {len(search.trials)} trials within the {search.memory_kind} bound ({table})"
-        else:
-            batch_size, reason = self.batch_size, "requested"
-        if batch_size == plan.batch_size:
-            return plan.record(self.name, f"kept batch {batch_size}: {reason}", skipped=True)
-        dataset = rebatch(plan.dataset, batch_size)
-        compile_config, lr_detail = scale_learning_rate(plan.compile_config, old_batch_size=plan.batch_size,
-                                                        new_batch_size=batch_size, rule=self.scale_learning_rate)
-        sample_inputs = next(iter(dataset.take(1)))[0]
-        if plan.jit_compile:  # xla made the batches static: at this size another remainder is dropped
-            examples = examples_per_pass(plan.dataset)[0]
-            lr_detail += f"; {describe_dropped(None if examples is None else examples % batch_size, batch_size)}"
-        return plan.replace(dataset=dataset, batch_size=batch_size, compile_config=compile_config,
-                            sample_inputs=sample_inputs).record(
-            self.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
+        if self.needs_trials:
+            raise RecipeConfigError(
+                "batch_size: batch_size='auto' is chosen by timed trials, which a recipe call never runs: pass "
+                "the recipe to tfopt.apply (it runs them), or call BatchSize().measured(plan) for the recipe "
+                "with the size found, or give batch_size a number.")
+        return _resized(plan, self.batch_size, self.scale_learning_rate, "requested")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchedBatchSize(Recipe):
+    """`BatchSize(batch_size="auto")` once its trials ran: applies the fastest size and records the table.
+
+    Attributes:
+        requested: The recipe as the user gave it (its config is this recipe's config).
+        search: The trials `find_batch_size` timed.
+    """
+
+    name: ClassVar[str] = "batch_size"
+    stage: ClassVar[Stage] = Stage.BATCH
+
+    requested: BatchSize
+    search: BatchSizeSearch
+
+    def __call__(self, plan: Plan) -> Plan:
+        table = ", ".join(f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok"
+                          else f"{t.batch_size}: {t.status}" for t in self.search.trials)
+        reason = (f"fastest of {len(self.search.trials)} trials within the {self.search.memory_kind} bound "
+                  f"({table})")
+        return _resized(plan, self.search.best_batch_size, self.requested.scale_learning_rate, reason)
+
+    def get_config(self) -> dict[str, Any]:
+        return self.requested.get_config()
+
+
+def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
+    """The plan training with batches of `batch_size`, its learning rate scaled by `scale_rule`."""
+    if batch_size == plan.batch_size:
+        return plan.record(BatchSize.name, f"kept batch {batch_size}: {reason}", skipped=True)
+    dataset = rebatch(plan.dataset, batch_size)
+    compile_config, lr_detail = scale_learning_rate(plan.compile_config, old_batch_size=plan.batch_size,
+                                                    new_batch_size=batch_size, rule=scale_rule)
+    sample_inputs = next(iter(dataset.take(1)))[0]
+    return plan.replace(dataset=dataset, batch_size=batch_size, compile_config=compile_config,
+                        sample_inputs=sample_inputs).record(
+        BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
 
 
 def _trial_model(plan: Plan) -> Any:

@@ -10,19 +10,18 @@ startup"; creating a second one later hangs). So these are read from the file wi
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Sequence
 from typing import Any
+
+from tfopt.recipe_file import RecipeDocument, recipe_item_settings
 
 _log = logging.getLogger("tfopt")
 
 
-def start_process(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Any | None:
+def start_process(document: RecipeDocument) -> Any | None:
     """Applies the recipe file's process-wide settings; call it before `load_recipe`.
 
     Args:
-        path: The YAML recipe file.
-        overrides: The `--set` options.
+        document: The recipe file as `tfopt.recipe_file.read_recipe` read it (once, for the whole run).
 
     Returns:
         The MultiWorkerMirroredStrategy this worker joined (TF_CONFIG or Slurm lists several workers and
@@ -34,9 +33,7 @@ def start_process(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Any
         DistributionError: The cluster could not be joined.
     """
     from tfopt.distribute.environment import detect_environment
-    from tfopt.recipe_file import recipe_item_settings
-
-    memory = recipe_item_settings(path, "gpu_memory", overrides)
+    memory = recipe_item_settings(document, "gpu_memory")
     if memory is not None:
         from tfopt.recipes.memory import configure_gpu_memory
 
@@ -45,7 +42,7 @@ def start_process(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Any
     cluster = detect_environment()
     if cluster.launcher not in ("tf_config", "slurm") or cluster.num_workers < 2:
         return None
-    distribution = recipe_item_settings(path, "distribution", overrides)
+    distribution = recipe_item_settings(document, "distribution")
     if distribution is None or distribution["strategy"] not in ("auto", "multi_worker"):
         return None
     from tfopt.distribute.strategy import make_strategy

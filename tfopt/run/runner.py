@@ -144,9 +144,11 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         report = _earlier_report(run_dir) if resume else None
         report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
                         if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
+        written = None  # the Report object this process wrote, re-rendered with the training's windows
         if report is None and cluster.num_workers == 1:
             progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
-            built, report, report_paths = _measure(model, recipe, run_dir, progress)
+            built, written, report_paths = _measure(model, recipe, run_dir, progress)
+            report = written.to_dict()
         else:
             progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
             built = _build(model, recipe, progress)
@@ -157,6 +159,11 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
             progress.phase(f"training {recipe.train.epochs} epoch(s)")
             training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
                                    chief=cluster.is_chief)
+            if written is not None and training.get("monitor"):
+                written = dataclasses.replace(written, training=tuple(training["monitor"]))
+                report = written.to_dict()
+                for path in report_paths.values():
+                    written.save(path)
     except TfoptError as error:
         error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
         raise
@@ -164,14 +171,15 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
                       applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
 
 
-def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, dict, dict]:
-    """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once."""
+def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, Any, dict]:
+    """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once, so a
+    run that fails while training keeps its measurements."""
     result = _apply(model, recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
                     profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
     progress.phase("writing the report")
     report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
     paths = {name: report.save(run_dir / f"report{REPORT_SUFFIXES[name]}") for name in recipe.report.formats}
-    return _built(result), report.to_dict(), paths
+    return _built(result), report, paths
 
 
 def _build(model: Any, recipe: RecipeFile, progress: Progress) -> Any:

@@ -51,14 +51,19 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
     checkpoints = run_dir / CHECKPOINTS_NAME
     try:
         if built.plan.strategy in MULTI_PROCESS_STRATEGIES:
+            # tfopt.distribute.fit runs its own step loop, which the Monitor (it wraps Keras' train
+            # function) cannot time.
             record = _distributed(built, train, checkpoints, callbacks)
         else:
             from tfopt.training import train as resumable_train
 
+            monitor = _monitor(built, train, tensorboard_dir / "train")
             result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                                      checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
-                                     callbacks=callbacks)
-            record = {"engine": "tfopt.training.train", **result.to_dict()}
+                                     callbacks=[monitor, *callbacks])
+            windows = [{key: value for key, value in window.items() if key not in ("kind", "logs")}
+                       for window in monitor.records_of("window")]
+            record = {"engine": "tfopt.training.train", **result.to_dict(), "monitor": windows}
     except TfoptError:
         raise
     except Exception as error:  # noqa: BLE001 - reported as one paragraph with its cause
@@ -72,13 +77,25 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
 
 
 def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
-    """A resumed run's record with the earlier attempts' history in front, so training.json keeps it all."""
+    """A resumed run's record with the earlier attempts' history and Monitor windows in front, so
+    training.json keeps it all."""
     if not record.get("resumed_from_step") or not path.is_file():
         return record
-    earlier = json.loads(path.read_text(encoding="utf-8")).get("history", {})
+    before = json.loads(path.read_text(encoding="utf-8"))
+    earlier = before.get("history", {})
     history = {key: [*earlier.get(key, []), *record.get("history", {}).get(key, [])]
                for key in dict.fromkeys([*earlier, *record.get("history", {})])}
-    return {**record, "history": history}
+    return {**record, "history": history, "monitor": [*before.get("monitor", []), *record.get("monitor", [])]}
+
+
+def _monitor(built: Any, train: Any, logdir: pathlib.Path) -> Any:
+    """A `tfopt.Monitor` for the run's training, with about 20 windows over the run where its length is known
+    (its scalars and monitor.jsonl go beside the epoch scalars), else its 30-second windows."""
+    from tfopt.profiling.live import Monitor
+
+    steps = train.steps_per_epoch or (len(built.dataset) if int(built.dataset.cardinality()) > 0 else None)
+    every_steps = max(1, steps * train.epochs // 20) if steps else None
+    return Monitor(logdir=logdir, every_steps=every_steps, hardware=built.plan.hardware)
 
 
 def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:
