@@ -218,6 +218,12 @@ def apply(
                             "build the pipeline.")
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
+    measuring = measure_speed or profile
+    built_baseline = build(baseline) if measuring else None
+    if baseline.weights_from is None and built_baseline is not None:
+        # A model from model_fn alone: every later build (trials, the optimized setup) starts from the
+        # baseline's initial weights, so what is compared trains the same model. Measuring restores them.
+        baseline = baseline.replace(weights_from=built_baseline.model)
     tuning = None
     if auto:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
         from tfopt.auto import tune
@@ -232,10 +238,10 @@ def apply(
         _log.info("%s", step)
     evidence = dict(profile=profile, steps=steps, warmup_steps=warmup_steps, hardware=hardware, logdir=logdir)
     before = after = before_profile = after_profile = None
-    if measure_speed or profile:
-        before, before_profile = _evidence(build(baseline), "before", **evidence)
+    if measuring:
+        before, before_profile = _evidence(built_baseline, "before", **evidence)
     built = build(optimized)
-    if measure_speed or profile:
+    if measuring:
         after, after_profile = _evidence(built, "after", **evidence)
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,

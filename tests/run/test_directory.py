@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfopt.run.directory import differences, new_run_dir, resumed_run_dir
+from tfopt.run.directory import RESOLVED_RECIPE_NAME, differences, discard_unused, new_run_dir, resumed_run_dir
 from tfopt.errors import TfoptError
 
 
@@ -32,3 +32,17 @@ def test_resumed_run_dir_needs_a_directory_holding_a_run(tmp_path):
         resumed_run_dir(None, {})
     with pytest.raises(TfoptError, match="holds no run to continue"):
         resumed_run_dir(tmp_path, {})
+
+
+def test_discard_unused_removes_only_a_directory_holding_just_the_saved_recipe(tmp_path):
+    unused = tmp_path / "unused"
+    (unused / "tensorboard" / "before").mkdir(parents=True)
+    (unused / RESOLVED_RECIPE_NAME).write_text("name: tiny\n")
+    assert discard_unused(unused) is True and not unused.exists()
+    used = tmp_path / "used"
+    (used / "tensorboard").mkdir(parents=True)
+    (used / RESOLVED_RECIPE_NAME).write_text("name: tiny\n")
+    (used / "tensorboard" / "events.out.tfevents.1").write_bytes(b"trace")
+    assert discard_unused(used) is False
+    assert sorted(str(p.relative_to(used)) for p in used.rglob("*")) == [
+        RESOLVED_RECIPE_NAME, "tensorboard", "tensorboard/events.out.tfevents.1"]

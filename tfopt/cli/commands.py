@@ -22,19 +22,15 @@ import argparse
 import dataclasses
 import json
 import os
-import pathlib
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from tfopt.cli import options
-from tfopt.cli.progress import terminal_progress
+from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt._version import __version__
 from tfopt.errors import RecipeFileError, TfoptError
-
-_PROGRAM = "tfopt-recipe"
-
 
 class _UsageError(Exception):
     """A command-line mistake found after parsing (exit code 2, like argparse's own)."""
@@ -66,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TfoptError as error:
         return _report_error(error, 1, args)
     except KeyboardInterrupt:
-        print(f"{_PROGRAM}: interrupted", file=sys.stderr)
+        print(f"{PROGRAM}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
         return _report_error(error, 1, args, hint=" This may be a bug in tfopt or in your model code: rerun "
@@ -81,11 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         'recipes/small_cnn.yaml'
     """
     parser = argparse.ArgumentParser(
-        prog=_PROGRAM, description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
+        prog=PROGRAM, description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
                                    "well, and prove the gain with before/after measurements.",
         epilog="Exit codes: 0 success, 2 bad recipe file or arguments, 1 run failure. "
                "Example: tfopt-recipe run recipes/resnet.yaml")
-    parser.add_argument("--version", action="version", version=f"{_PROGRAM} {__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROGRAM} {__version__}")
     parser.set_defaults(handler=None)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", "-q", action="store_true", help="no progress bars or log lines")
@@ -147,13 +143,12 @@ def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    out = pathlib.Path(args.out) if args.out else None
-    if not args.resume and out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise _UsageError(f"--out {args.out} already holds files; a run never writes over earlier outputs. "
-                          "Choose a new directory, delete this one, or add --resume to continue the run it holds.")
-    if args.resume and out is None:
-        raise _UsageError("--resume needs --out RUN_DIR, the directory of the run to continue, e.g. "
-                          f"{_PROGRAM} run {args.file} --out runs/small_cnn-20250101-120000 --resume.")
+    from tfopt.run.directory import check_out_dir
+
+    try:  # before anything is loaded, so a mistyped --out costs nothing
+        check_out_dir(args.out, resume=args.resume)
+    except TfoptError as error:
+        raise _UsageError(str(error)) from error
     if args.workers is not None:
         return _run_workers(args)
     if args.dry_run:
@@ -185,8 +180,9 @@ def _run_workers(args: argparse.Namespace) -> int:
                           f"({recipe.where('recipes')}).")
     if args.dry_run:
         return _dry_run(recipe, args)
-    from tfopt.run import runner
     from tfopt.distribute import launch_local_workers
+    from tfopt.run import runner
+    from tfopt.run.directory import training_record
 
     with terminal_progress(args) as progress:
         measured = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume, train=False)
@@ -195,9 +191,7 @@ def _run_workers(args: argparse.Namespace) -> int:
         launch_local_workers([sys.executable, "-m", "tfopt.cli", "run", args.file, *options.worker_arguments(args),
                               "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
                              output=options.worker_line)
-    record = measured.run_dir / "training.json"  # absent when train.epochs is 0
-    training = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
-    _print_outcome(dataclasses.replace(measured, training=training), args)
+    _print_outcome(dataclasses.replace(measured, training=training_record(measured.run_dir)), args)
     return 0
 
 
@@ -210,27 +204,9 @@ def _print_outcome(outcome: Any, args: argparse.Namespace) -> None:
 
 def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
     from tfopt.run import runner
-    from tfopt.recipe_file.schema import REPORT_SUFFIXES
-    from tfopt.optimize import resolve_recipes
 
     recipe = runner.prepare(recipe)
-    if recipe.recipes == "auto":
-        order_text = (f"auto: time the candidate recipes on this machine for up to "
-                      f"{recipe.profile.tune_budget_seconds:g} s, keep only those that help")
-    else:
-        chosen = resolve_recipes(list(recipe.recipes) if not isinstance(recipe.recipes, str) else recipe.recipes)
-        order_text = ", ".join(item.name for item in chosen.recipes) or "(none)"
-    run_dir = args.out or f"runs/{recipe.name}-<timestamp>"
-    steps = f"{recipe.train.steps_per_epoch} steps" if recipe.train.steps_per_epoch else "the whole dataset"
-    plan = [f"profile the baseline: {recipe.profile.warmup_steps} warm-up + {recipe.profile.steps} timed steps, "
-            f"real input and compute-only ceiling, a TF Profiler trace",
-            f"apply recipes in build order: {order_text}",
-            "profile the optimized setup the same way, write "
-            + ", ".join(f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats),
-            f"train {recipe.train.epochs} epoch(s) of {steps}, batch {recipe.data.batch_size}, checkpoints every "
-            f"{recipe.train.checkpoint_every_steps} steps"
-            + (f", on {args.workers} local workers" if getattr(args, "workers", None) else ""),
-            f"write {run_dir}/: recipe.yaml, tensorboard/, checkpoints/, training.json and the report"]
+    plan = runner.describe(recipe, out_dir=args.out, workers=getattr(args, "workers", None))
     if args.json:
         _print_json({"resolved": recipe.to_dict(), "plan": plan})
         return 0
@@ -277,7 +253,7 @@ def _diagnose(args: argparse.Namespace) -> int:
           f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}.")
     _print_diagnosis(diagnosis)
     print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
-          f"`{_PROGRAM} run {args.file}` applies the recipes and measures the gain.")
+          f"`{PROGRAM} run {args.file}` applies the recipes and measures the gain.")
     return 0
 
 
@@ -312,12 +288,9 @@ def _print_diagnosis(diagnosis: Any) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    import tfopt.data
+    from tfopt.data import to_tfrecord
 
     recipe = _load(args)
-    to_tfrecord = getattr(tfopt.data, "to_tfrecord", None)
-    if to_tfrecord is None:
-        raise TfoptError("This tfopt version has no tfopt.data.to_tfrecord, which `convert` calls; update tfopt.")
     with terminal_progress(args) as progress:
         progress.phase(f"writing {recipe.data.source} data as TFRecord files to {args.out}")
         written = to_tfrecord(recipe.data.source_object, args.out)
@@ -365,6 +338,6 @@ def _report_error(error: BaseException, code: int, args: argparse.Namespace, hin
     if args.traceback:
         traceback.print_exception(error)
     kind = "" if isinstance(error, (TfoptError, _UsageError)) else f"{type(error).__name__}: "
-    print(f"{_PROGRAM}: error: {kind}{' '.join(str(error).split())}{hint}", file=sys.stderr)
+    print(f"{PROGRAM}: error: {kind}{' '.join(str(error).split())}{hint}", file=sys.stderr)
     return code
 

@@ -192,13 +192,22 @@ class Report:
             ValueError: The suffix is none of those.
         """
         path = Path(path)
+        write_atomic(path, self.render(path))
+        return path
+
+    def render(self, path: str | Path) -> str:
+        """The text `save(path)` writes, in the format the suffix names.
+
+        Raises:
+            ValueError: The suffix is none of .html, .htm, .md, .markdown, .json.
+        """
         renderers = {".html": self.to_html, ".htm": self.to_html, ".md": self.to_markdown,
                      ".markdown": self.to_markdown, ".json": self.to_json}
-        if path.suffix.lower() not in renderers:
-            raise ValueError(f"Report.save: cannot tell the format of {path.name!r}. Expected a name ending "
+        suffix = Path(path).suffix.lower()
+        if suffix not in renderers:
+            raise ValueError(f"Report.save: cannot tell the format of {Path(path).name!r}. Expected a name ending "
                              f"in one of {', '.join(renderers)}.")
-        write_atomic(path, renderers[path.suffix.lower()]())
-        return path
+        return renderers[suffix]()
 
     def _steps_per_epoch(self) -> int | None:
         if self.steps_per_epoch is not None:

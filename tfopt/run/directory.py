@@ -9,6 +9,7 @@ settings would mix two experiments in one directory and restore checkpoints into
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pathlib
 from typing import Any
@@ -22,18 +23,34 @@ TRAINING_NAME = "training.json"
 _RESUMABLE_CHANGES = {("train", "epochs")}
 
 
+def check_out_dir(out_dir: str | os.PathLike | None, *, resume: bool) -> None:
+    """Refuses, before any work starts, a directory the run may not use: for a new run one that holds
+    files, for `--resume` none given or one that holds no run.
+
+    Raises:
+        TfoptError: The directory cannot be used; the message says what to give instead.
+    """
+    path = None if out_dir is None else pathlib.Path(out_dir)
+    if resume and path is None:
+        raise TfoptError("--resume needs --out RUN_DIR: the directory of the run to continue, e.g. "
+                         "tfopt-recipe run recipes/small_cnn.yaml --out runs/small_cnn-20250101-120000 --resume.")
+    if resume and not (path / RESOLVED_RECIPE_NAME).is_file():
+        raise TfoptError(f"--resume: {path} holds no run to continue (no {RESOLVED_RECIPE_NAME} in it). Give the "
+                         "directory of an earlier run, or drop --resume to start a new run there.")
+    if not resume and path is not None and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise TfoptError(f"--out {path} already holds files; a run never writes over earlier outputs. Choose a "
+                         "new directory, delete this one, or add --resume to continue the run it holds.")
+
+
 def new_run_dir(name: str, out_dir: str | os.PathLike | None, runs_root: str | os.PathLike) -> pathlib.Path:
     """Creates the run's directory: `out_dir` (new or empty) or `<runs_root>/<name>-<timestamp>`.
 
     Raises:
         TfoptError: `out_dir` holds files already.
     """
+    check_out_dir(out_dir, resume=False)
     if out_dir is not None:
         path = pathlib.Path(out_dir)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise TfoptError(f"--out {path} already holds files; a run never writes over earlier outputs. "
-                             "Choose a new directory, delete this one, or add --resume to continue the run "
-                             "it holds.")
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -49,6 +66,28 @@ def new_run_dir(name: str, out_dir: str | os.PathLike | None, runs_root: str | o
     raise TfoptError(f"Could not create a new run directory under {root}: 999 runs started this second.")
 
 
+def training_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """What the run's training did, as its chief saved it (training.json), or None where it did not train."""
+    path = pathlib.Path(run_dir) / TRAINING_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def discard_unused(path: pathlib.Path) -> bool:
+    """Removes a run directory that holds nothing but the resolved recipe the run saved (and empty
+    folders), and returns True; leaves any other directory alone and returns False.
+
+    A run that fails before its first output (its model cannot be built) then leaves no directory behind
+    for the user to clean up; the runner calls this only for a directory it made itself.
+    """
+    entries = sorted(path.rglob("*"), reverse=True)  # deepest first, so folders are empty when removed
+    if [entry for entry in entries if not entry.is_dir()] != [path / RESOLVED_RECIPE_NAME]:
+        return False
+    for entry in entries:
+        entry.rmdir() if entry.is_dir() else entry.unlink()
+    path.rmdir()
+    return True
+
+
 def resumed_run_dir(out_dir: str | os.PathLike | None, resolved: dict[str, Any]) -> pathlib.Path:
     """Checks that `out_dir` holds a run of the same recipe and returns it.
 
@@ -62,15 +101,9 @@ def resumed_run_dir(out_dir: str | os.PathLike | None, resolved: dict[str, Any])
     """
     from tfopt.recipe_file import load_recipe
 
-    if out_dir is None:
-        raise TfoptError("--resume needs --out RUN_DIR: the directory of the run to continue, e.g. "
-                         "tfopt-recipe run recipes/small_cnn.yaml --out runs/small_cnn-20250101-120000 --resume.")
+    check_out_dir(out_dir, resume=True)
     path = pathlib.Path(out_dir)
-    saved = path / RESOLVED_RECIPE_NAME
-    if not saved.is_file():
-        raise TfoptError(f"--resume: {path} holds no run to continue (no {RESOLVED_RECIPE_NAME} in it). Give the "
-                         "directory of an earlier run, or drop --resume to start a new run there.")
-    earlier = load_recipe(saved).to_dict()
+    earlier = load_recipe(path / RESOLVED_RECIPE_NAME).to_dict()
     changes = differences(earlier, resolved)
     blocking = [found for found in changes if found[0] not in _RESUMABLE_CHANGES
                 or found[0] == ("train", "epochs") and found[2] < found[1]]

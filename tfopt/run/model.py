@@ -42,8 +42,9 @@ def prepare(recipe: Any) -> Any:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, kwargs=kwargs))
 
 
-def build_model(recipe: Any) -> Any:
-    """Builds and compiles the recipe's model (without XLA: the baseline must be honest).
+def create_model(recipe: Any) -> Any:
+    """Creates the recipe's model (uncompiled): the `model_fn` a run gives `tfopt.apply`, which builds it
+    once per configuration (the baseline, the optimized setup) inside the right scopes.
 
     Raises:
         RecipeFileError: The model rejected its arguments (a ValueError or TypeError), pointing at the
@@ -66,6 +67,13 @@ def build_model(recipe: Any) -> Any:
     if not isinstance(model, keras.Model):
         raise TfoptError(f"model {recipe.model.name} returned a {type(model).__name__}, expected a keras.Model "
                          f"({where}).")
+    return model
+
+
+def build_model(recipe: Any) -> Any:
+    """Creates and compiles the recipe's model as it is, without XLA (the baseline must be honest): the
+    model `tfopt-recipe diagnose` profiles."""
+    model = create_model(recipe)
     model.compile(**compile_arguments(recipe), jit_compile=False)
     return model
 

@@ -3,8 +3,10 @@
 Every run writes into a directory of its own (`runs/<name>-<timestamp>` by default): the resolved
 recipe (recipe.yaml), the profiler traces and training scalars (tensorboard/), the checkpoints, the
 report (report.html, report.md, report.json, rendered by `tfopt.profiling.report` from one set of
-numbers) and training.json. The directory is made only after the model and data were built, and a
-new run never writes into a directory that holds files, so a failed run never touches an earlier one.
+numbers) and training.json. A new run never writes into a directory that holds files, so a failed run
+never touches an earlier one; one that fails before its first output (the model cannot be built) removes
+the directory it made. The model is built by `tfopt.apply`, once per configuration (the baseline, the
+optimized setup), from the recipe file's model function.
 
 The report is written right after the measurements, before training, so a run killed while training
 keeps it; `run(..., resume=True)` then skips measuring and continues training from the newest
@@ -29,8 +31,9 @@ import pathlib
 from typing import Any
 
 from tfopt.recipe_file.schema import REPORT_SUFFIXES
-from tfopt.run.model import build_model, compile_arguments, prepare
-from tfopt.run.directory import RESOLVED_RECIPE_NAME, new_run_dir, resumed_run_dir
+from tfopt.run.model import build_model, compile_arguments, create_model, prepare
+from tfopt._atomic import write_atomic
+from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir
 from tfopt.errors import TfoptError
 from tfopt.profiling.metrics import Metrics, compared
 from tfopt.recipe_file import RecipeFile, save_resolved
@@ -130,11 +133,11 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
     keras.utils.set_random_seed(recipe.train.seed)
     progress.phase("reading data")
     recipe = prepare(recipe)
-    progress.phase("building the model")
-    model = build_model(recipe)
+    made = False  # whether this call made the run directory (then a run that wrote nothing leaves none)
     if resume:
         run_dir = resumed_run_dir(out_dir, recipe.to_dict())
     elif cluster.is_chief:
+        made = out_dir is None or not pathlib.Path(out_dir).exists()
         run_dir = new_run_dir(recipe.name, out_dir, runs_root)
     else:  # the chief makes the directory; a worker only needs its name (for temporary checkpoint copies)
         run_dir = pathlib.Path(out_dir or ".")
@@ -147,11 +150,11 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         written = None  # the Report object this process wrote, re-rendered with the training's windows
         if report is None and cluster.num_workers == 1:
             progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
-            built, written, report_paths = _measure(model, recipe, run_dir, progress)
+            built, written, report_paths = _measure(recipe, run_dir, progress)
             report = written.to_dict()
         else:
             progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
-            built = _build(model, recipe, progress)
+            built = _build(recipe, progress)
         training = None
         if train and recipe.train.epochs:
             from tfopt.run.training import train_model
@@ -160,21 +163,50 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
             training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
                                    chief=cluster.is_chief)
             if written is not None and training.get("monitor"):
-                written = dataclasses.replace(written, training=tuple(training["monitor"]))
-                report = written.to_dict()
-                for path in report_paths.values():
-                    written.save(path)
+                report = _with_training(written, training["monitor"], report_paths) or report
     except TfoptError as error:
+        if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
+            raise
         error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
         raise
     return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
                       applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
 
 
-def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, Any, dict]:
+def describe(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, workers: int | None = None) -> list[str]:
+    """What `run` would do with this recipe, step by step, for `tfopt-recipe run --dry-run`: nothing is
+    built, measured or written. Kept beside `run` so the two change together.
+
+    Example:
+        >>> from tfopt.recipe_file import load_recipe
+        >>> describe(load_recipe("recipes/small_cnn.yaml"))[1]
+        'apply recipes in build order: data_pipeline, mixed_precision, xla'
+    """
+    from tfopt.optimize import resolve_recipes
+
+    if recipe.recipes == "auto":
+        order = (f"auto: time the candidate recipes on this machine for up to {recipe.profile.tune_budget_seconds:g} "
+                 "s, keep only those that help")
+    else:
+        chosen = resolve_recipes(_recipes_argument(recipe))
+        order = ", ".join(item.name for item in chosen.recipes) or "(none)"
+    steps = f"{recipe.train.steps_per_epoch} steps" if recipe.train.steps_per_epoch else "the whole dataset"
+    return [f"profile the baseline: {recipe.profile.warmup_steps} warm-up + {recipe.profile.steps} timed steps, "
+            "real input and on-device compute-only ceiling, a TF Profiler trace",
+            f"apply recipes in build order: {order}",
+            "profile the optimized setup the same way, write "
+            + ", ".join(f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats),
+            f"train {recipe.train.epochs} epoch(s) of {steps}, batch {recipe.data.batch_size}, checkpoints every "
+            f"{recipe.train.checkpoint_every_steps} steps, under tfopt.Monitor"
+            + (f", on {workers} local workers" if workers else ""),
+            f"write {out_dir or f'runs/{recipe.name}-<timestamp>'}/: {RESOLVED_RECIPE_NAME}, tensorboard/, "
+            f"checkpoints/, training.json and the report"]
+
+
+def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, Any, dict]:
     """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once, so a
     run that fails while training keeps its measurements."""
-    result = _apply(model, recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
+    result = _apply(recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
                     profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
     progress.phase("writing the report")
     report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
@@ -182,17 +214,33 @@ def _measure(model: Any, recipe: RecipeFile, run_dir: pathlib.Path, progress: Pr
     return _built(result), report, paths
 
 
-def _build(model: Any, recipe: RecipeFile, progress: Progress) -> Any:
+def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, pathlib.Path]) -> dict | None:
+    """Writes the report again with the training's Monitor windows (its Training section and chart) and
+    returns its numbers; None, with a warning, where it cannot be rendered (the measured report stays)."""
+    report = dataclasses.replace(report, training=tuple(windows))
+    try:  # every format is rendered before any file is replaced, so the files never disagree
+        rendered = {path: report.render(path) for path in paths.values()}
+    except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a run that trained
+        _log.warning("The report keeps its measurements without the training section: rendering it failed "
+                     "(%s: %s).", type(error).__name__, error)
+        return None
+    for path, text in rendered.items():
+        write_atomic(path, text)
+    return report.to_dict()
+
+
+def _build(recipe: RecipeFile, progress: Progress) -> Any:
     """Applies the recipes and builds, measuring nothing (in a worker, under the cluster it joined)."""
-    return _built(_apply(model, recipe, progress, measure_speed=False))
+    return _built(_apply(recipe, progress, measure_speed=False))
 
 
-def _apply(model: Any, recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
-    """`tfopt.apply` with the recipe file's model, data, recipes and tuning budget."""
+def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
+    """`tfopt.apply` with the recipe file's model, data, recipes and tuning budget. The model is created by
+    `tfopt.apply`'s build, once per configuration it measures or returns."""
     import tfopt
 
-    return tfopt.apply(model, recipe.data.source_object, recipes=_recipes_argument(recipe),
-                       model_fn=lambda: recipe.model.builder(**recipe.model.kwargs),
+    return tfopt.apply(None, recipe.data.source_object, recipes=_recipes_argument(recipe),
+                       model_fn=lambda: create_model(recipe), compile=compile_arguments(recipe),
                        batch_size=recipe.data.batch_size, tune_budget_seconds=recipe.profile.tune_budget_seconds,
                        on_tune_progress=progress.tuning, **measuring)
 
