@@ -221,9 +221,7 @@ def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_mem
         # A dispatch-bound step is slower than the ceiling's direct calls by fit's own per-step costs too:
         # that gap is not the pipeline's, so it is not read as contention there.
         _input(breakdown, hardware, None if dispatch else measurement),
-        _compilation(breakdown),
-        _collectives(breakdown),
-        _launch(breakdown),
+        *_share_findings(breakdown),
         _memory_bound(breakdown),
         _precision(breakdown, hardware),
         dispatch,
@@ -290,34 +288,29 @@ def _contention(input_percent: float, hardware: Hardware, measurement: Any) -> F
                    "prefetched stages cut its cost.")
 
 
-def _compilation(breakdown: StepBreakdown) -> Finding | None:
-    percent = breakdown.percent("compile_seconds")
-    severity = _severity(percent, COMPILE_MODERATE_PERCENT, COMPILE_HIGH_PERCENT)
-    if severity is None:
-        return None
-    return Finding(COMPILATION, severity, percent, "data_pipeline",
-                   f"{percent:.1f}% of step time is compilation after warm-up, so batch shapes change "
-                   "between steps: fixed shapes (drop_remainder=True, padded batches) compile once.")
+# Findings read off one share of the step: (bottleneck, the breakdown's seconds, thresholds, recipe, why).
+_SHARE_FINDINGS = (
+    (COMPILATION, "compile_seconds", COMPILE_MODERATE_PERCENT, COMPILE_HIGH_PERCENT, "data_pipeline",
+     "{percent:.1f}% of step time is compilation after warm-up, so batch shapes change between steps: fixed "
+     "shapes (drop_remainder=True, padded batches) compile once."),
+    (MULTI_DEVICE_SYNC, "collectives_seconds", COLLECTIVES_MODERATE_PERCENT, COLLECTIVES_HIGH_PERCENT,
+     "distribution", "{percent:.1f}% of step time is cross-device communication: a strategy with packed NCCL "
+     "all-reduce and a larger per-replica batch sync less often per example."),
+    (LAUNCH_BOUND, "kernel_launch_seconds", KERNEL_LAUNCH_MODERATE_PERCENT, KERNEL_LAUNCH_HIGH_PERCENT, "xla",
+     "{percent:.1f}% of step time launches kernels: XLA fuses small ops into fewer, larger kernels."),
+)
 
 
-def _collectives(breakdown: StepBreakdown) -> Finding | None:
-    percent = breakdown.percent("collectives_seconds")
-    severity = _severity(percent, COLLECTIVES_MODERATE_PERCENT, COLLECTIVES_HIGH_PERCENT)
-    if severity is None:
-        return None
-    return Finding(MULTI_DEVICE_SYNC, severity, percent, "distribution",
-                   f"{percent:.1f}% of step time is cross-device communication: a strategy with packed "
-                   "NCCL all-reduce and a larger per-replica batch sync less often per example.")
-
-
-def _launch(breakdown: StepBreakdown) -> Finding | None:
-    percent = breakdown.percent("kernel_launch_seconds")
-    severity = _severity(percent, KERNEL_LAUNCH_MODERATE_PERCENT, KERNEL_LAUNCH_HIGH_PERCENT)
-    if severity is None:
-        return None
-    return Finding(LAUNCH_BOUND, severity, percent, "xla",
-                   f"{percent:.1f}% of step time launches kernels: XLA fuses small ops into fewer, "
-                   "larger kernels.")
+def _share_findings(breakdown: StepBreakdown) -> list[Finding | None]:
+    """Compilation, cross-device sync and kernel launches: each a finding where its share of the step
+    passes the thresholds."""
+    findings = []
+    for bottleneck, seconds, moderate, high, recipe, reason in _SHARE_FINDINGS:
+        percent = breakdown.percent(seconds)
+        severity = _severity(percent, moderate, high)
+        findings.append(None if severity is None else
+                        Finding(bottleneck, severity, percent, recipe, reason.format(percent=percent)))
+    return findings
 
 
 def _memory_bound(breakdown: StepBreakdown) -> Finding | None:

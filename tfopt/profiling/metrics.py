@@ -80,14 +80,20 @@ _ACCELERATOR_ONLY = ("busy_percent", "mfu_percent")
 
 
 def _line(accelerator: str, runs: list[Metrics]) -> str:
-    """The measured metrics of `runs` ("a -> b" for two); metrics no run measured are left out."""
+    """The measured metrics of `runs` ("a -> b" for two); metrics no run measured are left out, with the
+    reason where it is not the hardware (no capture, a measurement problem)."""
     parts = []
     for name, label in _LABELS.items():
         values = [getattr(run, name) for run in runs]
         if (accelerator == "cpu" and name in _ACCELERATOR_ONLY) or all(value is None for value in values):
             continue
         parts.append(f"{label} {' -> '.join(_percent(value) for value in values)}")
-    return ", ".join(parts) + (f" ({CPU_NOTE})" if accelerator == "cpu" else "")
+    notes = [CPU_NOTE] if accelerator == "cpu" else []
+    if accelerator != "cpu" and all(run.busy_percent is None and run.input_wait_percent is None for run in runs):
+        notes.append("accelerator busy % and input wait need a profiler capture: profile=True")
+    if any(run.measurement_problem for run in runs):
+        notes.append("input efficiency not read where n/a: the diagnosis notes say why")
+    return ", ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _percent(value: float | None) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared
 from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64, training_figure
 
 REPORT_VERSION = 1
@@ -117,6 +117,7 @@ class Report:
         lines += [f"_{data['note']}._", ""] if data["note"] else []
         if data["speedup"] is not None:
             lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}).", ""]
+        lines += [f"**{_headline(data)}**", ""] if _headline(data) else []
         lines += _table(["", *names], _summary_rows(data))
         lines += ["", "## Step-time breakdown (ms per step)", ""]
         lines += _table(["", *names], [[label, *(_show(run["breakdown_ms"][category])
@@ -129,6 +130,7 @@ class Report:
             lines += [f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> "
                       f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
+            lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
         if data["training"]:
             lines += ["", "## Training (tfopt.Monitor)", "", _training_text(data["training"])]
         lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
@@ -155,6 +157,8 @@ class Report:
         if data["speedup"] is not None:
             parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
                          f"({html.escape(names[-1])} vs {html.escape(names[0])}).</p>")
+        if _headline(data):
+            parts.append(f'<p class="speedup">{html.escape(_headline(data))}</p>')
         parts.append(_html_table(["", *names], _summary_rows(data), table_id="summary"))
         parts.append(figures)
         parts.append("<h2>Step-time breakdown (ms per step)</h2>")
@@ -171,6 +175,7 @@ class Report:
                       f"{html.escape(f['reason'])}</li>" for f in run["diagnosis"]["findings"]]
             if not run["diagnosis"]["findings"]:
                 parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
+            parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
             parts.append("</ul>")
         if data["training"]:
             parts += ["<h2>Training (tfopt.Monitor)</h2>", f"<p>{html.escape(_training_text(data['training']))}</p>"]
@@ -288,6 +293,16 @@ def _training_text(training: dict[str, Any]) -> str:
     if "mfu_percent" in median:
         parts.append(f"MFU median {_show(median['mfu_percent'])}%")
     return "; ".join(parts) + ". Every window, with alerts: monitor.jsonl beside the TensorBoard scalars."
+
+
+def _headline(data: dict[str, Any]) -> str | None:
+    """On accelerators, what the accelerator did in each run (busy %, MFU, input wait, input efficiency):
+    the headline there, above the table; None on a CPU, where those figures do not apply."""
+    runs = [Metrics.from_dict(run) for run in data["runs"].values()]
+    if runs[0].accelerator == "cpu":
+        return None
+    line = compared(runs[0], runs[-1]) if len(runs) > 1 else runs[0].headline()
+    return line[:1].upper() + line[1:]
 
 
 def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
