@@ -137,3 +137,42 @@ def test_report_without_profiles_is_a_clear_error(cpu_hardware):
     result = tfopt.apply(make_cnn(), make_images(), measure_speed=False, hardware=cpu_hardware)
     with pytest.raises(TfoptError, match="profile=True"):
         result.report()
+
+
+def test_one_device_distribution_measures_under_its_strategy(cpu_hardware):
+    """docs/recipes/distribution.md's snippet with strategy one_device: measuring, restoring and building
+    touch the optimizer's variables, which must happen inside the strategy's scope ("Need to be inside
+    `with strategy.scope()`" on the H100). With faked CPU hardware one_device is this machine's first
+    device: its CPU here, the GPU on a GPU machine."""
+    result = tfopt.apply(make_cnn(), make_images(), recipes=[{"distribution": {"strategy": "one_device"}}],
+                         hardware=cpu_hardware, steps=2, warmup_steps=1)
+    assert isinstance(result.strategy, tf.distribute.OneDeviceStrategy)
+    assert result.plan.strategy == "one_device" and result.plan.applied[-1].recipe == "distribution"
+    assert not result.plan.applied[-1].skipped and result.plan.batch_size == 8  # one replica: batch kept
+    assert result.model.distribute_strategy is result.strategy
+    assert result.before.real.steps >= 2 and result.after.real.steps >= 2
+    assert int(result.model.optimizer.iterations) == 0  # measured, then restored under the strategy
+    assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=2, verbose=0).history["loss"][0])
+
+
+def test_a_second_apply_in_a_notebook_measures_the_users_tf32_baseline(monkeypatch):
+    """On a faked H100: the first apply turns TF32 off for its model (mixed_precision tf32: false), which
+    keeps it off to train; the second apply's baseline is still the user's TF32 float32, and says so."""
+    import tfopt.plan
+    from tests.conftest import FAKE_HARDWARE
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
+    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default
+    try:
+        h100 = FAKE_HARDWARE["h100"]
+        ieee = [{"mixed_precision": {"policy": "float32", "tf32": False}}]
+        first = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, measure_speed=False)
+        assert first.plan.tf32 is False and not tf.config.experimental.tensor_float_32_execution_enabled()
+        second = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, **FAST)
+        assert second.baseline_plan.tf32 is True
+        assert str(second.baseline_plan.applied[0]).startswith("baseline: float32 baseline: TF32 on this GPU")
+        assert str(second.plan.applied[0]) == str(second.baseline_plan.applied[0])  # the report's first line
+        assert not tf.config.experimental.tensor_float_32_execution_enabled()  # the result trains as planned
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)

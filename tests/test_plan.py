@@ -86,3 +86,58 @@ def test_compile_override(cpu_hardware):
     assert plan.compile_config["optimizer"]["class_name"] == "SGD"
     with pytest.raises(IncompatibleModelError, match="'optimizer' and 'loss'"):
         make_plan(make_cnn(), make_images(), hardware=cpu_hardware, compile={"loss": "mse"})
+
+
+@pytest.fixture
+def tf32_as_tensorflow_starts(monkeypatch):
+    """TensorFlow's TF32 switch as a process starts (on) and no setting left by an earlier build; the switch
+    and what tfopt.plan remembered are restored afterwards."""
+    import tfopt.plan
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+def _tf32_on() -> bool:
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
+def test_a_build_that_turns_tf32_off_leaves_the_next_baseline_the_users(tf32_as_tensorflow_starts):
+    """A notebook: apply with mixed_precision tf32: false, train the result, then plan again. The result's
+    model trains in IEEE float32, and the next baseline is still the user's TF32 float32, with its note."""
+    from tests.conftest import FAKE_HARDWARE
+    from tfopt.builder import build
+    from tfopt.plan import users_tf32_setting
+    from tfopt.recipes import MixedPrecision
+
+    a100 = FAKE_HARDWARE["a100"]
+    first = make_plan(make_cnn(), make_images(), hardware=a100)
+    assert first.tf32 is True and first.applied[0].detail.startswith("float32 baseline: TF32 on this GPU (compute "
+                                                                     "capability 8.0 >= 8.0")
+    build(MixedPrecision(policy="float32", tf32=False)(first))
+    assert not _tf32_on() and users_tf32_setting() is True  # off for the model to train; the user's is on
+    again = make_plan(make_cnn(), make_images(), hardware=a100)
+    assert again.tf32 is True and again.applied == first.applied
+    build(again)  # the baseline is built (and measured) with the user's TF32 again
+    assert _tf32_on() and users_tf32_setting() is True
+
+
+def test_the_users_own_tf32_setting_is_the_baseline(tf32_as_tensorflow_starts):
+    from tests.conftest import FAKE_HARDWARE
+    from tfopt.builder import build
+    from tfopt.plan import users_tf32_setting
+    from tfopt.recipes import MixedPrecision
+
+    h100 = FAKE_HARDWARE["h100"]
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # the user's choice: IEEE float32
+    ieee = make_plan(make_cnn(), make_images(), hardware=h100)
+    assert ieee.tf32 is False and ieee.applied == ()  # no TF32 note: the baseline is IEEE float32
+    build(MixedPrecision(policy="float32", tf32=True)(ieee))
+    assert _tf32_on() and users_tf32_setting() is False
+    assert make_plan(make_cnn(), make_images(), hardware=h100).tf32 is False
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # the user switches it back: as before
+    build(make_plan(make_cnn(), make_images(), hardware=h100))
+    assert not _tf32_on() and users_tf32_setting() is False

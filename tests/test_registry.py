@@ -52,8 +52,9 @@ def test_batch_size_is_searched_after_numerics_and_compile_and_before_placement(
 
 
 def test_chain_rejects_duplicates():
-    with pytest.raises(RecipeClashError, match="appears twice"):
+    with pytest.raises(RecipeClashError, match="appears twice") as error:
         chain(MixedPrecision(policy="mixed_float16"), MixedPrecision(policy="mixed_bfloat16"))
+    assert error.value.recipes == ("mixed_precision", "mixed_precision")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,8 +71,9 @@ class NoXla(Recipe):
 
 def test_chain_rejects_declared_clash_either_order():
     for recipes in [(NoXla(), Xla()), (Xla(), NoXla())]:
-        with pytest.raises(RecipeClashError, match="no_xla forbids XLA"):
+        with pytest.raises(RecipeClashError, match="no_xla forbids XLA") as error:
             chain(*recipes)
+        assert error.value.recipes == tuple(recipe.name for recipe in recipes)
 
 
 def test_chain_config_round_trip():

@@ -19,7 +19,7 @@ from typing import Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError
-from tfopt.plan import Plan
+from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.policies import dtype_policy_scope
 
 _log = logging.getLogger("tfopt")
@@ -69,13 +69,10 @@ def build(plan: Plan) -> Built:
 
     from tfopt.distribute.strategy import make_strategy
 
-    import tensorflow as tf
-
     strategy = make_strategy(plan.strategy, **plan.strategy_options)
-    if bool(tf.config.experimental.tensor_float_32_execution_enabled()) != plan.tf32:
-        # A process setting, not a scope: matmul kernels read it when they run, so it must stay in force
-        # while the model trains.
-        tf.config.experimental.enable_tensor_float_32_execution(plan.tf32)
+    # A process setting, not a scope: matmul kernels read it when they run, so it must stay in force while
+    # the model trains. The user's own setting is remembered for the next plan's baseline.
+    put_tf32_in_force(plan.tf32)
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
         if plan.weights_from is not None:

@@ -10,7 +10,34 @@ from __future__ import annotations
 
 
 class TfoptError(Exception):
-    """Base class of every error tfopt raises about its input or environment."""
+    """Base class of every error tfopt raises about its input or environment.
+
+    Attributes:
+        setting: The constructor argument (the YAML key) the error is about, e.g. "policy" for
+            `MixedPrecision(policy="fp16")`, or None where it is about no single one. A recipe file
+            points its error at that key's line from this attribute, never by reading the message.
+
+    Example:
+        >>> error = RecipeConfigError("xla: jit_compile='yes' is not valid.", setting="jit_compile")
+        >>> error.setting, str(error)
+        ('jit_compile', "xla: jit_compile='yes' is not valid.")
+    """
+
+    def __init__(self, *args: object, setting: str | None = None):
+        super().__init__(*args)
+        self.setting = setting
+
+    def __reduce__(self) -> tuple:
+        # Exception pickles as `cls(*args)` and then sets `__dict__`, which fails for subclasses whose
+        # constructor takes required keywords (RecipeClashError's recipes, NonFiniteLossError's step).
+        return _unpickle, (type(self), self.args, self.__dict__)
+
+
+def _unpickle(cls: type[TfoptError], args: tuple, state: dict) -> TfoptError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class RecipeConfigError(TfoptError, ValueError):
@@ -18,7 +45,16 @@ class RecipeConfigError(TfoptError, ValueError):
 
 
 class RecipeClashError(TfoptError, ValueError):
-    """Two recipes in one chain contradict each other (two strategies, fp16 and bf16, a duplicate)."""
+    """Two recipes in one chain contradict each other (two strategies, fp16 and bf16, a duplicate).
+
+    Attributes:
+        recipes: The names of the two recipes that clash, in the order the chain was given them (the
+            same name twice for a duplicate).
+    """
+
+    def __init__(self, message: str, *, recipes: tuple[str, ...]):
+        super().__init__(message)
+        self.recipes = tuple(recipes)
 
 
 class IncompatibleModelError(TfoptError, TypeError):
@@ -26,7 +62,7 @@ class IncompatibleModelError(TfoptError, TypeError):
 
 
 class DataError(TfoptError, ValueError):
-    """The dataset is missing, empty, malformed or not a tf.data.Dataset."""
+    """The dataset is missing, empty, malformed or not a tf.data.Dataset, or a data source got a bad value."""
 
 
 class RecipeFileError(TfoptError, ValueError):

@@ -13,7 +13,10 @@ import functools
 import logging
 import os
 import platform
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger("tfopt")
 
@@ -136,26 +139,88 @@ def _describe_gpu(position: int, device) -> Gpu:
     )
 
 
-def visible_gpu_nvml_indices(count: int) -> list[int]:
+def visible_gpu_nvml_indices(count: int, uuids: Sequence[str] | None = None) -> list[int]:
     """NVML indices of the GPUs TensorFlow sees, in TensorFlow's order (its GPU:0 first).
 
     NVML numbers every GPU in the machine; CUDA_VISIBLE_DEVICES renumbers the ones a process sees
     (TensorFlow's GPU:0 is the first one listed). Without this mapping a job pinned to GPU 3 would read
-    GPU 0's memory and utilization. UUID entries (GPU-...) are not mapped: all `count` GPUs are returned.
+    GPU 0's memory and utilization. The variable is read as CUDA reads it (and PyTorch's
+    `torch.cuda._parse_visible_devices` after it): a list of indices, or of GPU UUIDs (`GPU-8932f937-...`
+    or a unique prefix of one), as its first entry says; the list ends at the first entry that names no
+    GPU (out of range, negative, unknown or ambiguous, of the other kind), so "0,5,1" on a 2-GPU machine
+    is GPU 0 alone; a GPU listed twice hides them all.
+
+    MIG instances (`MIG-...`) are slices of a GPU that NVML's whole-GPU index does not describe (the
+    memory is a share, and NVML reports no utilization for them): none is mapped, so they get no NVML
+    figures rather than the whole GPU's.
 
     Args:
         count: The number of GPUs NVML sees (`nvmlDeviceGetCount()`).
+        uuids: Each NVML GPU's UUID, by NVML index. Read from NVML (which the caller has initialised) when
+            the variable lists UUIDs and this is None.
 
     Returns:
         NVML indices, position i for TensorFlow's GPU:i.
+
+    Example:
+        >>> # CUDA_VISIBLE_DEVICES=GPU-c3,GPU-a on a machine whose NVML GPUs 0, 1, 2 are GPU-a1, GPU-b2, GPU-c3
+        >>> visible_gpu_nvml_indices(3, uuids=["GPU-a1", "GPU-b2", "GPU-c3"])  # doctest: +SKIP
+        [2, 0]
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return list(range(count))
-    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
-    if not all(entry.isdigit() for entry in entries):
-        return list(range(count))
-    return [int(entry) for entry in entries if int(entry) < count]
+    entries = [entry.strip() for entry in visible.split(",")]
+    if entries[0].startswith("MIG-"):
+        _log.debug("CUDA_VISIBLE_DEVICES lists MIG instances (%s): NVML's whole-GPU figures do not apply", visible)
+        return []
+    if entries[0].startswith("GPU-"):
+        listed = _listed(entries, lambda entry: entry if entry.startswith("GPU-") else None)
+        if uuids is None:
+            uuids = _nvml_uuids(count)
+        # A prefix names the one GPU whose UUID starts with it; an unknown or ambiguous one ends the list.
+        matches = [[index for index, uuid in enumerate(uuids) if uuid.startswith(entry)] for entry in listed]
+        resolved = [found[0] if len(found) == 1 else -1 for found in matches]
+    else:
+        resolved = _listed(entries, _leading_number)
+    indices: list[int] = []
+    for index in resolved:
+        if index < 0 or index >= count:
+            break
+        if index in indices:
+            return []
+        indices.append(index)
+    return indices
+
+
+def _listed(entries: list[str], parse: Callable[[str], Any]) -> list[Any]:
+    """The entries as CUDA takes them: up to the first that does not parse (None); [] if one repeats."""
+    listed: list[Any] = []
+    for entry in entries:
+        value = parse(entry)
+        if value is None:
+            break
+        if value in listed:
+            return []
+        listed.append(value)
+    return listed
+
+
+def _leading_number(entry: str) -> int | None:
+    """An index as CUDA reads it, like strtoul: "1gpu" is 1; a negative one or none ends the list."""
+    digits = re.match(r"\+?\d+", entry)
+    return int(digits.group()) if digits else None
+
+
+def _nvml_uuids(count: int) -> list[str]:
+    """The UUID of each NVML GPU, by index; NVML must be initialised."""
+    import pynvml
+
+    uuids = []
+    for index in range(count):
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+        uuids.append(uuid.decode() if isinstance(uuid, bytes) else uuid)  # bytes in older bindings
+    return uuids
 
 
 def _nvml_memory_bytes(position: int) -> int | None:

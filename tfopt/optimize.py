@@ -15,7 +15,7 @@ from typing import Any
 from tfopt.builder import build
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
 from tfopt.hardware import Hardware, detect
-from tfopt.plan import Plan, make_plan
+from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.metrics import Metrics, compared
 from tfopt.profiling.timing import Measurement, measure
@@ -252,6 +252,7 @@ def apply(
 def _evidence(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
               logdir: str | None) -> tuple[Measurement, capture.Profile | None]:
     """Measures one side ("before" or "after"); with `profile`, under the TF Profiler too."""
+    put_tf32_in_force(built.plan.tf32)  # trials built since this model was may have switched TF32
     if profile:
         _log.info("profiling %s (%d warm-up + %d steps, three runs)", side, warmup_steps, steps)
         result = capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,

@@ -115,3 +115,51 @@ def test_trial_models_build_their_optimizer_in_the_plans_strategy(cpu_hardware):
     model = compiled.built.model
     assert model.distribute_strategy is compiled.built.strategy
     assert len(model.optimizer.variables) == 2 + 2 * len(model.trainable_variables)  # Adam: 2 slots each
+
+
+@pytest.fixture
+def tf32_as_tensorflow_starts(monkeypatch):
+    """TensorFlow's TF32 switch on (its default) and no setting left by an earlier build; both restored after."""
+    import tensorflow as tf
+
+    import tfopt.plan
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+def test_tf32_is_part_of_the_trial_model_key(cpu_hardware):
+    from tfopt.auto.trials import _model_key
+
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+    assert _model_key(plan) != _model_key(plan.replace(tf32=not plan.tf32))
+    assert _model_key(plan) == _model_key(plan.replace(dataset=make_images(count=16)))  # data alone: shared
+
+
+def test_every_trial_runs_under_its_plans_tf32_and_leaves_the_baselines(cpu_hardware, monkeypatch,
+                                                                         tf32_as_tensorflow_starts):
+    """TensorFlow's TF32 switch is process-wide: a cached model runs under its own plan's setting again, and
+    after a trial the process is as the baseline has it (for the next trial and apply's "before")."""
+    import tensorflow as tf
+
+    from tfopt.auto import trials
+
+    seen = []
+    timed = trials._timed
+    monkeypatch.setattr(trials, "_timed", lambda *args, **kwargs: seen.append(
+        bool(tf.config.experimental.tensor_float_32_execution_enabled())) or timed(*args, **kwargs))
+    plan = make_plan(make_cnn(), make_images(count=48), hardware=cpu_hardware)
+    assert plan.tf32 is True
+    ieee = MixedPrecision(policy="mixed_bfloat16", tf32=False)
+    runner = TrialRunner(plan, {"ieee": ieee, "data_pipeline": DataPipeline()}, **FAST)
+    for configuration in [(), ("ieee",), ("data_pipeline", "ieee"), ()]:
+        assert runner(configuration, 1e12).measured
+        assert tf.config.experimental.tensor_float_32_execution_enabled()  # the baseline's, after each trial
+    assert seen == [True, False, False, True] and len(runner._models) == 2
+    # Two plans that differ only in TF32 get a model each, each used under its own setting.
+    first = runner._compiled(plan.replace(tf32=False))
+    assert not tf.config.experimental.tensor_float_32_execution_enabled()
+    assert runner._compiled(plan) is not first and tf.config.experimental.tensor_float_32_execution_enabled()

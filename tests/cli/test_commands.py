@@ -18,6 +18,7 @@ import yaml
 
 from tfopt.cli import main
 from tfopt.data import generate_shapes
+from tfopt.hardware import detect
 from tfopt.recipe_file import load_recipe
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -267,13 +268,19 @@ def starved_recipe(tmp_path_factory):
 
 
 def test_diagnose_names_the_data_pipeline_for_a_starved_input_and_changes_nothing(starved_recipe, capsys):
+    """On the machine that runs it: the first line names it as detect() describes it ("starved on CPU: ..."
+    or "starved on 1x NVIDIA H100 ..."), and the accelerator metrics are there only where it has one."""
+    hardware = detect()
     before = sorted(item.name for item in starved_recipe.parent.iterdir())
     exit_code, out, err = run_cli(capsys, "diagnose", starved_recipe, "--quiet")
     assert exit_code == 0, err
     lines = out.strip().splitlines()
-    assert lines[0].startswith("starved on CPU")
+    assert lines[0] == f"starved on {hardware.describe()}"
     waiting = float(re.search(r"input wait ([\d.]+)%", lines[1]).group(1))
-    assert "CPU only: accelerator busy % and MFU do not apply" in lines[1]
+    if hardware.accelerator == "cpu":
+        assert "CPU only: accelerator busy % and MFU do not apply" in lines[1]
+    else:
+        assert "CPU only" not in lines[1] and re.search(r"accelerator busy [\d.]+%", lines[1])
     assert lines[1].startswith("baseline: ") and waiting >= 5.0  # the profiler's "moderately input-bound"
     findings = [line for line in lines if line.startswith("- ")]
     assert findings and "-> data_pipeline: " in findings[0]
@@ -288,7 +295,8 @@ def test_diagnose_names_the_data_pipeline_for_a_starved_input_and_changes_nothin
     ratio = document["measurement"]["ceiling"]["median_seconds"] / document["measurement"]["real"]["median_seconds"]
     efficiency = document["measurement"]["input_efficiency"]
     assert efficiency == pytest.approx(min(1.0, ratio)) or document["measurement"]["measurement_problem"]
-    assert document["metrics"]["accelerator"] == "cpu" and document["metrics"]["busy_percent"] is None
+    assert document["hardware"] == hardware.describe() and document["metrics"]["accelerator"] == hardware.accelerator
+    assert (document["metrics"]["busy_percent"] is None) == (hardware.accelerator == "cpu")
 
 
 def test_a_diverging_run_exits_1_with_one_paragraph(tmp_path, capsys):
@@ -328,11 +336,16 @@ def test_tune_budget_and_auto_reach_the_resolved_recipe_and_the_plan(tmp_path, c
 
 
 def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, monkeypatch):
+    """The run sets GPU memory up first, and the recipe then finds it in force. Both are faked: TensorFlow
+    started this process's GPUs long ago, where it has any. The setting counts as in force once (and only
+    once) the run configured it, so the test does not lean on TF_FORCE_GPU_ALLOW_GROWTH, which a GPU
+    machine's test environment sets and tfopt counts as growth in force."""
     import tfopt.recipe_file
     import tfopt.recipes.memory
 
     calls = []
     monkeypatch.setattr(tfopt.recipes.memory, "configure_gpu_memory", lambda **kwargs: calls.append(("gpu", kwargs)) or [])
+    monkeypatch.setattr(tfopt.recipes.memory, "_in_force", lambda recipe: calls.append(("in force?",)) or calls[0][0] == "gpu")
     real_load = tfopt.recipe_file.load_recipe
     monkeypatch.setattr(tfopt.recipe_file, "load_recipe", lambda *args, **kwargs: calls.append(("load",)) or real_load(
         *args, **kwargs))
@@ -341,6 +354,12 @@ def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, 
                                 "--set", "train.epochs=0", "--steps", "2", "--set", "profile.warmup_steps=1")
     assert exit_code == 0, err
     assert calls[:2] == [("gpu", {"growth": True, "limit_bytes": None}), ("load",)]
+    applied = {step["recipe"]: step for step in json.loads((tmp_path / "run" / "report.json").read_text())["applied"]}
+    if detect().gpus:  # the recipe checked the setting, and found it in force
+        assert ("in force?",) in calls and applied["gpu_memory"] == {
+            "recipe": "gpu_memory", "detail": "memory growth (set at process start)", "skipped": False}
+    else:
+        assert applied["gpu_memory"]["skipped"] and "no GPU" in applied["gpu_memory"]["detail"]
 
 
 KILLED_CHILD = textwrap.dedent("""

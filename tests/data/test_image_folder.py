@@ -128,10 +128,14 @@ def test_class_folders_without_images(tmp_path):
         ImageFolderSource(tmp_path)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"image_size": [0, 3]}, "image_size"), ({"channels": 4}, "channels=4")])
-def test_bad_arguments(shapes_dir, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("kwargs, message, setting", [
+    ({"image_size": [0, 3]}, "image_size=", "image_size"),
+    ({"channels": 4}, "channels=4", "channels"),
+])
+def test_bad_arguments(shapes_dir, kwargs, message, setting):
+    with pytest.raises(DataError, match=message) as error:
         ImageFolderSource(shapes_dir, **kwargs)
+    assert error.value.setting == setting
 
 
 def test_bad_pipeline_arguments(shapes_dir):

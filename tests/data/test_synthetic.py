@@ -7,6 +7,7 @@ import pytest
 
 from .helpers import assert_same_batches, collect
 from tfopt.data.synthetic import SyntheticSource
+from tfopt.errors import DataError
 
 
 @pytest.mark.parametrize("kind", ["image", "tokens"])
@@ -57,14 +58,16 @@ def test_images_are_learnable_by_a_linear_model_on_gradients():
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, message, setting",
     [
-        ({"kind": "audio"}, "kind='audio'"),
-        ({"examples": 0}, "examples=0"),
-        ({"num_classes": 1}, "num_classes=1"),
-        ({"kind": "tokens", "vocab_size": 10}, "vocab_size=10"),
+        ({"kind": "audio"}, "kind='audio'", "kind"),
+        ({"examples": 0}, "examples=0", "examples"),
+        ({"num_classes": 1}, "num_classes=1", "num_classes"),
+        ({"kind": "tokens", "vocab_size": 10}, "vocab_size=10", "vocab_size"),
+        ({"image_size": [8, 0]}, "image_size=", "image_size"),
     ],
 )
-def test_bad_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_arguments(kwargs, message, setting):
+    with pytest.raises(DataError, match=message) as error:
         SyntheticSource(**kwargs)
+    assert error.value.setting == setting

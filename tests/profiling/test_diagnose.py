@@ -173,9 +173,16 @@ def test_starved_pipeline_is_input_bound(starved_profile):
 def test_tuned_pipeline_is_not_input_bound(tuned_profile):
     assert tuned_profile.breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT
     assert not tuned_profile.diagnosis.input_bound
-    # On 2 CPU cores its 32 Python threads still compete with training (measured ~80% of the ceiling in
-    # CI): that may be a cpu_contention finding, never an input-bound one.
-    assert {finding.bottleneck for finding in tuned_profile.diagnosis.findings} <= {d.CPU_CONTENTION}
+    # Its 32 Python threads may still compete with training for the host's cores (~80% of the ceiling
+    # measured on CPU: AMD EPYC, 2 cores with bf16 instructions (no GPU or TPU)): a cpu_contention finding,
+    # never an input-bound one.
+    allowed = {d.CPU_CONTENTION}
+    if tuned_profile.hardware.accelerator == "gpu":
+        # A GPU computes this small model's step in a small share of the wall step: per-step costs (dispatch,
+        # launches) dominate, as in the H100 captures of small models (test_gpu_fixtures.py). Never grad_accum.
+        allowed |= {d.DISPATCH_BOUND, d.LAUNCH_BOUND}
+    assert {finding.bottleneck for finding in tuned_profile.diagnosis.findings} <= allowed
+    assert "grad_accum" not in tuned_profile.diagnosis.recipes
 
 
 def _measured(efficiency: float, spread: float = 0.0) -> Measurement:

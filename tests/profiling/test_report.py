@@ -175,21 +175,42 @@ def test_breakdown_figure_has_a_bar_per_run_for_each_category(real_report):
     assert [tick.get_text() for tick in axes.get_yticklabels()] == ["before", "after"]
 
 
-def test_metrics_figure_shows_each_runs_measured_metrics_and_host_samples(real_report):
+def test_metrics_figure_shows_each_runs_measured_metrics_and_hardware_samples(real_report):
+    """On the machine that runs it: a CPU-only run's bars leave out accelerator busy % and MFU and its lines are
+    the host's CPU use; on a GPU the bars start with accelerator busy % and, where NVML sampled the GPUs, the
+    lines are each GPU's NVML samples."""
     figure = real_report.figures()["metrics"]
     metric_axes, hardware_axes = figure.axes
-    # A CPU-only run: accelerator busy % and MFU do not apply and are left out of the bars.
-    assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == ["input wait", "input efficiency"]
+    profiles = real_report.profiles
+    accelerator = profiles["before"].hardware.accelerator
+    shown = [metric for metric in ("busy_percent", "mfu_percent", "input_wait_percent", "input_efficiency_percent")
+             if any(getattr(profile.metrics, metric) is not None for profile in profiles.values())]
+    labels = {"busy_percent": "accelerator busy", "mfu_percent": "MFU", "input_wait_percent": "input wait",
+              "input_efficiency_percent": "input efficiency"}
+    assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == [labels[metric] for metric in shown]
+    if accelerator == "cpu":
+        assert shown == ["input_wait_percent", "input_efficiency_percent"]
+    else:
+        assert shown[0] == "busy_percent"  # measured from the trace's device activity on any accelerator
     assert [container.get_label() for container in metric_axes.containers] == ["before", "after"]
-    for container, profile in zip(metric_axes.containers, real_report.profiles.values()):
-        metrics = profile.metrics
+    for container, profile in zip(metric_axes.containers, profiles.values()):
         assert [bar.get_height() for bar in container] == pytest.approx(
-            [metrics.input_wait_percent, metrics.input_efficiency_percent or 0.0])
-    host_lines = [line for line in hardware_axes.get_lines() if not line.get_label().startswith("_")]
-    assert [line.get_label() for line in host_lines] == ["before", "after"]
-    for line, profile in zip(host_lines, real_report.profiles.values()):
-        assert list(line.get_ydata()) == [s.utilization_percent for s in profile.samples.of("host")]
-    assert "host CPU use" in hardware_axes.get_ylabel()
+            [getattr(profile.metrics, metric) or 0.0 for metric in shown])
+    lines = [line for line in hardware_axes.get_lines() if not line.get_label().startswith("_")]
+    devices = {name: profile.samples.accelerator_devices for name, profile in profiles.items()}
+    if accelerator == "cpu":
+        assert not any(devices.values())
+    if any(devices.values()):  # NVML sampled the GPUs
+        assert [line.get_label() for line in lines] == [f"{name} {device}" for name in profiles
+                                                        for device in devices[name]]
+        readings = [profile.samples.of(device) for name, profile in profiles.items() for device in devices[name]]
+        assert "NVML" in hardware_axes.get_ylabel()
+    else:
+        assert [line.get_label() for line in lines] == ["before", "after"]
+        readings = [profile.samples.of("host") for profile in profiles.values()]
+        assert "host CPU use" in hardware_axes.get_ylabel()
+    for line, samples in zip(lines, readings, strict=True):
+        assert list(line.get_ydata()) == [s.utilization_percent for s in samples]
 
 
 def test_metrics_figure_on_gpus_shows_busy_and_every_gpus_nvml_samples(make_fake_profile):
@@ -202,10 +223,61 @@ def test_metrics_figure_on_gpus_shows_busy_and_every_gpus_nvml_samples(make_fake
     assert "NVML" in hardware_axes.get_ylabel()
 
 
-def test_cpu_reports_say_the_accelerator_metrics_do_not_apply(real_report, fake_report):
-    assert "_CPU only: accelerator busy % and MFU do not apply._" in real_report.to_markdown()
-    assert real_report.to_dict()["runs"]["before"]["busy_percent"] is None
+def test_cpu_reports_say_the_accelerator_metrics_do_not_apply(make_fake_profile, fake_report):
+    """Hand-built CPU-only profiles, so that it says the same on any machine (the real report's note is the
+    next test's)."""
+    cpu_report = compare(make_fake_profile(), make_fake_profile(input_ms=1.0))
+    assert "_CPU only: accelerator busy % and MFU do not apply._" in cpu_report.to_markdown()
+    assert "<i>CPU only: accelerator busy % and MFU do not apply.</i>" in cpu_report.to_html()
+    assert cpu_report.to_dict()["runs"]["before"]["busy_percent"] is None
     assert fake_report.to_dict()["note"] is None  # a GPU run has them
+    assert "CPU only" not in fake_report.to_markdown() and fake_report.to_dict()["runs"]["before"]["busy_percent"]
+
+
+def test_the_real_reports_note_and_busy_follow_the_machine(real_report):
+    data = real_report.to_dict()
+    hardware = real_report.profiles["before"].hardware
+    assert data["hardware"] == hardware.describe()
+    if hardware.accelerator == "cpu":
+        assert "_CPU only: accelerator busy % and MFU do not apply._" in real_report.to_markdown()
+        assert data["runs"]["before"]["busy_percent"] is None
+    else:
+        assert data["note"] is None and "CPU only" not in real_report.to_markdown()
+        assert data["runs"]["before"]["busy_percent"] is not None
+
+
+def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(make_fake_profile, monkeypatch):
+    """The plan's steps reach the report, the baseline's TF32 note first, via tfopt.apply's result too."""
+    import tensorflow as tf
+
+    import tfopt.plan
+    from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
+    from tfopt.optimize import ApplyResult
+    from tfopt.plan import make_plan
+    from tfopt.recipes import MixedPrecision
+
+    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default
+    try:
+        baseline = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["h100"])
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)
+    plan = MixedPrecision(policy="float32")(baseline)
+    before, after = make_fake_profile(gpus=1), make_fake_profile(gpus=1, input_ms=1.0)
+    result = ApplyResult(model=None, dataset=None, strategy=None, plan=plan, baseline_plan=baseline,
+                         before=before.measurement, after=after.measurement, before_profile=before, after_profile=after)
+    note = ("baseline: float32 baseline: TF32 on this GPU (compute capability 9.0 >= 8.0: TensorFlow runs float32 "
+            "matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE float32")
+    for report in (compare(before, after, applied=plan.applied), result.report()):
+        assert report.to_dict()["applied"][0] == {"recipe": "baseline", "detail": note[len("baseline: "):],
+                                                  "skipped": False}
+        markdown = report.to_markdown()
+        recipes = markdown[markdown.index("## Recipes applied"):].splitlines()
+        assert recipes[2] == f"- {note}"
+        assert recipes[3].startswith("- mixed_precision: skipped: kept float32: requested") and \
+            "float32 math runs in TF32 on this GPU" in recipes[3]
+        assert f"<li>{html.escape(note)}</li>" in report.to_html()
 
 
 def test_html_is_self_contained_with_decodable_pngs(real_report):

@@ -135,7 +135,16 @@ def test_train_step_flops_counts_forward_backward_and_update():
     assert 2 * forward <= flops <= 2.5 * forward
 
 
-def test_measure_on_a_faked_h100_computes_mfu_for_the_precision_in_use():
+@pytest.fixture
+def tf32_on():
+    """TensorFlow's TF32 switch on (its default; an earlier build in this process may have turned it off)."""
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+def test_measure_on_a_faked_h100_computes_mfu_for_the_precision_in_use(tf32_on):
     model = make_cnn()
     measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8, hardware=FAKE_HARDWARE["h100"])
     assert measurement.precision == "tf32"  # float32 on compute capability 9.0 with TF32 on (TF's default)
@@ -143,15 +152,25 @@ def test_measure_on_a_faked_h100_computes_mfu_for_the_precision_in_use():
     assert measurement.flops_per_step > 0 and 0 < measurement.mfu < 1e-3  # a CPU is no H100
 
 
-def test_measure_under_a_strategy_builds_the_optimizer_in_its_scope():
-    """docs/recipes/distribution.md on one device: measuring crashed building the optimizer outside scope."""
+@pytest.mark.parametrize("machine", ["cpu_bf16", "h100"])
+def test_measure_under_a_strategy_builds_the_optimizer_in_its_scope(machine, tf32_on):
+    """docs/recipes/distribution.md on one device: measuring crashed building the optimizer outside scope.
+    On a faked H100 the MFU branch (the step's FLOPs from cost analysis) runs under the strategy too; the
+    strategy is pinned to this machine's CPU."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = make_cnn()
     assert not model.optimizer.built
     measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8,
-                          hardware=FAKE_HARDWARE["cpu_bf16"])
+                          hardware=FAKE_HARDWARE[machine])
     assert measurement.real.steps >= 2 and int(model.optimizer.iterations) == 0
+    if machine == "h100":
+        flops = train_step_flops(make_cnn(), make_images())  # the same model, no strategy
+        assert measurement.flops_per_step == pytest.approx(flops, rel=0.05) and flops > 0
+        assert (measurement.precision, measurement.peak_flops_per_second) == ("tf32", pytest.approx(494.7e12))
+        assert 0 < measurement.mfu < 1e-3
+    else:
+        assert measurement.mfu is None and measurement.flops_per_step is None
 
 
 def test_one_batch_repeated_is_the_first_batch_forever():

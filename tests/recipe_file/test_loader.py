@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import textwrap
 
+import numpy as np
 import pytest
 import yaml
 
 from tfopt.errors import RecipeFileError
 from tfopt.recipe_file import load_recipe, parse_override, read_recipe, recipe_item_settings, save_resolved
+from tfopt.recipes import MixedPrecision
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[2] / "recipes"
 # Synthetic data: constructing it touches no disk, so these tests check the file, not the data.
@@ -234,6 +237,45 @@ def test_data_source_errors_point_at_the_argument(tmp_path):
     assert "image_folder" in message and ", line 2)" in message
 
 
+def test_data_source_errors_point_at_the_setting_they_are_about_whatever_the_message_says(tmp_path):
+    (tmp_path / "empty").mkdir()
+    message = load_error(write(tmp_path, """\
+        model: {name: small_cnn}
+        data:
+          source: image_folder
+          image_size: [8, 8]
+          path: empty
+    """))
+    # The message never says "path": the source's DataError names the setting.
+    assert "has no class folders" in message and not re.search(r"\bpath\b", message)
+    assert ", line 5)" in message
+    np.savez(tmp_path / "arrays.npz", features=np.zeros((4, 2), "float32"), y=np.arange(4))
+    message = load_error(write(tmp_path, "model: {name: small_cnn}\ndata:\n  source: numpy\n  x: arrays.npz\n"))
+    # About x_key, which the file leaves to its default: the error points at the section that would hold it.
+    assert "has no array named 'x'" in message and ", line 2)" in message
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("  - distribution:\n      strategy: horovod\n      devices: [/gpu:0]\n", "devices is only used"),
+    ("  - batch_size:\n      min_batch_size: 64\n      max_batch_size: 32\n", "1 <= min_batch_size <= max_batch_size"),
+])
+def test_recipe_errors_point_at_the_setting_to_change_not_the_first_one_named(tmp_path, item, fragment):
+    # Both messages name the setting on line 5 too; the error's `setting` is the one on line 6.
+    message = load_error(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n" + item))
+    assert fragment in message and ", line 6)" in message
+
+
+def test_a_clash_points_at_the_later_of_the_two_clashing_items(tmp_path, monkeypatch):
+    monkeypatch.setattr(MixedPrecision, "clash", lambda self, other: "not without distribution"
+                        if other.name == "xla" else None)
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n"
+                 "  - distribution\n")
+    message = load_error(path)
+    # The message names distribution (line 6) too; the clash is between lines 4 and 5.
+    assert "xla and mixed_precision cannot be combined: not without distribution" in message
+    assert f"{path}, line 5)" in message
+
+
 def test_save_resolved_round_trips(tmp_path, monkeypatch):
     monkeypatch.setenv("TFOPT_DATA_DIR", os.fspath(tmp_path / "datasets"))
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla, mixed_precision]\n")
@@ -267,9 +309,10 @@ def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path
     assert recipe_item_settings(read_recipe(path), "distribution") is None
     overridden = read_recipe(path, overrides=["recipes.1.gpu_memory.limit_bytes=1073741824"])
     assert recipe_item_settings(overridden, "gpu_memory") == {"growth": False, "limit_bytes": 2**30}
-    bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory:\n      growth: 3\n")
-    with pytest.raises(RecipeFileError, match=r"growth=3\. Expected true or false .*line 5\)"):
-        recipe_item_settings(read_recipe(bad), "gpu_memory")
+    bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - distribution:\n"
+                "      warmup_steps: -1\n")
+    with pytest.raises(RecipeFileError, match=r"warmup_steps=-1: expected an integer >= 0 .*line 5\)"):
+        recipe_item_settings(read_recipe(bad), "distribution")
 
 
 def test_the_command_line_parses_the_file_once_per_run(tmp_path, monkeypatch):

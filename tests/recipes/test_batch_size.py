@@ -133,17 +133,20 @@ def test_the_auto_recipe_call_runs_no_trial_and_apply_runs_them(monkeypatch):
     assert result.plan.batch_size == 32 and "fastest of" in result.plan.applied[-1].detail
 
 
-@pytest.mark.parametrize("settings, words", [
-    ({"batch_size": 0}, "Expected 'auto' or a positive integer"),
-    ({"batch_size": "max"}, "batch_size='max'"),
-    ({"min_batch_size": 64, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size"),
-    ({"trial_steps": 1}, "trial_steps >= 2"),
-    ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1"),
-    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'"),
+@pytest.mark.parametrize("settings, words, setting", [
+    ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
+    ({"batch_size": "max"}, "batch_size='max'", "batch_size"),
+    # The bounds' message names both; the error names the one to change.
+    ({"min_batch_size": 64, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "max_batch_size"),
+    ({"min_batch_size": 0, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "min_batch_size"),
+    ({"trial_steps": 1}, "trial_steps >= 2", "trial_steps"),
+    ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1", "memory_budget_bytes"),
+    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
 ])
-def test_bad_settings(settings, words):
-    with pytest.raises(RecipeConfigError, match=words):
+def test_bad_settings(settings, words, setting):
+    with pytest.raises(RecipeConfigError, match=words) as error:
         BatchSize(**settings)
+    assert error.value.setting == setting
 
 
 def fake_trials(monkeypatch, seen=None, memory_per_example=64 * MIB, out_of_memory_from=None):

@@ -16,15 +16,16 @@ from tfopt.builder import build
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import make_plan
 
-# A setting each recipe must reject, with the words its message must contain.
+# A setting each recipe must reject, the words its message must contain, and the setting the error names
+# (`TfoptError.setting`, which a recipe file points at). data_pipeline and gpu_memory name none yet.
 BAD_SETTINGS = {
-    "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction"),
-    "batch_size": ({"batch_size": 0}, "Expected 'auto' or a positive integer"),
-    "distribution": ({"strategy": "gpu_farm"}, "is not valid"),
-    "gpu_memory": ({"growth": False, "limit_bytes": 10}, "at least 1 MiB"),
-    "grad_accum": ({"steps": 1}, "Expected an integer >= 2"),
-    "mixed_precision": ({"policy": "fp16"}, "Expected one of"),
-    "xla": ({"jit_compile": "yes"}, "Expected 'auto'"),
+    "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction", None),
+    "batch_size": ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
+    "distribution": ({"strategy": "gpu_farm"}, "is not valid", "strategy"),
+    "gpu_memory": ({"growth": False, "limit_bytes": 10}, "at least 1 MiB", None),
+    "grad_accum": ({"steps": 1}, "Expected an integer >= 2", "steps"),
+    "mixed_precision": ({"policy": "fp16"}, "Expected one of", "policy"),
+    "xla": ({"jit_compile": "yes"}, "Expected 'auto'", "jit_compile"),
 }
 
 
@@ -64,10 +65,11 @@ def test_recipe_is_pure(name, baseline):
 @pytest.mark.parametrize("name", all_recipe_names())
 def test_bad_setting_raises_clear_error(name):
     assert name in BAD_SETTINGS, f"add a bad setting for the new recipe {name!r} to BAD_SETTINGS"
-    settings, words = BAD_SETTINGS[name]
+    settings, words, setting = BAD_SETTINGS[name]
     with pytest.raises(RecipeConfigError) as error:
         registry.from_item({name: settings})
     assert name in str(error.value) and words in str(error.value)
+    assert error.value.setting == setting
 
 
 @pytest.mark.parametrize("name", all_recipe_names())

@@ -69,25 +69,38 @@ def test_linear_learning_rate_scaling_with_warmup():
     assert "-> LinearWarmup (x2, batch 8 -> 16" in detail and "linear warm-up over 2 steps" in detail
 
 
+def test_square_root_learning_rate_scaling():
+    plan = Distribution(strategy="mirrored", scale_learning_rate="sqrt")(plan_on("a100"))
+    assert plan.batch_size == 16
+    rate = plan.compile_config["optimizer"]["config"]["learning_rate"]
+    np.testing.assert_allclose(rate, 1e-3 * np.sqrt(2), rtol=1e-6)
+    assert "square-root scaling" in plan.applied[-1].detail
+
+
 def test_config_round_trip_with_devices():
     recipe = Distribution(strategy="mirrored", devices=["/gpu:0", "/gpu:1"], environ={"A": "1"})
     config = recipe.get_config()
     assert config["devices"] == ["/gpu:0", "/gpu:1"] and Distribution(**config) == recipe
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"strategy": "gpu_farm"}, "strategy='gpu_farm' is not valid"),
-    ({"shard_by": "rows"}, "shard_by='rows'"),
-    ({"warmup_steps": -1}, "warmup_steps=-1"),
-    ({"strategy": "horovod", "devices": ["/gpu:0"]}, "devices is only used"),
+@pytest.mark.parametrize("kwargs, words, setting", [
+    ({"strategy": "gpu_farm"}, "strategy='gpu_farm' is not valid", "strategy"),
+    ({"shard_by": "rows"}, "shard_by='rows'", "shard_by"),
+    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
+    ({"warmup_steps": -1}, "warmup_steps=-1", "warmup_steps"),
+    ({"devices": "/gpu:0"}, "expected a list of device names", "devices"),
+    ({"strategy": "horovod", "devices": ["/gpu:0"]}, "devices is only used", "devices"),
 ])
-def test_bad_settings_raise(kwargs, words):
-    with pytest.raises(RecipeConfigError, match=words):
+def test_bad_settings_raise(kwargs, words, setting):
+    with pytest.raises(RecipeConfigError, match=words) as error:
         Distribution(**kwargs)
+    assert error.value.setting == setting
 
 
 def test_check_rejects_tpu_without_tpu_and_uneven_split():
-    with pytest.raises(RecipeConfigError, match="no TPU is visible"):
+    with pytest.raises(RecipeConfigError, match="no TPU is visible") as error:
         Distribution(strategy="tpu").check(plan_on())
-    with pytest.raises(RecipeConfigError, match="does not divide evenly"):
+    assert error.value.setting == "strategy"
+    with pytest.raises(RecipeConfigError, match="does not divide evenly") as error:
         Distribution(strategy="mirrored", devices=["/cpu:0"] * 3, scale_batch=False).check(plan_on())
+    assert error.value.setting == "scale_batch"

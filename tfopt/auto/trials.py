@@ -27,7 +27,7 @@ import keras
 
 from tfopt.auto.decide import TrialResult
 from tfopt.builder import Built, build
-from tfopt.plan import Plan
+from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.errors import MeasurementError
 from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
 from tfopt.recipes.base import Recipe, chain
@@ -76,6 +76,13 @@ class TrialRunner:
         return compiled.built
 
     def __call__(self, configuration: tuple[str, ...], deadline: float) -> TrialResult:
+        try:
+            return self._trial(configuration, deadline)
+        finally:
+            # What runs next (another trial, the baseline's profile, apply's "before") runs as the baseline.
+            put_tf32_in_force(self.plan.tf32)
+
+    def _trial(self, configuration: tuple[str, ...], deadline: float) -> TrialResult:
         began = self.clock()
         plan = chain(*(self.recipes[label] for label in configuration))(self.plan)
         declined = [str(step) for step in plan.applied[len(self.plan.applied):] if step.skipped]
@@ -102,6 +109,9 @@ class TrialRunner:
 
     def _compiled(self, plan: Plan) -> _Compiled:
         key = _model_key(plan)
+        # TensorFlow's TF32 switch is process-wide and the last build set it: a model built before runs
+        # under its own plan's setting again (build() sets it for the model it builds).
+        put_tf32_in_force(plan.tf32)
         if key not in self._models:
             built = build(plan)
             model = built.model
@@ -205,6 +215,7 @@ def _per_step_losses(running_means: list[float], batch_sizes: list[int]) -> tupl
 
 
 def _model_key(plan: Plan) -> str:
-    """What decides the built model: configurations with the same key differ only in their data."""
-    return repr((plan.dtype_policy, plan.strategy, sorted(plan.strategy_options.items()),
+    """What decides the built model: configurations with the same key differ only in their data. TF32 is
+    part of it: float32 math in TF32 or IEEE float32 is another model to time (and, under XLA, to compile)."""
+    return repr((plan.dtype_policy, plan.tf32, plan.strategy, sorted(plan.strategy_options.items()),
                  sorted(plan.compile_config.items())))

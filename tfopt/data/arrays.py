@@ -50,14 +50,16 @@ class NumpySource(DataSource):
             if y is not None:
                 raise DataError(
                     f"numpy: x={str(x)!r} is a .npz file, which holds the labels too, but y={y!r} was also "
-                    f"given. Leave y unset (the labels are read from key {y_key!r}) or pass x as a .npy file."
+                    f"given. Leave y unset (the labels are read from key {y_key!r}) or pass x as a .npy file.",
+                    setting="y",
                 )
             self.x, self.y = _load_npz(pathlib.Path(x).expanduser(), x_key, y_key)
         else:
             if y is None:
                 raise DataError(
                     "numpy: y (the labels) is missing. Pass y as an array or a .npy file, or pass x as a .npz "
-                    f"file holding keys {x_key!r} and {y_key!r}."
+                    f"file holding keys {x_key!r} and {y_key!r}.",
+                    setting="y",
                 )
             self.x, self.y = _as_array(x, "x"), _as_array(y, "y")
         _check_lengths(self.x, self.y, self._origin())
@@ -131,35 +133,42 @@ def _as_array(value, role: str) -> np.ndarray:
     if isinstance(value, (str, os.PathLike)):
         path = pathlib.Path(value).expanduser()
         if not path.is_file():
-            raise DataError(f"numpy: the {role} file {path} does not exist. Pass the path of a .npy file (or an array).")
+            raise DataError(f"numpy: the {role} file {path} does not exist. Pass the path of a .npy file (or an array).",
+                            setting=role)
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:
-            raise DataError(f"numpy: cannot read {path} as a .npy array ({error}). Save it with numpy.save().") from error
+            raise DataError(f"numpy: cannot read {path} as a .npy array ({error}). Save it with numpy.save().",
+                            setting=role) from error
     return np.asarray(value)
 
 
 def _load_npz(path: pathlib.Path, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"numpy: the file {path} does not exist. Pass the path of a .npz file saved with numpy.savez().")
+        raise DataError(f"numpy: the file {path} does not exist. Pass the path of a .npz file saved with numpy.savez().",
+                        setting="x")
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError) as error:
-        raise DataError(f"numpy: cannot read {path} as a .npz archive ({error}). Save it with numpy.savez().") from error
+        raise DataError(f"numpy: cannot read {path} as a .npz archive ({error}). Save it with numpy.savez().",
+                        setting="x") from error
     missing = [key for key in (x_key, y_key) if key not in arrays]
     if missing:
         raise DataError(
             f"numpy: {path} has no array named {missing[0]!r}; it holds {sorted(arrays)}. Pass "
-            "x_key=/y_key= naming the feature and label arrays."
+            "x_key=/y_key= naming the feature and label arrays.",
+            setting="x_key" if missing[0] == x_key else "y_key",
         )
     return arrays[x_key], arrays[y_key]
 
 
 def _check_lengths(x: np.ndarray, y: np.ndarray, origin: str) -> None:
     if x.ndim == 0 or len(x) == 0:
-        raise DataError(f"numpy: {origin} holds zero examples (x has shape {x.shape}). Pass at least one example.")
+        raise DataError(f"numpy: {origin} holds zero examples (x has shape {x.shape}). Pass at least one example.",
+                        setting="x")
     if y.ndim == 0 or len(y) != len(x):
         raise DataError(
-            f"numpy: {origin}: x has {len(x)} examples but y has shape {y.shape}. Pass one label per example."
+            f"numpy: {origin}: x has {len(x)} examples but y has shape {y.shape}. Pass one label per example.",
+            setting="y",
         )

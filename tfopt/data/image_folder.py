@@ -29,8 +29,8 @@ class ImageFolderSource(DataSource):
         augment: Apply random flip, translation and brightness (after the cache, differently each epoch).
 
     Raises:
-        DataError: `path` is missing, is not a directory, has no class folders, or holds no images.
-        ValueError: `image_size` or `channels` is invalid.
+        DataError: `path` is missing, is not a directory, has no class folders, or holds no images, or
+            `image_size` or `channels` is invalid.
 
     Example:
         >>> import tempfile
@@ -57,7 +57,8 @@ class ImageFolderSource(DataSource):
         self.path = pathlib.Path(path).expanduser()
         self.image_size = image_size_pair(self.name, image_size)
         if channels not in (1, 3):
-            raise ValueError(f"{self.name}: channels={channels!r} is not supported. Expected 1 (grayscale) or 3 (RGB).")
+            raise DataError(f"{self.name}: channels={channels!r} is not supported. Expected 1 (grayscale) or 3 (RGB).",
+                            setting="channels")
         self.channels = channels
         self.augment = bool(augment)
         self.class_names, self.files, self.labels = _scan(self.path)
@@ -113,16 +114,19 @@ def _scan(root: pathlib.Path) -> tuple[list[str], list[pathlib.Path], list[int]]
     if not root.exists():
         raise DataError(
             f"image_folder: the directory {root} does not exist. Pass the root of a dataset laid out as "
-            "<root>/<class_name>/<image>.jpg, or use tfopt.data.default_dataset_dir() for the built-in one."
+            "<root>/<class_name>/<image>.jpg, or use tfopt.data.default_dataset_dir() for the built-in one.",
+            setting="path",
         )
     if not root.is_dir():
-        raise DataError(f"image_folder: {root} is a file, not a directory. Pass the directory holding the class folders.")
+        raise DataError(f"image_folder: {root} is a file, not a directory. Pass the directory holding the class folders.",
+                        setting="path")
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         loose = [p.name for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS]
         hint = f" It holds {len(loose)} images directly; move them into one folder per class." if loose else ""
         raise DataError(
-            f"image_folder: {root} has no class folders.{hint} Expected <root>/<class_name>/<image>.jpg."
+            f"image_folder: {root} has no class folders.{hint} Expected <root>/<class_name>/<image>.jpg.",
+            setting="path",
         )
     files, labels = [], []
     for label, class_dir in enumerate(class_dirs):
@@ -132,6 +136,7 @@ def _scan(root: pathlib.Path) -> tuple[list[str], list[pathlib.Path], list[int]]
     if not files:
         raise DataError(
             f"image_folder: the class folders of {root} ({[p.name for p in class_dirs][:5]}) hold no images with "
-            f"extensions {list(IMAGE_EXTENSIONS)}. Put the images in the class folders."
+            f"extensions {list(IMAGE_EXTENSIONS)}. Put the images in the class folders.",
+            setting="path",
         )
     return [p.name for p in class_dirs], files, labels

@@ -18,6 +18,8 @@ import abc
 import dataclasses
 from typing import Any, ClassVar
 
+from tfopt.errors import DataError
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineRequest:
@@ -137,7 +139,7 @@ def image_size_pair(source_name: str, image_size) -> tuple[int, int]:
     """Normalizes an `image_size` given as an int or a `[height, width]` pair (YAML gives lists).
 
     Raises:
-        ValueError: The value is not a positive int or a pair of positive ints.
+        DataError: The value is not a positive int or a pair of positive ints.
     """
     if isinstance(image_size, int) and not isinstance(image_size, bool):
         image_size = (image_size, image_size)
@@ -147,8 +149,9 @@ def image_size_pair(source_name: str, image_size) -> tuple[int, int]:
     except (TypeError, ValueError):
         valid = False
     if not valid:
-        raise ValueError(
+        raise DataError(
             f"{source_name}: image_size={image_size!r} is not a size. Expected an int or [height, width] of "
-            "positive ints, e.g. image_size: [64, 64]."
+            "positive ints, e.g. image_size: [64, 64].",
+            setting="image_size",
         )
     return height, width

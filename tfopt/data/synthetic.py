@@ -19,6 +19,7 @@ import tensorflow as tf
 from tfopt.data import images
 from tfopt.data.arrays import in_memory_pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
+from tfopt.errors import DataError
 
 _KINDS = ("image", "tokens")
 _KEYWORDS_PER_CLASS = 8
@@ -39,7 +40,7 @@ class SyntheticSource(DataSource):
         seed: Seed of the generator; the same seed gives the same examples.
 
     Raises:
-        ValueError: `kind` is unknown or a size is out of range.
+        DataError: `kind` is unknown or a size is out of range.
 
     Example:
         >>> source = SyntheticSource("tokens", vocab_size=1000, sequence_length=64, num_classes=2)
@@ -61,14 +62,17 @@ class SyntheticSource(DataSource):
         seed: int = 0,
     ):
         if kind not in _KINDS:
-            raise ValueError(f"synthetic: kind={kind!r} is not a kind of synthetic data. Expected one of {list(_KINDS)}.")
+            raise DataError(f"synthetic: kind={kind!r} is not a kind of synthetic data. Expected one of {list(_KINDS)}.",
+                            setting="kind")
         _check_positive(examples=examples, num_classes=num_classes, channels=channels, sequence_length=sequence_length)
         if num_classes < 2:
-            raise ValueError(f"synthetic: num_classes={num_classes} leaves nothing to learn. Pass num_classes >= 2.")
+            raise DataError(f"synthetic: num_classes={num_classes} leaves nothing to learn. Pass num_classes >= 2.",
+                            setting="num_classes")
         if kind == "tokens" and vocab_size <= num_classes * _KEYWORDS_PER_CLASS:
-            raise ValueError(
+            raise DataError(
                 f"synthetic: vocab_size={vocab_size} is too small for {num_classes} classes with "
-                f"{_KEYWORDS_PER_CLASS} keyword tokens each. Pass vocab_size > {num_classes * _KEYWORDS_PER_CLASS}."
+                f"{_KEYWORDS_PER_CLASS} keyword tokens each. Pass vocab_size > {num_classes * _KEYWORDS_PER_CLASS}.",
+                setting="vocab_size",
             )
         self.kind = kind
         self.examples = examples
@@ -124,7 +128,7 @@ class SyntheticSource(DataSource):
 def _check_positive(**values: int) -> None:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"synthetic: {key}={value!r} is not a positive integer.")
+            raise DataError(f"synthetic: {key}={value!r} is not a positive integer.", setting=key)
 
 
 def _images(source: SyntheticSource, rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:

@@ -73,7 +73,8 @@ class TfdsSource(DataSource):
         if not supervised or len(supervised) != 2:
             raise DataError(
                 f"tfds: dataset {name!r} has no (input, label) supervised keys, so it cannot be read as (x, y). "
-                "Use a supervised dataset, or convert it to numpy/TFRecord with the features you need."
+                "Use a supervised dataset, or convert it to numpy/TFRecord with the features you need.",
+                setting="name",
             )
         self.x_key, self.y_key = supervised
         try:
@@ -81,10 +82,12 @@ class TfdsSource(DataSource):
         except (KeyError, ValueError) as error:
             raise DataError(
                 f"tfds: dataset {name!r} has no split {split!r} ({error}). Its splits are "
-                f"{sorted(self.builder.info.splits)}."
+                f"{sorted(self.builder.info.splits)}.",
+                setting="split",
             ) from error
         if self.num_examples == 0:
-            raise DataError(f"tfds: split {split!r} of {name!r} holds zero examples. Choose a non-empty split.")
+            raise DataError(f"tfds: split {split!r} of {name!r} holds zero examples. Choose a non-empty split.",
+                            setting="split")
         label_feature = self.builder.info.features[self.y_key]
         names = getattr(label_feature, "names", None)
         self.class_names = list(names) if names else None
@@ -93,7 +96,8 @@ class TfdsSource(DataSource):
         if self.is_image and self.image_size is None and None in tuple(self._feature.shape[:2]):
             raise DataError(
                 f"tfds: the images of {name!r} have no fixed size ({self._feature.shape}), so they cannot be "
-                "batched as they are. Pass image_size: [height, width]."
+                "batched as they are. Pass image_size: [height, width].",
+                setting="image_size",
             )
 
     def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
@@ -171,16 +175,19 @@ def _prepared_builder(name: str, data_dir: str | None, download: bool):
         hint = did_you_mean(name.split(":")[0], tfds.list_builders(with_community_datasets=False))
         raise DataError(
             f"tfds: {name!r} is not a TensorFlow Datasets dataset.{hint} See "
-            "https://www.tensorflow.org/datasets/catalog for the names."
+            "https://www.tensorflow.org/datasets/catalog for the names.",
+            setting="name",
         ) from error
     if builder.is_prepared():
         return builder
     where = data_dir or "~/tensorflow_datasets"
     if not download:
+        # Blamed on data_dir: a prepared copy placed elsewhere is the usual cause on an offline machine.
         raise DataError(
             f"tfds: dataset {name!r} is not prepared in {where}, and download is false (tfopt never downloads "
             f"unless asked). Prepare it once where there is network access with `tfds build {name} --data_dir "
-            f"{where}` and copy the directory here, or set download: true."
+            f"{where}` and copy the directory here, or set download: true.",
+            setting="data_dir",
         )
     try:
         builder.download_and_prepare()

@@ -2,7 +2,8 @@
 
 These are checked the way they will be used: the model function's signature decides its valid
 arguments, a data source is checked by constructing it, and a recipe item by constructing the recipe
-(its constructor is its schema). Errors keep pointing at the line of the argument they name.
+(its constructor is its schema). A constructor's error points at the line of the argument its `setting`
+names, and a clash of recipes at the later of the two items its `recipes` name.
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from tfopt.recipe_file.schema import (DataSection, ModelSection, TrainSection, absolute, check_setting, fail,
                                   reject_unknown)
 from tfopt.recipe_file.reader import Locations, dotted, show
-from tfopt.errors import TfoptError
+from tfopt.errors import RecipeClashError, TfoptError
 from tfopt.suggest import did_you_mean
 
 _PATH_KEYS = ("path", "data_dir", "x", "y")  # x, y: the numpy source's .npz/.npy files
@@ -66,12 +66,14 @@ def _fill_defaults(kwargs: dict, parameters: dict[str, inspect.Parameter], skip:
     return filled
 
 
-def _mentioned(path: tuple, kwargs: dict, error: Exception) -> tuple:
-    """The key path of the argument an error message names, so the error points at its line."""
-    for key in kwargs:
-        if re.search(rf"\b{re.escape(key)}\b", str(error)):
-            return (*path, key)
-    return path
+def _setting_path(path: tuple, written: dict, error: Exception) -> tuple:
+    """The key path of the setting `error` is about where the file wrote it, else `path` itself.
+
+    A constructor names the setting in `TfoptError.setting`; a setting left to its default, or an error
+    about no single one (or not a tfopt error), points at the mapping that holds the settings.
+    """
+    setting = getattr(error, "setting", None)
+    return (*path, setting) if setting is not None and setting in written else path
 
 
 def resolve_model(raw: Any, locations: Locations, bases: dict) -> ModelSection:
@@ -137,7 +139,7 @@ def resolve_data(raw: Any, train: TrainSection, locations: Locations, bases: dic
         source_object = tfopt.data.SOURCES[source](**kwargs, **extra)
     except (TfoptError, ValueError, TypeError) as error:
         message = str(error) if str(error).startswith(source) else f"data ({source}): {error}"
-        raise fail(locations, _mentioned(("data",), kwargs, error), message) from None
+        raise fail(locations, _setting_path(("data",), raw, error), message) from None
     return DataSection(source=source, batch_size=batch_size, kwargs=kwargs, source_object=source_object)
 
 
@@ -193,9 +195,8 @@ def resolve_recipes(raw: Any, locations: Locations) -> tuple[Any, ...] | str:
         item_paths[recipe.name] = (*path, index)
     try:
         chain(*recipes)
-    except TfoptError as error:
-        clashing = [item_paths[name] for name in item_paths if re.search(rf"\b{name}\b", str(error))]
-        raise fail(locations, max(clashing, default=path), str(error)) from None
+    except RecipeClashError as error:
+        raise fail(locations, max(item_paths[name] for name in error.recipes), str(error)) from None
     return tuple(recipes)
 
 
@@ -210,7 +211,7 @@ def resolve_recipe_item(item: Any, item_path: tuple, locations: Locations) -> An
         path = (*item_path, *error.key_path)
         raise fail(locations, path, f"{dotted(path)}: {error}") from None
     except (TfoptError, ValueError, TypeError) as error:
-        # A constructor rejected a value: point at the setting its message names.
+        # A constructor rejected a value: point at the setting the error names.
         name, settings = next(iter(item.items())) if isinstance(item, dict) else (item, {})
         message = str(error) if str(error).startswith(str(name)) else f"{name}: {error}"
-        raise fail(locations, _mentioned((*item_path, name), settings or {}, error), message) from None
+        raise fail(locations, _setting_path((*item_path, name), settings or {}, error), message) from None

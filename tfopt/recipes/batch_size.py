@@ -147,12 +147,13 @@ class BatchSize(Recipe):
         if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
                                           or self.batch_size < 1):
             raise RecipeConfigError(f"batch_size: batch_size={self.batch_size!r} is not a batch size. Expected "
-                                    "'auto' or a positive integer.")
+                                    "'auto' or a positive integer.", setting="batch_size")
         _check_bounds(self.min_batch_size, self.max_batch_size, self.trial_steps, 1)
         if self.memory_budget_bytes is not None and (not isinstance(self.memory_budget_bytes, int)
                                                      or self.memory_budget_bytes <= 0):
             raise RecipeConfigError(f"batch_size: memory_budget_bytes={self.memory_budget_bytes!r}. Expected a "
-                                    "positive integer number of bytes, or None for the default.")
+                                    "positive integer number of bytes, or None for the default.",
+                                    setting="memory_budget_bytes")
         check_rule(self.name, self.scale_learning_rate)
 
     @property
@@ -172,7 +173,7 @@ class BatchSize(Recipe):
             raise RecipeConfigError(
                 "batch_size: batch_size='auto' is chosen by timed trials, which a recipe call never runs: pass "
                 "the recipe to tfopt.apply (it runs them), or call BatchSize().measured(plan) for the recipe "
-                "with the size found, or give batch_size a number.")
+                "with the size found, or give batch_size a number.", setting="batch_size")
         return _resized(plan, self.batch_size, self.scale_learning_rate, "requested")
 
 
@@ -274,10 +275,15 @@ def _allocator_limits_bytes() -> list[int]:
 
 
 def _check_bounds(min_batch_size: Any, max_batch_size: Any, trial_steps: Any, warmup_steps: Any) -> None:
-    if not isinstance(min_batch_size, int) or not isinstance(max_batch_size, int) or not \
-            1 <= min_batch_size <= max_batch_size:
+    min_valid = isinstance(min_batch_size, int) and min_batch_size >= 1
+    if not min_valid or not isinstance(max_batch_size, int) or min_batch_size > max_batch_size:
+        # A valid min_batch_size above max_batch_size is blamed on the cap: the bound users set is the
+        # one memory imposes, and a cap below the default min_batch_size is the usual way to get here.
         raise RecipeConfigError(f"batch_size: min_batch_size={min_batch_size!r}, max_batch_size={max_batch_size!r}. "
-                                "Expected integers with 1 <= min_batch_size <= max_batch_size.")
-    if not isinstance(trial_steps, int) or trial_steps < 2 or not isinstance(warmup_steps, int) or warmup_steps < 1:
+                                "Expected integers with 1 <= min_batch_size <= max_batch_size.",
+                                setting="max_batch_size" if min_valid else "min_batch_size")
+    trial_steps_valid = isinstance(trial_steps, int) and trial_steps >= 2
+    if not trial_steps_valid or not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise RecipeConfigError(f"batch_size: trial_steps={trial_steps!r}, warmup_steps={warmup_steps!r}. Expected "
-                                "trial_steps >= 2 (a median needs several) and warmup_steps >= 1 (tracing).")
+                                "trial_steps >= 2 (a median needs several) and warmup_steps >= 1 (tracing).",
+                                setting="warmup_steps" if trial_steps_valid else "trial_steps")

@@ -2,9 +2,9 @@
 
 The strategy must exist before the model's variables do, so this recipe only decides: which strategy
 (from the hardware and the launcher's environment variables), how many replicas that gives, the global
-batch (per-replica batch x replicas), optionally the learning rate (linear scaling with warm-up), and how
-tf.data shards the input across workers. `build()` then creates the strategy and the model inside it,
-and `tfopt.distribute.fit` trains, also under multi-worker where Keras 3's own `fit` fails.
+batch (per-replica batch x replicas), optionally the learning rate (linear or square-root scaling, with
+warm-up), and how tf.data shards the input across workers. `build()` then creates the strategy and the
+model inside it, and `tfopt.distribute.fit` trains, also under multi-worker where Keras 3's own `fit` fails.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
-from tfopt.recipes.learning_rate import scale_learning_rate
+from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 SHARD_POLICIES = ("auto", "file", "data", "off")
-LEARNING_RATE_SCALINGS = ("none", "linear")
 
 
 def choose_strategy(hardware: Hardware, environment: ClusterEnvironment) -> tuple[str, str]:
@@ -83,7 +82,7 @@ def shard_dataset(dataset: Any, shard_by: str) -> Any:
                 "off": tf.data.experimental.AutoShardPolicy.OFF}
     if shard_by not in policies:
         raise RecipeConfigError(f"distribution: shard_by={shard_by!r} is not a policy. Expected one of "
-                                f"{', '.join(repr(name) for name in SHARD_POLICIES)}.")
+                                f"{', '.join(repr(name) for name in SHARD_POLICIES)}.", setting="shard_by")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policies[shard_by]
     return dataset.with_options(options)
@@ -99,7 +98,7 @@ class Distribution(Recipe):
         scale_batch: Multiply the batch by the replica count, so each replica keeps the batch the model
             was tuned for (and the devices stay busy). False splits the existing batch instead.
         scale_learning_rate: "linear" multiplies the learning rate by the replica count (with
-            scale_batch), "none" keeps it.
+            scale_batch), "sqrt" by its square root, "none" keeps it.
         warmup_steps: Steps over which the learning rate ramps up linearly to its (scaled) value.
         shard_by: How workers split the input: "auto", "file", "data" or "off".
         devices: The devices "mirrored" uses (default: all GPUs), e.g. ["/gpu:0", "/gpu:1"].
@@ -125,24 +124,27 @@ class Distribution(Recipe):
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("strategy", self.strategy, STRATEGIES),
-                                      ("shard_by", self.shard_by, SHARD_POLICIES),
-                                      ("scale_learning_rate", self.scale_learning_rate, LEARNING_RATE_SCALINGS)):
+                                      ("shard_by", self.shard_by, SHARD_POLICIES)):
             if value not in allowed:
                 raise RecipeConfigError(f"distribution: {field}={value!r} is not valid. Expected one of "
-                                        f"{', '.join(repr(name) for name in allowed)}.")
+                                        f"{', '.join(repr(name) for name in allowed)}.", setting=field)
+        check_rule(self.name, self.scale_learning_rate)
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise RecipeConfigError(f"distribution: warmup_steps={self.warmup_steps!r}: expected an integer >= 0.")
+            raise RecipeConfigError(f"distribution: warmup_steps={self.warmup_steps!r}: expected an integer >= 0.",
+                                    setting="warmup_steps")
         if not isinstance(self.communication_timeout_seconds, (int, float)) or self.communication_timeout_seconds < 0:
             raise RecipeConfigError(f"distribution: communication_timeout_seconds={self.communication_timeout_seconds!r}: "
-                                    "expected seconds >= 0 (0 waits forever).")
+                                    "expected seconds >= 0 (0 waits forever).", setting="communication_timeout_seconds")
         if self.devices is not None:
             if isinstance(self.devices, str) or not all(isinstance(device, str) for device in self.devices):
                 raise RecipeConfigError(f"distribution: devices={self.devices!r}: expected a list of device names "
-                                        "such as ['/gpu:0', '/gpu:1'].")
+                                        "such as ['/gpu:0', '/gpu:1'].", setting="devices")
             object.__setattr__(self, "devices", tuple(self.devices))
             if self.strategy not in ("mirrored", "auto"):
+                # Blamed on devices, which only 'mirrored' reads: another strategy says how the job is launched.
                 raise RecipeConfigError(f"distribution: devices is only used by strategy='mirrored'; received "
-                                        f"strategy={self.strategy!r}. Remove devices or use 'mirrored'.")
+                                        f"strategy={self.strategy!r}. Remove devices or use 'mirrored'.",
+                                        setting="devices")
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -155,16 +157,18 @@ class Distribution(Recipe):
         if name == "horovod" and importlib.util.find_spec("horovod") is None:
             from tfopt.distribute.horovod import INSTALL_HINT
 
-            raise RecipeConfigError(f"distribution: strategy='horovod' but Horovod is not installed. {INSTALL_HINT}")
+            raise RecipeConfigError(f"distribution: strategy='horovod' but Horovod is not installed. {INSTALL_HINT}",
+                                    setting="strategy")
         if name == "tpu" and not plan.hardware.tpu_cores:
             raise RecipeConfigError("distribution: strategy='tpu' but no TPU is visible on this machine "
-                                    f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.")
+                                    f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.",
+                                    setting="strategy")
         replicas = count_replicas(name, plan.hardware, environment, self.devices)
         if not self.scale_batch and plan.batch_size % replicas:
             raise RecipeConfigError(
                 f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
                 f"replicas, which does not divide evenly. Use a batch that is a multiple of {replicas}, "
-                "or scale_batch=True.")
+                "or scale_batch=True.", setting="scale_batch")
 
     def __call__(self, plan: Plan) -> Plan:
         name, reason, environment = self._resolve(plan)
@@ -182,7 +186,7 @@ class Distribution(Recipe):
             notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}")
         else:
             notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
-        if self.scale_learning_rate == "linear" and batch_size != plan.batch_size or self.warmup_steps:
+        if self.scale_learning_rate != "none" and batch_size != plan.batch_size or self.warmup_steps:
             compile_config, lr_detail = scale_learning_rate(
                 compile_config, old_batch_size=plan.batch_size, new_batch_size=batch_size,
                 rule=self.scale_learning_rate, warmup_steps=self.warmup_steps)

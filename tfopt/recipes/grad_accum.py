@@ -51,11 +51,11 @@ class GradAccum(Recipe):
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 2:
             raise RecipeConfigError(f"grad_accum: steps={self.steps!r} is not a number of micro-batches. Expected "
-                                    "an integer >= 2 (1 would be no accumulation).")
+                                    "an integer >= 2 (1 would be no accumulation).", setting="steps")
         if self.effective_batch_size is not None and (
                 not isinstance(self.effective_batch_size, int) or self.effective_batch_size < 2):
             raise RecipeConfigError(f"grad_accum: effective_batch_size={self.effective_batch_size!r}. Expected "
-                                    "an integer >= 2, or None to use steps.")
+                                    "an integer >= 2, or None to use steps.", setting="effective_batch_size")
         check_rule(self.name, self.scale_learning_rate)
 
     def accumulation_steps(self, batch_size: int) -> int:
@@ -71,7 +71,7 @@ class GradAccum(Recipe):
             raise RecipeConfigError(
                 f"grad_accum: effective_batch_size={self.effective_batch_size} is not a multiple (at least 2x) "
                 f"of the batch size {batch_size}. Use a multiple such as {max(2, round(steps)) * batch_size}, "
-                "or set steps= instead.")
+                "or set steps= instead.", setting="effective_batch_size")
         return steps
 
     def check(self, plan: Plan) -> None:

@@ -24,7 +24,7 @@ def check_rule(recipe: str, rule: Any, rules: tuple[str, ...] = RULES) -> None:
     """Raises RecipeConfigError naming the recipe where `rule` is not one of `rules`."""
     if rule not in rules:
         raise RecipeConfigError(f"{recipe}: scale_learning_rate={rule!r}. Expected one of "
-                                f"{', '.join(map(repr, rules))}.")
+                                f"{', '.join(map(repr, rules))}.", setting="scale_learning_rate")
 
 
 def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int,

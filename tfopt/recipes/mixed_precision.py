@@ -80,16 +80,16 @@ class MixedPrecision(Recipe):
         if self.policy not in POLICIES:
             raise RecipeConfigError(
                 f"mixed_precision: policy={self.policy!r} is not a policy. Expected one of "
-                f"{', '.join(repr(policy) for policy in POLICIES)}.")
+                f"{', '.join(repr(policy) for policy in POLICIES)}.", setting="policy")
         if self.tf32 is not None and not isinstance(self.tf32, bool):
             raise RecipeConfigError(f"mixed_precision: tf32={self.tf32!r}. Expected true (TF32 float32 math on "
                                     "GPUs of compute capability 8.0+), false (IEEE float32) or null (keep "
-                                    "TensorFlow's setting).")
+                                    "TensorFlow's setting).", setting="tf32")
 
     def check(self, plan: Plan) -> None:
         if self.policy == "mixed_float16" and plan.hardware.accelerator == "tpu":
             raise RecipeConfigError("mixed_precision: policy='mixed_float16' does not run on TPUs, which "
-                                    "compute in bfloat16. Use policy='mixed_bfloat16' or 'auto'.")
+                                    "compute in bfloat16. Use policy='mixed_bfloat16' or 'auto'.", setting="policy")
 
     def __call__(self, plan: Plan) -> Plan:
         if self.policy == "auto":

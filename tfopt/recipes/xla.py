@@ -39,7 +39,7 @@ class Xla(Recipe):
     def __post_init__(self) -> None:
         if not (self.jit_compile == "auto" or isinstance(self.jit_compile, bool)):
             raise RecipeConfigError(f"xla: jit_compile={self.jit_compile!r} is not valid. Expected 'auto', "
-                                    "true or false.")
+                                    "true or false.", setting="jit_compile")
 
     def __call__(self, plan: Plan) -> Plan:
         if self.jit_compile is False:
