@@ -41,7 +41,7 @@ def _unpickle(cls: type[TfoptError], args: tuple, state: dict) -> TfoptError:
 
 
 class RecipeConfigError(TfoptError, ValueError):
-    """A recipe was given a value it cannot take, or an unknown recipe name was used."""
+    """A recipe or process setting was given a value it cannot take, or an unknown recipe name was used."""
 
 
 class RecipeClashError(TfoptError, ValueError):

@@ -19,10 +19,16 @@ _RECIPES = {
     "batch_size": "tfopt.recipes.batch_size:BatchSize",
     "data_pipeline": "tfopt.recipes.data_pipeline:DataPipeline",
     "distribution": "tfopt.recipes.distribution:Distribution",
-    "gpu_memory": "tfopt.recipes.memory:GpuMemory",
     "grad_accum": "tfopt.recipes.grad_accum:GradAccum",
     "mixed_precision": "tfopt.recipes.mixed_precision:MixedPrecision",
     "xla": "tfopt.recipes.xla:Xla",
+}
+
+# Names that were recipes and are settings of the process now (`tfopt.runtime`): what to write instead.
+_PROCESS_SETTINGS = {
+    "gpu_memory": "gpu_memory is a setting of the process, not a recipe: TensorFlow fixes it before any plan "
+                  "exists. In a recipe file write `runtime: {gpu_memory_growth: true}` (or gpu_memory_limit_bytes: "
+                  "N); in Python call tfopt.runtime.configure_gpu_memory(growth=True) at the top of the script.",
 }
 
 
@@ -52,6 +58,8 @@ def get(name: str) -> type:
         >>> get("xla").__name__
         'Xla'
     """
+    if name in _PROCESS_SETTINGS:
+        raise RecipeConfigError(_PROCESS_SETTINGS[name])
     if name not in _RECIPES:
         raise RecipeConfigError(f"Unknown recipe {name!r}.{did_you_mean(str(name), _RECIPES)} "
                                 f"Known recipes: {', '.join(names())}.")

@@ -336,30 +336,24 @@ def test_tune_budget_and_auto_reach_the_resolved_recipe_and_the_plan(tmp_path, c
 
 
 def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, monkeypatch):
-    """The run sets GPU memory up first, and the recipe then finds it in force. Both are faked: TensorFlow
-    started this process's GPUs long ago, where it has any. The setting counts as in force once (and only
-    once) the run configured it, so the test does not lean on TF_FORCE_GPU_ALLOW_GROWTH, which a GPU
-    machine's test environment sets and tfopt counts as growth in force."""
+    """The run sets GPU memory up from the recipe file's `runtime:` section first, then loads the recipe
+    (which initialises TensorFlow's devices). The setting is faked: TensorFlow started this process's GPUs
+    long ago, where it has any."""
     import tfopt.recipe_file
-    import tfopt.recipes.memory
+    import tfopt.runtime
 
     calls = []
-    monkeypatch.setattr(tfopt.recipes.memory, "configure_gpu_memory", lambda **kwargs: calls.append(("gpu", kwargs)) or [])
-    monkeypatch.setattr(tfopt.recipes.memory, "_in_force", lambda recipe: calls.append(("in force?",)) or calls[0][0] == "gpu")
+    monkeypatch.setattr(tfopt.runtime, "configure_gpu_memory", lambda **kwargs: calls.append(("gpu", kwargs)) or [])
     real_load = tfopt.recipe_file.load_recipe
     monkeypatch.setattr(tfopt.recipe_file, "load_recipe", lambda *args, **kwargs: calls.append(("load",)) or real_load(
         *args, **kwargs))
-    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes:\n  - gpu_memory: {growth: true}\n")
+    (tmp_path / "recipe.yaml").write_text("runtime: {gpu_memory_growth: true}\n" + GOOD + "recipes: []\n")
     exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run",
                                 "--set", "train.epochs=0", "--steps", "2", "--set", "profile.warmup_steps=1")
     assert exit_code == 0, err
     assert calls[:2] == [("gpu", {"growth": True, "limit_bytes": None}), ("load",)]
-    applied = {step["recipe"]: step for step in json.loads((tmp_path / "run" / "report.json").read_text())["applied"]}
-    if detect().gpus:  # the recipe checked the setting, and found it in force
-        assert ("in force?",) in calls and applied["gpu_memory"] == {
-            "recipe": "gpu_memory", "detail": "memory growth (set at process start)", "skipped": False}
-    else:
-        assert applied["gpu_memory"]["skipped"] and "no GPU" in applied["gpu_memory"]["detail"]
+    saved = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert saved["runtime"] == {"gpu_memory_growth": True, "gpu_memory_limit_bytes": None}
 
 
 KILLED_CHILD = textwrap.dedent("""

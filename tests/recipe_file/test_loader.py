@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from tfopt.errors import RecipeFileError
-from tfopt.recipe_file import load_recipe, parse_override, read_recipe, recipe_item_settings, save_resolved
+from tfopt.recipe_file import (load_recipe, parse_override, read_recipe, recipe_item_settings, runtime_settings,
+                               save_resolved)
+from tfopt.recipe_file.schema import RuntimeSection
 from tfopt.recipes import MixedPrecision
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[2] / "recipes"
@@ -40,7 +42,8 @@ def test_shipped_recipes_resolve(path, tmp_path, monkeypatch):
     names = [item.name for item in recipe.recipes]
     assert names[:3] == ["data_pipeline", "mixed_precision", "xla"] and names[3:] in ([], ["distribution"])
     assert recipe.report.formats == ("html", "markdown", "json")
-    assert set(recipe.to_dict()) == {"name", "description", "model", "data", "train", "recipes", "profile", "report"}
+    assert set(recipe.to_dict()) == {"name", "description", "runtime", "model", "data", "train", "recipes", "profile",
+                                     "report"}
 
 
 def test_defaults_are_filled_in(tmp_path):
@@ -52,6 +55,7 @@ def test_defaults_are_filled_in(tmp_path):
     assert resolved["profile"] == {"steps": 20, "warmup_steps": 5, "logdir": None, "tune_budget_seconds": 120.0}
     assert resolved["report"] == {"formats": ["html", "markdown", "json"], "price_per_hour": None}
     assert resolved["recipes"] == "default"
+    assert resolved["runtime"] == {"gpu_memory_growth": None, "gpu_memory_limit_bytes": None}  # TensorFlow's own
     assert resolved["model"] == {"name": "small_cnn", "input_shape": [64, 64, 3], "classes": 5,
                                  "filters": [32, 64, 128], "dropout": 0.2}
     assert resolved["data"]["examples"] == 16 and resolved["data"]["seed"] == 0
@@ -304,26 +308,45 @@ def test_save_resolved_never_leaves_half_a_file(tmp_path, monkeypatch):
 
 
 def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path):
-    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - gpu_memory: {growth: false}\n")
-    assert recipe_item_settings(read_recipe(path), "gpu_memory") == {"growth": False, "limit_bytes": None}
-    assert recipe_item_settings(read_recipe(path), "distribution") is None
-    overridden = read_recipe(path, overrides=["recipes.1.gpu_memory.limit_bytes=1073741824"])
-    assert recipe_item_settings(overridden, "gpu_memory") == {"growth": False, "limit_bytes": 2**30}
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - distribution: {strategy: auto}\n")
+    settings = recipe_item_settings(read_recipe(path), "distribution")
+    assert settings["strategy"] == "auto" and settings["communication_timeout_seconds"] > 0  # defaults filled in
+    assert recipe_item_settings(read_recipe(path), "grad_accum") is None
+    overridden = read_recipe(path, overrides=["recipes.1.distribution.communication_timeout_seconds=5"])
+    assert recipe_item_settings(overridden, "distribution")["communication_timeout_seconds"] == 5
     bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - distribution:\n"
                 "      warmup_steps: -1\n")
     with pytest.raises(RecipeFileError, match=r"warmup_steps=-1: expected an integer >= 0 .*line 5\)"):
         recipe_item_settings(read_recipe(bad), "distribution")
 
 
+def test_the_runtime_section_is_read_without_tensorflow_and_checked_with_its_lines(tmp_path):
+    path = write(tmp_path, "runtime:\n  gpu_memory_growth: false\n  gpu_memory_limit_bytes: 1073741824\n"
+                 "model: {name: small_cnn}\n" + TINY_DATA)
+    assert runtime_settings(read_recipe(path)) == RuntimeSection(gpu_memory_growth=False,
+                                                                 gpu_memory_limit_bytes=2**30)
+    assert load_recipe(path).to_dict()["runtime"] == {"gpu_memory_growth": False, "gpu_memory_limit_bytes": 2**30}
+    assert runtime_settings(read_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))) == RuntimeSection()
+    clash = write(tmp_path, "runtime:\n  gpu_memory_growth: true\n  gpu_memory_limit_bytes: 1073741824\n"
+                  "model: {name: small_cnn}\n" + TINY_DATA)
+    with pytest.raises(RecipeFileError, match=r"exclude each other.*line 2\)"):
+        runtime_settings(read_recipe(clash))
+    with pytest.raises(RecipeFileError, match=r'runtime.gpu_memory_growth: "yes" is a string; expected true or false or null'):
+        runtime_settings(read_recipe(path, ["runtime.gpu_memory_growth='yes'"]))
+    old_style = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory: {growth: true}\n")
+    with pytest.raises(RecipeFileError, match=r"not a recipe.*runtime: \{gpu_memory_growth: true\}.*line 4\)"):
+        load_recipe(old_style)
+
+
 def test_the_command_line_parses_the_file_once_per_run(tmp_path, monkeypatch):
     from tfopt.cli import commands
     from tfopt.recipe_file import loader
 
-    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory: {growth: true}\n")
+    path = write(tmp_path, "runtime: {gpu_memory_growth: true}\nmodel: {name: small_cnn}\n" + TINY_DATA)
     parses = []
     real_read_yaml = loader.read_yaml
     monkeypatch.setattr(loader, "read_yaml", lambda *args: parses.append(args[1]) or real_read_yaml(*args))
-    monkeypatch.setattr("tfopt.recipes.memory.configure_gpu_memory", lambda **settings: [])
+    monkeypatch.setattr("tfopt.runtime.configure_gpu_memory", lambda **settings: [])
     args = commands.build_parser().parse_args(["run", str(path), "--set", "train.epochs=2"])
     recipe = commands._load(args, start=True)
     assert parses == [str(path)] and recipe.train.epochs == 2

@@ -17,12 +17,11 @@ from tfopt.errors import RecipeConfigError
 from tfopt.plan import make_plan
 
 # A setting each recipe must reject, the words its message must contain, and the setting the error names
-# (`TfoptError.setting`, which a recipe file points at). data_pipeline and gpu_memory name none yet.
+# (`TfoptError.setting`, which a recipe file points at). data_pipeline names none yet.
 BAD_SETTINGS = {
     "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction", None),
     "batch_size": ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
     "distribution": ({"strategy": "gpu_farm"}, "is not valid", "strategy"),
-    "gpu_memory": ({"growth": False, "limit_bytes": 10}, "at least 1 MiB", None),
     "grad_accum": ({"steps": 1}, "Expected an integer >= 2", "steps"),
     "mixed_precision": ({"policy": "fp16"}, "Expected one of", "policy"),
     "xla": ({"jit_compile": "yes"}, "Expected 'auto'", "jit_compile"),

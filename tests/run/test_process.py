@@ -9,13 +9,14 @@ import sys
 import textwrap
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RECIPE = ("model: {name: small_cnn, filters: [4]}\n"
+RECIPE = ("runtime: {gpu_memory_growth: false, gpu_memory_limit_bytes: 1073741824}\n"
+          "model: {name: small_cnn, filters: [4]}\n"
           "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
-          "recipes:\n  - gpu_memory: {growth: false, limit_bytes: 1073741824}\n  - distribution: {strategy: auto}\n")
+          "recipes:\n  - distribution: {strategy: auto}\n")
 
 CHILD = textwrap.dedent("""
     import sys
-    import tfopt.recipes.memory as memory
+    import tfopt.runtime as runtime
     from tensorflow.python.eager import context
     from tfopt.run.process import start_process
     from tfopt.recipe_file import load_recipe, read_recipe
@@ -24,7 +25,7 @@ CHILD = textwrap.dedent("""
         print("CONFIGURED", kwargs, "INITIALISED", context.context()._context_handle is not None)
         return []
 
-    memory.configure_gpu_memory = record
+    runtime.configure_gpu_memory = record
     document = read_recipe(sys.argv[1])
     strategy = start_process(document)
     load_recipe(document)

@@ -12,7 +12,7 @@ Example:
 """
 
 from tfopt.recipe_file.loader import (RecipeDocument, RecipeFile, load_recipe, parse_override, read_recipe,
-                                     recipe_item_settings, save_resolved)
+                                     recipe_item_settings, runtime_settings, save_resolved)
 
 __all__ = ["RecipeDocument", "RecipeFile", "load_recipe", "parse_override", "read_recipe", "recipe_item_settings",
-           "save_resolved"]
+           "runtime_settings", "save_resolved"]

@@ -18,13 +18,13 @@ import yaml
 from tfopt._atomic import write_atomic
 from tfopt.recipe_file.resolve import (SECTION_HELP, check_training_names, resolve_data, resolve_model, resolve_recipe_item,
                                    resolve_recipes, yaml_safe)
-from tfopt.recipe_file.schema import (DataSection, ModelSection, ProfileSection, ReportSection, TrainSection, check_name,
-                                  check_section, fail, reject_unknown)
+from tfopt.recipe_file.schema import (DataSection, ModelSection, ProfileSection, ReportSection, RuntimeSection,
+                                      TrainSection, check_name, check_section, fail, reject_unknown)
 from tfopt.recipe_file.reader import Locations, apply_override, parse_override, read_text, read_yaml, show, type_name
 from tfopt._version import __version__
 from tfopt.errors import RecipeFileError
 
-_SECTIONS = ("name", "description", "model", "data", "train", "recipes", "profile", "report")
+_SECTIONS = ("name", "description", "runtime", "model", "data", "train", "recipes", "profile", "report")
 _REQUIRED = ("model", "data")
 
 
@@ -44,6 +44,7 @@ class RecipeFile:
             what helps, within `profile.tune_budget_seconds`).
         profile: How the before/after measurements are taken.
         report: What the report contains.
+        runtime: How the process is set up before TensorFlow starts (GPU memory).
 
     Example:
         >>> recipe = load_recipe("recipes/small_cnn.yaml")
@@ -60,7 +61,8 @@ class RecipeFile:
     recipes: tuple[Any, ...] | str
     profile: ProfileSection
     report: ReportSection
-    locations: Locations = dataclasses.field(compare=False, repr=False)
+    runtime: RuntimeSection = RuntimeSection()
+    locations: Locations = dataclasses.field(default=None, compare=False, repr=False)
 
     def where(self, *path: str | int) -> str:
         """Where a key path was set: "recipes/resnet.yaml, line 12" or "--set train.epochs=3"."""
@@ -77,6 +79,7 @@ class RecipeFile:
         return {
             "name": self.name,
             "description": self.description,
+            "runtime": yaml_safe(dataclasses.asdict(self.runtime)),
             "model": {"name": self.model.name, **yaml_safe(self.model.kwargs)},
             "data": {"source": self.data.source, "batch_size": self.data.batch_size,
                      **yaml_safe(self.data.kwargs)},
@@ -150,17 +153,30 @@ def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[st
     return _resolve(document.raw, document.locations, document.path)
 
 
+def runtime_settings(document: RecipeDocument) -> RuntimeSection:
+    """The file's `runtime:` section, checked without initialising TensorFlow (`tfopt.run.process` applies
+    it before `load_recipe`, which initialises TensorFlow's devices).
+
+    Raises:
+        RecipeFileError: A setting is invalid or the GPU memory settings exclude each other (naming the line).
+
+    Example:
+        >>> runtime_settings(read_recipe("recipes/small_cnn.yaml", ["runtime.gpu_memory_growth=true"]))
+        RuntimeSection(gpu_memory_growth=True, gpu_memory_limit_bytes=None)
+    """
+    return _runtime(document.raw, document.locations, _bases(document.path))
+
+
 def recipe_item_settings(document: RecipeDocument, name: str) -> dict[str, Any] | None:
     """The settings of the file's recipe item `name`, read without initialising TensorFlow.
 
-    Some settings must be in force before TensorFlow initialises its devices, which `load_recipe` does
-    (it checks optimizer names and data sources): GPU memory growth or limits (`gpu_memory`), and the
-    MultiWorkerMirroredStrategy of a worker (`distribution`), which TensorFlow accepts only before its
-    first op. So `tfopt-recipe` reads those items first, applies them, and then loads the whole recipe.
+    A worker of a multi-worker cluster must make its MultiWorkerMirroredStrategy (`distribution`) before
+    TensorFlow's first op, which `load_recipe` reaches (it checks optimizer names and data sources), so
+    `tfopt-recipe` reads that item first, joins, and then loads the whole recipe.
 
     Args:
         document: The recipe file as `read_recipe` read it.
-        name: A recipe name, e.g. "gpu_memory".
+        name: A recipe name, e.g. "distribution".
 
     Returns:
         The item's `get_config()` (its constructor arguments, defaults filled in), or None when the
@@ -170,7 +186,9 @@ def recipe_item_settings(document: RecipeDocument, name: str) -> dict[str, Any] 
         RecipeFileError: The file is malformed or the item is invalid (naming its line).
 
     Example:
-        >>> recipe_item_settings(read_recipe("recipes/small_cnn.yaml"), "gpu_memory") is None
+        >>> recipe_item_settings(read_recipe("recipes/small_cnn.yaml"), "distribution")["strategy"]
+        'auto'
+        >>> recipe_item_settings(read_recipe("recipes/small_cnn.yaml"), "grad_accum") is None
         True
     """
     raw, locations = document.raw, document.locations
@@ -227,13 +245,14 @@ def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> Recipe
         if section not in raw:
             raise fail(locations, (), f"The recipe has no `{section}:` section; it is required. "
                                       f"{SECTION_HELP[section]}")
-    bases = {"file": file_path.resolve().parent, "option": pathlib.Path.cwd()}
+    bases = _bases(file_path)
     name = check_name(raw.get("name", file_path.stem), locations)
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise fail(locations, ("description",), f"description: {show(description)} is a "
                                                  f"{type_name(description)}; expected a string")
     # Cheap checks first, so a typo is reported before TensorFlow is imported or data is touched.
+    runtime = _runtime(raw, locations, bases)
     train = check_section(TrainSection, raw.get("train"), ("train",), locations, bases)
     profile = check_section(ProfileSection, raw.get("profile"), ("profile",), locations, bases)
     report = check_section(ReportSection, raw.get("report"), ("report",), locations, bases)
@@ -251,5 +270,23 @@ def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> Recipe
         recipes=recipes,
         profile=profile,
         report=report,
+        runtime=runtime,
         locations=locations,
     )
+
+
+def _bases(file_path: pathlib.Path) -> dict[str, pathlib.Path]:
+    """What relative paths are relative to: the file's directory, or for `--set` the working directory."""
+    return {"file": file_path.resolve().parent, "option": pathlib.Path.cwd()}
+
+
+def _runtime(raw: dict, locations: Locations, bases: dict) -> RuntimeSection:
+    from tfopt.errors import RecipeConfigError
+    from tfopt.runtime import check_gpu_memory
+
+    section = check_section(RuntimeSection, raw.get("runtime"), ("runtime",), locations, bases)
+    try:
+        check_gpu_memory(growth=bool(section.gpu_memory_growth), limit_bytes=section.gpu_memory_limit_bytes)
+    except RecipeConfigError as error:
+        raise fail(locations, ("runtime", f"gpu_memory_{error.setting}"), str(error)) from None
+    return section

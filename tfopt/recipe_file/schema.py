@@ -72,6 +72,20 @@ class ReportSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeSection:
+    """How the process that runs the recipe is set up (`runtime:`), before TensorFlow initialises its
+    devices: settings of the process, not recipes (see `tfopt.runtime`).
+
+    `gpu_memory_growth: true` allocates GPU memory as needed (by default TensorFlow reserves nearly all of
+    every GPU at start); `gpu_memory_limit_bytes` caps this process' memory on each GPU instead (with
+    growth false or unset). Both unset: TensorFlow's default.
+    """
+
+    gpu_memory_growth: bool | None = _setting(None, bool, nullable=True)
+    gpu_memory_limit_bytes: int | None = _setting(None, int, at_least=2**20, nullable=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The model to build (`model:`).
 
@@ -121,7 +135,7 @@ def reject_unknown(mapping: dict, valid: Sequence[str], path: tuple, locations: 
 
 def _expected(metadata: dict) -> str:
     kind = metadata["kind"]
-    text = {int: "an integer", float: "a number", str: "a string", "path": "a path",
+    text = {bool: "true or false", int: "an integer", float: "a number", str: "a string", "path": "a path",
             list: "a list of strings"}[kind]
     if metadata["choices"]:
         text += f" from {', '.join(metadata['choices'])}"
@@ -137,7 +151,8 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
     if value is None and metadata["nullable"]:
         return None
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    valid_type = {int: isinstance(value, int) and not isinstance(value, bool), float: numeric,
+    valid_type = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
+                  float: numeric,
                   str: isinstance(value, str), "path": isinstance(value, str) and value != "",
                   list: isinstance(value, list) and all(isinstance(item, str) for item in value)}[kind]
     out_of_range = valid_type and numeric and (

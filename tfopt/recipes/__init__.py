@@ -8,12 +8,11 @@ from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch
 from tfopt.recipes.data_pipeline import DataPipeline, tune_pipeline
 from tfopt.recipes.distribution import Distribution, choose_strategy
 from tfopt.recipes.grad_accum import GradAccum, with_gradient_accumulation
-from tfopt.recipes.memory import GpuMemory, configure_gpu_memory
 from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, float32_matmul_scope, policy_scope
 from tfopt.recipes.xla import Xla
 
 __all__ = [
-    "BatchSize", "DataPipeline", "Distribution", "GpuMemory", "GradAccum", "MixedPrecision", "Recipe",
-    "Stage", "Xla", "chain", "choose_policy", "choose_strategy", "configure_gpu_memory", "find_batch_size",
+    "BatchSize", "DataPipeline", "Distribution", "GradAccum", "MixedPrecision", "Recipe",
+    "Stage", "Xla", "chain", "choose_policy", "choose_strategy", "find_batch_size",
     "float32_matmul_scope", "policy_scope", "rebatch", "tune_pipeline", "with_gradient_accumulation",
 ]

@@ -41,7 +41,7 @@ def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int 
         min_batch_size: The first size tried.
         max_batch_size: The largest size tried; also capped at the dataset's size where it is known.
         memory_budget_bytes: The peak a trial may reach: GPU allocator memory (default 90% of the
-            smallest GPU's memory, or of the limit `gpu_memory` gave the allocator) when the model
+            smallest GPU's memory, or of the limit `tfopt.runtime` gave the allocator) when the model
             trains on a GPU, else the process' RSS (default: what it holds now plus 80% of the RAM
             available when the search starts).
         trial_steps: Timed steps per trial (after `warmup_steps` untimed ones).
@@ -256,7 +256,7 @@ def _lives_on_gpu(model: Any) -> bool:
 
 
 def _gpu_budget(plan: Plan) -> int | None:
-    """90% of the smallest GPU's memory: the limit its allocator was given (gpu_memory's limit_bytes)
+    """90% of the smallest GPU's memory: the limit its allocator was given (`tfopt.runtime`'s limit_bytes)
     where one is set, which is all this process may use, else the device's total from the hardware."""
     limits = _allocator_limits_bytes()
     known = limits or [gpu.memory_bytes for gpu in plan.hardware.gpus if gpu.memory_bytes]

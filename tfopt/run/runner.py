@@ -180,7 +180,7 @@ def describe(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, wo
     Example:
         >>> from tfopt.recipe_file import load_recipe
         >>> describe(load_recipe("recipes/small_cnn.yaml"))[1]
-        'apply recipes in build order: data_pipeline, mixed_precision, xla'
+        'apply recipes in build order: data_pipeline, mixed_precision, xla, distribution'
     """
     from tfopt.optimize import resolve_recipes
 

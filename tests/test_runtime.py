@@ -1,10 +1,11 @@
+"""Tests of tfopt.runtime: GPU memory is set before TensorFlow starts the GPUs, or the error says how."""
+
 import pytest
 import tensorflow as tf
 
-from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
+from tfopt import registry
 from tfopt.errors import RecipeConfigError
-from tfopt.plan import make_plan
-from tfopt.recipes.memory import GpuMemory, configure_gpu_memory
+from tfopt.runtime import configure_gpu_memory, gpu_memory_in_force
 
 
 class FakeGpuConfig:
@@ -30,11 +31,6 @@ class FakeGpuConfig:
         self.limits[gpu.name] = configs
 
 
-@pytest.fixture
-def v100_plan():
-    return make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["v100"])
-
-
 def test_growth_is_set_on_every_gpu(monkeypatch):
     fake = FakeGpuConfig(monkeypatch)
     assert configure_gpu_memory(growth=True) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
@@ -53,7 +49,7 @@ def test_too_late_says_to_call_it_first(monkeypatch):
     with pytest.raises(RecipeConfigError, match="before TensorFlow initialises the GPUs") as error:
         configure_gpu_memory(growth=True)
     message = str(error.value)
-    assert "configure_gpu_memory(growth=True, limit_bytes=None)" in message
+    assert "tfopt.runtime.configure_gpu_memory(growth=True, limit_bytes=None)" in message
     assert "restart the kernel" in message and "TF_FORCE_GPU_ALLOW_GROWTH=true" in message
 
 
@@ -68,43 +64,46 @@ def test_a_notebook_cell_run_again_after_the_gpus_started_works(monkeypatch):
 
 
 @pytest.mark.parametrize("forced, in_force", [("true", True), ("TRUE", True), ("false", False)])
-def test_tf_force_gpu_allow_growth_decides_growth(monkeypatch, v100_plan, forced, in_force):
+def test_tf_force_gpu_allow_growth_decides_growth(monkeypatch, forced, in_force):
     # On the H100 the suite ran with TF_FORCE_GPU_ALLOW_GROWTH=true after other tests had started the GPU:
-    # growth was in force, yet get_memory_growth() said False and the recipe refused.
+    # growth was in force, yet get_memory_growth() said False and tfopt refused.
     FakeGpuConfig(monkeypatch, initialised=True)
     monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", forced)
+    assert gpu_memory_in_force(growth=True, limit_bytes=None) is in_force
     if in_force:
         assert configure_gpu_memory(growth=True) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
-        GpuMemory().check(v100_plan)
     else:
-        with pytest.raises(RecipeConfigError, match="memory growth is not in force"):
-            GpuMemory().check(v100_plan)
+        with pytest.raises(RecipeConfigError, match="restart the kernel"):
+            configure_gpu_memory(growth=True)
 
 
-def test_check_passes_when_in_force_and_fails_otherwise(monkeypatch, v100_plan):
+def test_in_force_reads_what_was_set(monkeypatch):
     fake = FakeGpuConfig(monkeypatch)
     monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
-    with pytest.raises(RecipeConfigError, match="memory growth is not in force"):
-        GpuMemory().check(v100_plan)
+    assert not gpu_memory_in_force(growth=True, limit_bytes=None)
     configure_gpu_memory(growth=True)
-    GpuMemory().check(v100_plan)
-    assert "memory growth" in GpuMemory()(v100_plan).applied[-1].detail
-    with pytest.raises(RecipeConfigError, match="a memory limit of 2.00 GiB per GPU is not in force"):
-        GpuMemory(growth=False, limit_bytes=2 * 2**30).check(v100_plan)
-    assert fake.growth  # check() changed nothing
+    assert gpu_memory_in_force(growth=True, limit_bytes=None)
+    assert not gpu_memory_in_force(growth=False, limit_bytes=2 * 2**30)
+    assert fake.limits == {}  # reading changed nothing
 
 
-def test_cpu_plan_is_skipped(cpu_hardware):
-    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
-    GpuMemory().check(plan)
-    assert GpuMemory()(plan).applied[-1].skipped
+def test_no_gpu_means_nothing_to_configure(monkeypatch):
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    assert configure_gpu_memory(growth=True) == [] and gpu_memory_in_force(growth=False, limit_bytes=2**30)
 
 
-@pytest.mark.parametrize("settings, words", [
-    ({"growth": "yes"}, "Expected true or false"),
-    ({"growth": False, "limit_bytes": 10}, "at least 1 MiB"),
-    ({"limit_bytes": 2**30}, "exclude each other"),
+@pytest.mark.parametrize("settings, words, setting", [
+    ({"growth": "yes"}, "Expected true or false", "growth"),
+    ({"growth": False, "limit_bytes": 10}, "at least 1 MiB", "limit_bytes"),
+    ({"limit_bytes": 2**30}, "exclude each other", "growth"),
 ])
-def test_bad_settings(settings, words):
-    with pytest.raises(RecipeConfigError, match=words):
-        GpuMemory(**settings)
+def test_bad_settings(monkeypatch, settings, words, setting):
+    FakeGpuConfig(monkeypatch)
+    with pytest.raises(RecipeConfigError, match=words) as error:
+        configure_gpu_memory(**settings)
+    assert error.value.setting == setting
+
+
+def test_gpu_memory_is_no_recipe_and_the_error_says_where_it_went():
+    with pytest.raises(RecipeConfigError, match=r"runtime: \{gpu_memory_growth: true\}.*configure_gpu_memory"):
+        registry.from_item({"gpu_memory": {"growth": True}})
