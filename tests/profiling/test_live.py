@@ -30,9 +30,10 @@ FEATURES = 16
 KEYS = {"tfopt/steps_per_second", "tfopt/examples_per_second", "tfopt/input_wait_percent"}
 
 
-def make_model(width=16):
+def make_model(width=16, hidden=1):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu"),
+    model = keras.Sequential([keras.Input((FEATURES,)),
+                              *[keras.layers.Dense(width, activation="relu") for _ in range(hidden)],
                               keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     return model
@@ -43,19 +44,25 @@ def steady_dataset():
     return tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH).cache().repeat().prefetch(8)
 
 
-def slowed_dataset(slow_from_batch, sleep_seconds=0.05):
-    """Batches generated from their index; from batch `slow_from_batch` on each one takes `sleep_seconds`."""
+def generated_dataset(*, slow_from_batch=None, sleep_seconds=0.05, fail_from_batch=None):
+    """Batches generated from their index by graph ops; from batch `slow_from_batch` on each one takes
+    `sleep_seconds` in Python, and batch `fail_from_batch` fails as a broken disk would."""
     def load(index):
-        if index >= slow_from_batch:
-            time.sleep(sleep_seconds)
+        if fail_from_batch is not None and index >= fail_from_batch:
+            raise OSError("the disk went away")
+        time.sleep(sleep_seconds)
         return index
 
+    first_in_python = min(index for index in (slow_from_batch, fail_from_batch) if index is not None)
+
     def batch(index):
-        index = tf.numpy_function(load, [index], tf.int64)
+        # Python only from then on: the steady part's batches need not wait for Python's lock.
+        index = tf.cond(index >= first_in_python, lambda: tf.numpy_function(load, [index], tf.int64),
+                        lambda: index)
         features = tf.random.stateless_uniform((BATCH, FEATURES), seed=tf.stack([index, index * 0]))
         return features, features[:, :1]
 
-    return tf.data.Dataset.range(10_000).map(batch).prefetch(1)
+    return tf.data.Dataset.range(10_000).map(batch).prefetch(8)
 
 
 class CountingSync:
@@ -65,6 +72,43 @@ class CountingSync:
     def __call__(self, logs):
         self.calls += 1
         read_loss(logs)
+
+
+class SteppedClock(keras.callbacks.Callback):
+    """The Monitor's `time.perf_counter`, faked: 1 s per training step, 100 s for each validation and each
+    epoch's end, so a window's seconds say exactly which time it counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.now += 1.0
+
+    def on_test_end(self, logs=None):
+        self.now += 100.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.now += 100.0
+
+
+class FailAtStep(keras.callbacks.Callback):
+    """Another callback that raises after a training step, outside the Monitor's wrapper."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.step:
+            raise RuntimeError("a callback failed")
+
+
+def jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def scalars(logdir):
@@ -105,7 +149,7 @@ def test_windows_scalars_logs_and_jsonl(tmp_path):
     mean_rate = np.mean([window["examples_per_second"] for window in windows])
     assert history.history["tfopt/examples_per_second"][0] == pytest.approx(mean_rate)
     assert KEYS <= set(csv.read_text().splitlines()[0].split(","))
-    lines = [json.loads(line) for line in (tmp_path / "monitor.jsonl").read_text().splitlines()]
+    lines = jsonl(tmp_path / "monitor.jsonl")
     assert [line["kind"] for line in lines] == ["start"] + ["window"] * 4
     assert lines[1]["examples_per_second"] == pytest.approx(windows[0]["examples_per_second"])
     assert not hasattr(model.train_function, "tfopt_original")  # fit's own train function is back
@@ -119,13 +163,90 @@ def test_monitor_does_not_change_training():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_cpu_says_which_metrics_do_not_apply():
+def test_cpu_says_which_metrics_do_not_apply(caplog):
     monitor = Monitor(every_steps=3, hardware=FAKE_HARDWARE["cpu_bf16"])
-    history = make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    model = make_model()
+    with caplog.at_level(logging.INFO, logger="tfopt"):
+        history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
     start = monitor.records_of("start")[0]
     assert start["accelerator"] == "cpu" and start["note"] == CPU_NOTE
     assert start["not_applicable"] == ["mfu_percent", "device_memory_peak_bytes"]
     assert set(history.history) == {"loss", *KEYS}
+    # Said once through the tfopt logger, however many fits the Monitor watches.
+    (said,) = [record.getMessage() for record in caplog.records if "not measured" in record.getMessage()]
+    assert said == ("tfopt.Monitor: not measured in this run: mfu_percent (no accelerator with a known peak "
+                    "FLOP/s); device_memory_peak_bytes (no GPU).")
+
+
+def test_windows_span_epochs_without_the_time_between_them(monkeypatch):
+    clock = SteppedClock()
+    monkeypatch.setattr(live, "time", clock)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    features = np.zeros((2 * BATCH, FEATURES), dtype=np.float32)
+    validation = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH)
+    make_model().fit(steady_dataset(), epochs=3, steps_per_epoch=4, validation_data=validation, verbose=0,
+                     callbacks=[monitor, clock])
+    windows = monitor.records_of("window")
+    # Epochs of 4 steps, windows of 4 after the untimed first step: 2-5 and 6-9 span an epoch's end, and
+    # 10-12 is the window cut short by the end of fit (3 steps: kept).
+    assert [(window["step"], window["steps"]) for window in windows] == [(5, 4), (9, 4), (12, 3)]
+    # 1 s a step, 200 s at each epoch's end (validation, callbacks): the windows counted the steps alone.
+    assert [window["seconds"] for window in windows] == [4.0, 4.0, 3.0]
+    assert all(window["steps_per_second"] == 1.0 for window in windows)
+
+
+def test_steps_count_on_from_the_optimizer_across_fit_calls(tmp_path):
+    model = make_model()
+    monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
+    for _ in range(2):  # as tfopt.training.train does when it resumes mid-epoch
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=6, verbose=0, callbacks=[monitor])
+    # Each fit's first step is untimed (1, 7) and its last 1-step window dropped (6, 12).
+    assert [record["step"] for record in monitor.records_of("start")] == [0, 6]
+    assert [window["step"] for window in monitor.records_of("window")] == [3, 5, 9, 11]
+    assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [3, 5, 9, 11]
+
+
+def test_a_short_fit_keeps_its_cut_short_window_and_a_shorter_one_warns_once(caplog):
+    monitor = Monitor(hardware=Hardware())  # 30-second windows: none fills in a few steps
+    model = make_model()
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        model.fit(steady_dataset(), epochs=2, steps_per_epoch=4, verbose=0, callbacks=[monitor])
+        for _ in range(2):
+            model.fit(steady_dataset(), epochs=1, steps_per_epoch=3, verbose=0, callbacks=[monitor])
+    assert [(window["step"], window["steps"]) for window in monitor.records_of("window")] == [(8, 7)]
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("tfopt.Monitor recorded no window in this fit: it trained 3 step(s), to step 11")
+    assert "every_steps=" in warning
+
+
+def test_a_step_that_raises_closes_the_monitor_and_keeps_its_windows(tmp_path):
+    model = make_model()
+    monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
+    with pytest.raises(tf.errors.OpError, match="the disk went away"):
+        model.fit(generated_dataset(fail_from_batch=7), epochs=1, steps_per_epoch=10, verbose=0,
+                  callbacks=[monitor])
+    assert not hasattr(model.train_function, "tfopt_original")  # Keras' own function is back
+    assert [line["step"] for line in jsonl(tmp_path / "monitor.jsonl") if line["kind"] == "window"] == [3, 5, 7]
+    assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [3, 5, 7]
+
+
+def test_an_error_in_another_callback_ends_the_monitor_at_the_next_fit_or_at_close():
+    model = make_model()
+    monitor = Monitor(every_steps=2, hardware=Hardware())
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor, FailAtStep(6)])
+    assert model.train_function.tfopt_monitor is monitor  # Keras called no callback on its way out
+    windows = monitor.records_of("window")
+    model.fit(steady_dataset(), epochs=1, steps_per_epoch=4, verbose=0)  # no Monitor this time
+    assert not hasattr(model.train_function, "tfopt_original")
+    assert monitor.records_of("window") == windows  # the dead Monitor timed none of the plain fit's steps
+
+    other = Monitor(every_steps=2, hardware=Hardware())
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[other, FailAtStep(6)])
+    other.close()
+    assert not hasattr(model.train_function, "tfopt_original")
 
 
 def test_tensorboard_callback_logdir_is_used(tmp_path):
@@ -169,8 +290,9 @@ def test_alert_when_the_pipeline_slows_mid_run(caplog):
     events = []
     monitor = Monitor(every_steps=4, alert_windows=3, on_alert=events.append, hardware=Hardware())
     with caplog.at_level(logging.WARNING, logger="tfopt"):
-        make_model().fit(slowed_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45, verbose=0,
-                         callbacks=[monitor])
+        # Steps of a few ms: in a 1 ms step, the eager fetch's own cost under load read 20-24% input wait.
+        make_model(width=512, hidden=3).fit(generated_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45,
+                                            verbose=0, callbacks=[monitor])
     assert [event.kind for event in events] == ["input_wait"]  # one warning per episode, not per window
     alert = events[0]
     assert alert.step > 20 and all(wait > 20 for wait in alert.values["input_wait_percent"])
@@ -199,6 +321,29 @@ def test_alert_rules_mfu_drop_against_the_runs_median():
     assert rules.check(windows([40, 41, 39, 40, 27, 26, 25])) == []  # the same episode alerts once
 
 
+def test_an_mfu_drop_alerts_from_the_sixth_window_at_the_defaults():
+    """3 windows for the run's median (MFU_BASELINE_WINDOWS), then alert_windows=3 low ones (docs/monitoring.md)."""
+    windows = [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+               for i, value in enumerate([40, 40, 40, 20, 20, 20])]
+    rules = AlertRules()
+    assert [len(rules.check(windows[:count])) for count in range(1, 7)] == [0, 0, 0, 0, 0, 1]
+
+
+def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_wait_was_measured():
+    """plots.training_figure, the report's view of these windows (here: tests/profiling has no plots test)."""
+    from tfopt.profiling.diagnose import INPUT_BOUND_HIGH_PERCENT
+    from tfopt.profiling.plots import training_figure
+
+    measured = [{"step": 4 * n, "steps_per_second": 9.0, "examples_per_second": 288.0, "input_wait_percent": 3.0}
+                for n in range(1, 4)]
+    speed, percent = training_figure(measured).axes
+    thresholds = [line for line in percent.get_lines() if list(line.get_ydata()) == [INPUT_BOUND_HIGH_PERCENT] * 2]
+    assert len(thresholds) == 1 and f"({INPUT_BOUND_HIGH_PERCENT:.0f}%)" in thresholds[0].get_label()
+    unmeasured = [{key: value for key, value in window.items() if key != "input_wait_percent"} for window in measured]
+    (speed,) = training_figure(unmeasured).axes  # steps_per_execution > 1 on a CPU: throughput alone
+    assert [list(line.get_ydata()) for line in speed.get_lines()] == [[288.0] * 3]
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"window_seconds": 0}, "window_seconds=0"), ({"every_steps": 0}, "every_steps=0"),
     ({"profile_every": 1.5}, "profile_every=1.5"), ({"alert_windows": 0}, "alert_windows=0"),
@@ -221,6 +366,17 @@ def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     steps = [(w["step"] - w["steps"] + 1, w["step"]) for w in monitor.records_of("window")]
     assert steps == [(2, 5), (12, 15)]
     assert "tfopt/profile/input_wait_percent" in scalars(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_failure_during_a_capture_stops_the_profiler(tmp_path):
+    monitor = Monitor(logdir=tmp_path, every_steps=2, profile_every=1, hardware=Hardware())
+    # Step 3 closes a window and starts a capture; step 6's batch fails inside it.
+    with pytest.raises(tf.errors.OpError, match="the disk went away"):
+        make_model().fit(generated_dataset(fail_from_batch=5), epochs=1, steps_per_epoch=10, verbose=0,
+                         callbacks=[monitor])
+    tf.profiler.experimental.start(str(tmp_path / "next"))  # raises while another capture is running
+    tf.profiler.experimental.stop()
 
 
 @pytest.mark.slow

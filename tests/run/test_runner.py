@@ -95,7 +95,8 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert {"epoch_loss", "epoch_accuracy", "tfopt/steps_per_second", "tfopt/input_wait_percent"} <= tags
     # The training ran under tfopt.Monitor: its windows are in training.json, monitor.jsonl and the report.
     windows = training["monitor"]
-    assert len(windows) >= 2 and windows[-1]["step"] == 4 and all(w["steps_per_second"] > 0 for w in windows)
+    # 4 steps: one window of the 3 after the first (the Monitor's windows hold 3 steps at least).
+    assert [(w["step"], w["steps"]) for w in windows] == [(4, 3)] and all(w["steps_per_second"] > 0 for w in windows)
     assert (run_dir / "tensorboard" / "train" / "monitor.jsonl").is_file()
     assert [w["step"] for w in report["training"]["windows"]] == [w["step"] for w in windows]
     assert "## Training (tfopt.Monitor)" in markdown and 'alt="training chart"' in html

@@ -18,6 +18,17 @@ How it measures, and why this way:
 - **MFU** (accelerators in `peak_flops`' table): FLOPs of one step counted once, from the first batch,
   by TensorFlow's cost analysis (`timing.train_step_flops`), times steps/s, over the devices' peak.
 - **Device memory peak**: TensorFlow's allocator peak per window (GPU); it reads zeros on a CPU.
+- **Windows span epochs.** A window's clock stops where an epoch's training steps end (validation's
+  `on_test_begin`, else `on_epoch_end`, with one sync) and starts again at the next `on_epoch_begin`, so
+  validation and epoch-end callbacks are in no window while its steps may come from several epochs: a
+  window of N steps closes whatever the epoch length, 20+ short epochs included. Each `fit`'s first step
+  is never timed (it traces, or reads the batches a resumed run skips); the window open at the end of
+  `fit` is kept when it has `MIN_WINDOW_STEPS` steps. Steps are global: they count on from the
+  optimizer's `iterations`, as Keras' TensorBoard callback does, so a resumed run goes on numbering.
+- **A failed fit.** Keras 3's `fit` has no `finally`: when it raises, no callback hears of it. A step
+  that raises (an error, Ctrl-C) closes the Monitor on its way out; an error raised in another callback
+  is caught up with at the model's next train-function call, which finds this Monitor's fit over
+  (`on_train_batch_begin` did not arm it) and closes it; `close()` does it at once.
 """
 
 from __future__ import annotations
@@ -41,16 +52,23 @@ from tfopt.profiling.timing import read_loss
 _log = logging.getLogger("tfopt")
 PREFIX = "tfopt/"
 PROFILE_STEPS = 5
+# A window of a step or two is noise on a shared machine: one slow fetch (a new epoch's iterator filling its
+# buffer) is all of it, and three such windows in a row alert. A partial window at the end of `fit` needs
+# this many steps to be kept, and `tfopt-recipe run` sizes no window below it.
+MIN_WINDOW_STEPS = 3
 
 
 class Monitor(keras.callbacks.Callback):
     """A Keras callback that records, every window of training, how well the run uses the machine.
 
-    Every window (`window_seconds` of training, or `every_steps` steps) gives examples/s, steps/s, input
-    wait %, MFU (accelerators) and the allocator's memory peak (GPU). They go to TensorBoard as
-    `tfopt/...` scalars, into the step and epoch `logs` (progress bar, `CSVLogger` placed after the
-    Monitor), to a JSON-lines file, and to `records`. Alerts (input wait above 20% or MFU below the run's
-    median for `alert_windows` windows in a row) log one warning each and call `on_alert`.
+    Every window (`window_seconds` of training, or `every_steps` steps; windows span epochs, the time
+    between epochs left out) gives examples/s, steps/s, input wait %, MFU (accelerators) and the
+    allocator's memory peak (GPU). They go to TensorBoard as `tfopt/...` scalars at the global step, into
+    the step and epoch `logs` (progress bar, `CSVLogger` placed after the Monitor), to a JSON-lines file, and to
+    `records`. Alerts log one warning each and call `on_alert`: input wait above the profiler's 20% for
+    `alert_windows` windows in a row, or MFU more than `mfu_drop_fraction` below the run's median for as
+    many. On a CPU-only machine it says once (the `tfopt` logger, INFO, and the `start` record) which
+    metrics do not apply.
 
     Args:
         logdir: Where the TensorBoard scalars and `monitor.jsonl` go; by default the `train` run of a
@@ -58,7 +76,8 @@ class Monitor(keras.callbacks.Callback):
         window_seconds: Length of a window in training time.
         every_steps: Steps per window instead (exact window sizes, e.g. for tests and short runs).
         alert_windows: Consecutive windows a condition must hold before it alerts.
-        mfu_drop_fraction: An MFU below (1 - this) x the run's median of earlier windows counts as a drop.
+        mfu_drop_fraction: An MFU below (1 - this) x the median of the run's earlier windows counts as a
+            drop (0.3: 30% below).
         on_alert: Called with each `Alert` (e.g. to post to a chat).
         profile_every: Capture `PROFILE_STEPS` steps with the TF Profiler after every this many windows
             and add accelerator busy % and the diagnosis; None for no captures.
@@ -94,18 +113,25 @@ class Monitor(keras.callbacks.Callback):
         self.sync = sync
         self.records: list[dict[str, Any]] = []
         self.alerts: list[Alert] = []
+        self._writer = self._jsonl = None
+        self._window: dict[str, Any] | None = None
+        self._profile_left = self._profiles = 0
+        self._armed = False
+        self._said_not_applicable = self._warned_no_window = False
 
     # --- Keras hooks (all in the training thread) ---
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
 
+        stale = getattr(self.model.train_function, "tfopt_monitor", None)
+        if stale is not None:  # a Monitor (this one or another) whose fit raised in a callback
+            stale.close()
         if self.hardware is None:
             from tfopt.hardware import detect
 
             self.hardware = detect()
         self.logdir = self.logdir or _tensorboard_train_dir(self)
-        self._writer = self._jsonl = None
         if self.logdir is not None:
             import tensorflow as tf
 
@@ -119,58 +145,114 @@ class Monitor(keras.callbacks.Callback):
         self._gpus = [f"GPU:{index}" for index in range(len(self.hardware.gpus))] if accelerator == "gpu" else []
         self._fetch = int(getattr(self.model, "steps_per_execution", 1) or 1) == 1
         self._fetch_floor = 0.0
-        self._step = 0
+        self._step = self._fit_start_step = int(self.model.optimizer.iterations.numpy())
+        self._windows_before_fit = len(self.records_of("window"))
         self._batch_size: int | None = None
-        self._window: dict[str, Any] | None = None
+        self._window = None
         self._epoch_records: list[dict[str, Any]] = []
-        self._profile_left = 0
-        self._profiles = 0
-        not_applicable = [name for name, applies in (
-            ("mfu_percent", self._peak is not None),
-            ("device_memory_peak_bytes", bool(self._gpus)),
-            ("input_wait_percent", self._fetch)) if not applies]
-        self._emit({"kind": "start", "accelerator": accelerator, "replicas": replicas,
-                    "not_applicable": not_applicable, "note": CPU_NOTE if accelerator == "cpu" else None})
+        not_applicable = {name: why for name, applies, why in (
+            ("mfu_percent", self._peak is not None, "no accelerator with a known peak FLOP/s"),
+            ("device_memory_peak_bytes", bool(self._gpus), "no GPU"),
+            ("input_wait_percent", self._fetch, "steps_per_execution > 1 keeps the fetch in Keras' graph"))
+            if not applies}
+        self._emit({"kind": "start", "step": self._step, "accelerator": accelerator, "replicas": replicas,
+                    "not_applicable": list(not_applicable), "note": CPU_NOTE if accelerator == "cpu" else None})
+        if not_applicable and not self._said_not_applicable:
+            self._said_not_applicable = True
+            _log.info("tfopt.Monitor: not measured in this run: %s.",
+                      "; ".join(f"{name} ({why})" for name, why in not_applicable.items()))
         original = getattr(self.model.train_function, "tfopt_original", self.model.train_function)
         self.model.train_function = self._wrapped(original)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        # Validation and epoch-end callbacks run between epochs: a window never spans them.
-        self._window = None
         self._epoch_records = []
+        if self._window is not None and self._window["start"] is None:
+            # The clock stopped (and synced) where the last epoch's steps ended: the gap is in no window.
+            self._window["start"] = time.perf_counter()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._armed = True  # the next train-function call is a step of this Monitor's own fit
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._pause()  # validation inside fit: its steps are not training
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if logs is not None and self._epoch_records:
-            for key in self._epoch_records[0]["logs"]:
-                logs[key] = statistics.fmean(record["logs"][key] for record in self._epoch_records)
+        self._pause()
+        # An epoch whose steps closed no window (shorter than a window) shows the latest one's numbers.
+        shown = self._epoch_records or self.records_of("window")[-1:]
+        if logs is not None and shown:
+            for key in shown[0]["logs"]:
+                logs[key] = statistics.fmean(record["logs"][key] for record in shown)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self.model.train_function = getattr(self.model.train_function, "tfopt_original", self.model.train_function)
+        self._pause()
+        window = self._window
+        if window is not None and self._step - window["first_step"] + 1 >= MIN_WINDOW_STEPS:
+            self._close_window(window["seconds"])
+        if len(self.records_of("window")) == self._windows_before_fit and not self._warned_no_window:
+            self._warned_no_window = True
+            size = f"every_steps={self.every_steps}" if self.every_steps else f"window_seconds={self.window_seconds}"
+            _log.warning("tfopt.Monitor recorded no window in this fit: it trained %d step(s), to step %d, and a "
+                         "window takes %s after the fit's first step (never timed); one cut short at the end "
+                         "counts from %d steps. Pass a smaller every_steps= to measure a run this short.",
+                         self._step - self._fit_start_step, self._step, size, MIN_WINDOW_STEPS)
         if self._profile_left:
             self._stop_profile()
-        if self._writer is not None:
-            self._writer.close()
-        if self._jsonl is not None:
-            self._jsonl.close()
+        self.close()
+
+    def close(self) -> None:
+        """Gives the model its own train function back, stops a running capture and closes the files.
+
+        `on_train_end` does this. Keras calls no callback when `fit` raises, so a step that raises does it
+        too, and so does the next call of the wrapped train function once this Monitor's fit is over (an
+        error raised by another callback); call it yourself to do it at once. Idempotent.
+        """
+        model = self.model
+        if model is not None and getattr(model.train_function, "tfopt_monitor", None) is self:
+            model.train_function = model.train_function.tfopt_original
+        self._armed = False
+        self._window = self._last_outputs = None
+        if self._profile_left:
+            import tensorflow as tf
+
+            self._profile_left = 0
+            with contextlib.suppress(Exception):  # closing after a failure: the capture is not analysed
+                tf.profiler.experimental.stop()
+        for output in (self._writer, self._jsonl):
+            if output is not None:
+                output.close()
+        self._writer = self._jsonl = None
 
     # --- the wrapped train function ---
 
     def _wrapped(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        import tensorflow as tf
+
         def train_function(iterator: Any) -> Any:
-            step = self._step + 1
-            with self._marker(step):
-                if self._fetch:
-                    start = time.perf_counter()
-                    batch = next(iterator)  # StopIteration / OutOfRangeError end the epoch as in Keras
-                    fetched = max(0.0, time.perf_counter() - start - self._fetch_floor)
-                    outputs = original(iter((batch,)))
-                else:
-                    batch, fetched = None, 0.0
-                    outputs = original(iterator)
-            self._step += 1 if self._fetch else self.model.steps_per_execution
-            return self._after_step(outputs, batch, fetched)
+            if not self._armed:  # called outside this Monitor's fit: that fit ended without on_train_end
+                self.close()
+                return original(iterator)
+            self._armed = False
+            try:
+                with self._marker(self._step + 1):
+                    if self._fetch:
+                        start = time.perf_counter()
+                        batch = next(iterator)
+                        fetched = max(0.0, time.perf_counter() - start - self._fetch_floor)
+                        outputs = original(iter((batch,)))
+                    else:
+                        batch, fetched = None, 0.0
+                        outputs = original(iterator)
+                self._step += 1 if self._fetch else self.model.steps_per_execution
+                return self._after_step(outputs, batch, fetched)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise  # the end of the data: Keras ends the epoch, as without the Monitor
+            except BaseException:
+                self.close()
+                raise
 
         train_function.tfopt_original = original
+        train_function.tfopt_monitor = self
         return train_function
 
     def _marker(self, step: int) -> Any:
@@ -183,6 +265,7 @@ class Monitor(keras.callbacks.Callback):
     def _after_step(self, outputs: Any, batch: Any, fetched: float) -> Any:
         if self._batch_size is None:
             self._first_step(batch)
+        self._last_outputs = outputs
         if self._profile_left:
             self._profile_left -= 1
             if not self._profile_left:
@@ -190,22 +273,32 @@ class Monitor(keras.callbacks.Callback):
             return outputs
         if self._window is None:  # (re)start: one sync so that the window times only its own steps
             self.sync(outputs)
-            self._window = {"start": time.perf_counter(), "first_step": self._step + 1, "fetch": 0.0}
+            self._window = _new_window(time.perf_counter(), self._step + 1)
             return outputs
         window = self._window
         window["fetch"] += fetched
         steps = self._step - window["first_step"] + 1
-        if (steps < self.every_steps) if self.every_steps else (time.perf_counter() - window["start"]
-                                                                 < self.window_seconds):
+        if (steps < self.every_steps) if self.every_steps else (
+                window["seconds"] + time.perf_counter() - window["start"] < self.window_seconds):
             return outputs
         self.sync(outputs)
         now = time.perf_counter()
-        record = self._record(steps, now - window["start"], window["fetch"])
+        record = self._close_window(window["seconds"] + now - window["start"])
         # This window's closing sync opens the next one: one sync per window.
-        self._window = {"start": now, "first_step": self._step + 1, "fetch": 0.0}
+        self._window = _new_window(now, self._step + 1)
         if self.profile_every and len(self.records_of("window")) % self.profile_every == 0:
             self._start_profile()
         return {**outputs, **record["logs"]}
+
+    def _pause(self) -> None:
+        """Stops the open window's clock where training steps stop (an epoch's end), after one sync."""
+        window = self._window
+        if window is None or window["start"] is None:
+            return
+        if self._step >= window["first_step"]:
+            self.sync(self._last_outputs)
+        window["seconds"] += time.perf_counter() - window["start"]
+        window["start"] = None
 
     def _first_step(self, batch: Any) -> None:
         """Batch size and FLOPs from the first batch (the first step traces and is never timed)."""
@@ -225,18 +318,22 @@ class Monitor(keras.callbacks.Callback):
             step = CeilingStep(step=train_step_function(self.model), batch=batch, steps_per_call=1)
             self.flops_per_step = train_step_flops(self.model, None, prepared=step)
 
-    def _record(self, steps: int, seconds: float, fetch_seconds: float) -> dict[str, Any]:
+    def _close_window(self, seconds: float) -> dict[str, Any]:
+        """The open window's record, over its `seconds` of training."""
+        window = self._window
+        steps = self._step - window["first_step"] + 1
         values: dict[str, float] = {"steps_per_second": steps / seconds}
         if self._batch_size:
             values["examples_per_second"] = steps * self._batch_size / seconds
         if self._fetch:
-            values["input_wait_percent"] = 100.0 * fetch_seconds / seconds
+            values["input_wait_percent"] = 100.0 * window["fetch"] / seconds
         if self.flops_per_step and self._peak:
             values["mfu_percent"] = 100.0 * self.flops_per_step * steps / seconds / self._peak
         if self._gpus:
             values["device_memory_peak_bytes"] = float(_allocator_peak_bytes(self._gpus))
         record = {"kind": "window", "step": self._step, "steps": steps, "seconds": seconds, **values,
                   "logs": {PREFIX + name: value for name, value in values.items()}}
+        self._window = None
         self._emit(record)
         self._epoch_records.append(record)
         for alert in self.rules.check(self.records_of("window")):
@@ -297,6 +394,8 @@ class Monitor(keras.callbacks.Callback):
                 for name, value in record.items():
                     if name not in ("step", "steps", "kind") and isinstance(value, (int, float)):
                         tf.summary.scalar(prefix + name, value)
+            # Live: TensorBoard shows a window when it closes, and a run that dies keeps it.
+            self._writer.flush()
 
     def _alert(self, alert: Alert) -> None:
         self.alerts.append(alert)
@@ -307,6 +406,11 @@ class Monitor(keras.callbacks.Callback):
                 self.on_alert(alert)
             except Exception:  # noqa: BLE001 - a failing chat hook must not end a long training run
                 _log.exception("tfopt.Monitor: on_alert raised; training goes on")
+
+
+def _new_window(start: float, first_step: int) -> dict[str, Any]:
+    """A window whose clock runs from `start`; `seconds` holds its training time before a pause."""
+    return {"start": start, "seconds": 0.0, "first_step": first_step, "fetch": 0.0}
 
 
 def _allocator_peak_bytes(devices: list[str]) -> int:
@@ -322,9 +426,10 @@ def _allocator_peak_bytes(devices: list[str]) -> int:
 def _eager_fetch_seconds(batch: Any, calls: int = 50) -> float:
     """What one eager `next()` of a batch shaped like `batch` costs when it is already there.
 
-    Subtracted from every timed fetch, so that the eager op's own cost (about 0.12 ms for an (x, y)
-    batch on this project's CPU: a seventh of a 1 ms step) is not read as waiting for input. Under a
-    strategy one replica's share is timed undistributed: a lower floor, so the wait errs high.
+    Subtracted from every timed fetch, so that the eager op's own cost (0.12-0.15 ms for an (x, y)
+    batch of 32, measured on CPU: AMD EPYC, 2 cores with bf16 instructions (no GPU or TPU): a seventh of
+    a 1 ms step) is not read as waiting for input. Under a strategy one replica's share is timed
+    undistributed: a lower floor, so the wait errs high.
     """
     import tensorflow as tf
 

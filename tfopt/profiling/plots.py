@@ -16,6 +16,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfopt.profiling.alerts import INPUT_BOUND_HIGH_PERCENT
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.monitor import HOST
 
@@ -109,14 +110,19 @@ def metrics_figure(profiles: Mapping[str, Any]) -> Any:
 def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
     """The Monitor's windows over the training steps: throughput above, input wait and MFU below.
 
+    The lower axes, and the input-wait alert's threshold on them, are drawn only for what was measured
+    (no input wait under `steps_per_execution > 1`, no MFU on a CPU).
+
     Args:
         windows: `tfopt.Monitor` window records (`kind == "window"`), in order.
 
     Returns:
-        A matplotlib Figure with two axes.
+        A matplotlib Figure with one or two axes.
     """
-    figure = _figure(height=4.6)
-    speed_axes, percent_axes = figure.subplots(2, 1, sharex=True)
+    percents = [(key, label) for key, label in (("input_wait_percent", "input wait %"), ("mfu_percent", "MFU %"))
+                if any(key in window for window in windows)]
+    figure = _figure(height=4.6 if percents else 2.6)
+    speed_axes, percent_axes = figure.subplots(2, 1, sharex=True) if percents else (figure.add_subplot(), None)
     steps = [window["step"] for window in windows]
     throughput = "examples_per_second" if all("examples_per_second" in window for window in windows) \
         else "steps_per_second"
@@ -124,18 +130,20 @@ def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
     speed_axes.set_ylabel(throughput.replace("_per_second", "/s"))
     speed_axes.set_ylim(bottom=0)
     speed_axes.set_title("Training, window by window (tfopt.Monitor)")
-    for index, (key, label) in enumerate((("input_wait_percent", "input wait %"), ("mfu_percent", "MFU %"))):
-        if any(key in window for window in windows):
+    speed_axes.grid(alpha=0.3)
+    (percent_axes or speed_axes).set_xlabel("training step (window end)")
+    if percent_axes is not None:
+        for index, (key, label) in enumerate(percents):
             percent_axes.plot([window["step"] for window in windows if key in window],
                               [window[key] for window in windows if key in window], marker=".",
                               color=_RUN_COLORS[2 + index], label=label)
-    percent_axes.axhline(20.0, color="#d62728", linewidth=0.8, linestyle=":", label="input-wait alert (20%)")
-    percent_axes.set_ylabel("%")
-    percent_axes.set_ylim(0, 105)
-    percent_axes.set_xlabel("training step (window end)")
-    for axes in (speed_axes, percent_axes):
-        axes.grid(alpha=0.3)
-    percent_axes.legend(fontsize=8, loc="best")
+            if key == "input_wait_percent":
+                percent_axes.axhline(INPUT_BOUND_HIGH_PERCENT, color="#d62728", linewidth=0.8, linestyle=":",
+                                     label=f"input-wait alert ({INPUT_BOUND_HIGH_PERCENT:.0f}%)")
+        percent_axes.set_ylabel("%")
+        percent_axes.set_ylim(0, 105)
+        percent_axes.grid(alpha=0.3)
+        percent_axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
     return figure
 

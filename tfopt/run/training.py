@@ -7,8 +7,11 @@ loss stops with `NonFiniteLossError`. Several processes (multi-worker, Horovod) 
 (keras-team/keras#20585) and `train()` is built on `model.fit`; its checkpoints are per epoch, so a
 restarted cluster resumes from the last completed epoch. The NaN guard runs in both.
 
-Only the chief writes: TensorBoard scalars, `training.json`, and the kept checkpoints (the other
-workers' copies go to temporary directories that `distribute.fit` removes).
+Training in one process runs under `tfopt.Monitor`: about `WINDOWS_PER_RUN` windows over the run, each
+window's scalars beside the epoch scalars with its record in `monitor.jsonl`, and all in `training.json`.
+
+Only the chief writes: TensorBoard scalars, `monitor.jsonl`, `training.json`, and the kept checkpoints (the
+other workers' copies go to temporary directories that `distribute.fit` removes).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
 from tfopt.errors import TfoptError
 
 MULTI_PROCESS_STRATEGIES = ("multi_worker", "horovod")
+# The Monitor's windows over a run of known length: a curve in the report, not one point per step.
+WINDOWS_PER_RUN = 20
 
 
 def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *, tensorboard_dir: pathlib.Path,
@@ -33,22 +38,28 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
         recipe: The resolved recipe (its `train:` section).
         run_dir: The run directory; checkpoints go to `<run_dir>/checkpoints`.
         progress: Supplies progress callbacks (`Progress.training_callbacks`).
-        tensorboard_dir: Where the epoch scalars go (`<dir>/train`).
+        tensorboard_dir: Where the epoch scalars go (`<dir>/train`), and the Monitor's scalars and
+            `monitor.jsonl`.
         chief: Whether this process writes the run's files.
 
     Returns:
         engine ("tfopt.training.train" or "tfopt.distribute.fit"), history, global_step,
-        resumed_from_step, steps_per_epoch and last_checkpoint.
+        resumed_from_step, steps_per_epoch and last_checkpoint; with `tfopt.training.train`, also
+        monitor: the `tfopt.Monitor` window records (step, steps, seconds, steps_per_second, and
+        examples_per_second, input_wait_percent, mfu_percent, device_memory_peak_bytes where measured).
 
     Raises:
         NonFiniteLossError: The loss went NaN/Inf; the message names the step and the last good checkpoint.
         TfoptError: Training raised anything else (one paragraph with its cause).
+        Either message ends with where the Monitor's windows recorded before the failure are
+        (`monitor.jsonl`), when there are any.
     """
     train = recipe.train
     callbacks = progress.training_callbacks(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch) if chief else []
     if chief:
         callbacks.insert(0, scalar_summaries(tensorboard_dir / "train"))
     checkpoints = run_dir / CHECKPOINTS_NAME
+    monitor = None
     try:
         if built.plan.strategy in MULTI_PROCESS_STRATEGIES:
             # tfopt.distribute.fit runs its own step loop, which the Monitor (it wraps Keras' train
@@ -57,17 +68,22 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
         else:
             from tfopt.training import train as resumable_train
 
-            monitor = _monitor(built, train, tensorboard_dir / "train")
+            monitor = _monitor(built, train, tensorboard_dir / "train" if chief else None)
             result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                                      checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
                                      callbacks=[monitor, *callbacks])
             windows = [{key: value for key, value in window.items() if key not in ("kind", "logs")}
                        for window in monitor.records_of("window")]
             record = {"engine": "tfopt.training.train", **result.to_dict(), "monitor": windows}
-    except TfoptError:
+    except TfoptError as error:
+        error.args = (f"{error}{_windows_kept(monitor)}",)
         raise
     except Exception as error:  # noqa: BLE001 - reported as one paragraph with its cause
-        raise TfoptError(f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}") from error
+        raise TfoptError(f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}"
+                         f"{_windows_kept(monitor)}") from error
+    finally:
+        if monitor is not None:
+            monitor.close()  # Keras ends no callback when fit raises; after a normal end it does nothing
     if chief:
         from tfopt._atomic import write_atomic
 
@@ -88,14 +104,24 @@ def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "history": history, "monitor": [*before.get("monitor", []), *record.get("monitor", [])]}
 
 
-def _monitor(built: Any, train: Any, logdir: pathlib.Path) -> Any:
-    """A `tfopt.Monitor` for the run's training, with about 20 windows over the run where its length is known
-    (its scalars and monitor.jsonl go beside the epoch scalars), else its 30-second windows."""
-    from tfopt.profiling.live import Monitor
+def _monitor(built: Any, train: Any, logdir: pathlib.Path | None) -> Any:
+    """A `tfopt.Monitor` for the run's training: about `WINDOWS_PER_RUN` windows where the run's length is
+    known, never under `MIN_WINDOW_STEPS` steps each, else its 30-second windows. It writes to `logdir`
+    (beside the epoch scalars), or nowhere (None: not the chief)."""
+    from tfopt.profiling.live import MIN_WINDOW_STEPS, Monitor
 
     steps = train.steps_per_epoch or (len(built.dataset) if int(built.dataset.cardinality()) > 0 else None)
-    every_steps = max(1, steps * train.epochs // 20) if steps else None
+    every_steps = max(MIN_WINDOW_STEPS, steps * train.epochs // WINDOWS_PER_RUN) if steps else None
     return Monitor(logdir=logdir, every_steps=every_steps, hardware=built.plan.hardware)
+
+
+def _windows_kept(monitor: Any) -> str:
+    """A failure message's pointer to the Monitor's windows recorded before it ('' where none was written)."""
+    windows = monitor.records_of("window") if monitor is not None and monitor.logdir is not None else []
+    if not windows:
+        return ""
+    return (f" The {len(windows)} tfopt.Monitor window(s) recorded before it, to step {windows[-1]['step']}, "
+            f"are in {monitor.logdir / 'monitor.jsonl'}.")
 
 
 def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:
