@@ -67,7 +67,7 @@ def spread(values: list[float], digits: int = 3) -> str:
 
 
 def overhead(name: str, model, dataset, logdir: str, *, rounds: int, steps: int) -> None:
-    from tfopt.profiling.live import Monitor
+    from tfopt.profiling.monitor import Monitor
 
     configs = {"plain": list, "default": lambda: [Monitor(logdir=logdir)],
                "every 10": lambda: [Monitor(every_steps=10, logdir=logdir)]}
@@ -98,7 +98,7 @@ def overhead(name: str, model, dataset, logdir: str, *, rounds: int, steps: int)
 def capture_seconds(model, dataset, logdir: str, *, captures: int = 3) -> list[float]:
     """Seconds each profiler capture adds to a run: the steps from the one that starts it (a window's
     last) to the one that stops and analyses it, less as many median steps."""
-    from tfopt.profiling.live import PROFILE_STEPS, Monitor
+    from tfopt.profiling.monitor import PROFILE_STEPS, Monitor
 
     clock, monitor = Clock(), Monitor(every_steps=50, profile_every=1, logdir=logdir)
     model.fit(dataset, steps_per_epoch=(50 + PROFILE_STEPS + 1) * captures + 1, epochs=1, verbose=0,

@@ -82,7 +82,7 @@ def test_gpu_memory_is_read_from_the_nvml_gpu_tensorflow_uses(monkeypatch, visib
 
 
 def test_the_monitor_samples_the_nvml_gpus_tensorflow_uses(monkeypatch):
-    from tfopt.profiling.monitor import DeviceSampler
+    from tfopt.profiling.sampler import DeviceSampler
 
     _fake_nvml(monkeypatch, gpus=4)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[2]},{UUIDS[0]}")

@@ -27,7 +27,7 @@ _PUBLIC = {
     "compare": "tfopt.profiling.report",
     "load_recipe": "tfopt.recipe_file",
     "chain": "tfopt.recipes.base",
-    "Monitor": "tfopt.profiling.live",
+    "Monitor": "tfopt.profiling.monitor",
     # what they get back
     "ApplyResult": "tfopt.optimize",
     "Profile": "tfopt.profiling.capture",

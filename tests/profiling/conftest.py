@@ -17,7 +17,7 @@ from tfopt.hardware import Gpu, Hardware
 from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.capture import Capture, Profile, profile
 from tfopt.profiling.diagnose import diagnose_breakdown
-from tfopt.profiling.monitor import HOST, Sample, Samples
+from tfopt.profiling.sampler import HOST, Sample, Samples
 from tfopt.profiling.timing import Measurement, StepTimes
 
 FEATURES = 64

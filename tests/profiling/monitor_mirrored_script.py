@@ -1,4 +1,4 @@
-"""Run in a fresh process by test_live.py: TensorFlow must see two logical CPUs before it starts.
+"""Run in a fresh process by test_monitor.py: TensorFlow must see two logical CPUs before it starts.
 
 Trains the same model from the same weights under MirroredStrategy over two CPUs, with and without
 `tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights.
@@ -16,7 +16,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfopt.profiling.live import Monitor  # noqa: E402
+from tfopt.profiling.monitor import Monitor  # noqa: E402
 
 rng = np.random.default_rng(0)
 features = rng.normal(size=(128, 4)).astype("float32")

@@ -1,125 +1,396 @@
-"""DeviceSampler: host sampling through psutil for real, the NVML path through a faked pynvml module."""
+"""tfopt.Monitor on a tiny model and generated data: windows, syncs, outputs, alerts, CPU and strategy."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
 import sys
 import time
-import types
+from pathlib import Path
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
-from tfopt.profiling.monitor import HOST, DeviceSampler, Sample, Samples
+from tfopt.hardware import Hardware
+from tfopt.profiling import monitor as monitor_module
+from tfopt.profiling.alerts import AlertRules
+from tfopt.profiling.monitor import Monitor
+from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
+from tfopt.profiling.timing import read_loss
+from tests.conftest import FAKE_HARDWARE
+
+HERE = Path(__file__).resolve().parent
+BATCH = 32
+FEATURES = 16
+KEYS = {"tfopt/steps_per_second", "tfopt/examples_per_second", "tfopt/input_wait_percent"}
 
 
-def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType:
-    """A stand-in for `pynvml` with `count` GPUs: GPU i is (10 * (i + 1))% busy and uses (i + 1) GiB of 16."""
-    module = types.ModuleType("pynvml")
-    calls = {"init": 0, "shutdown": 0, "handles": []}
+def make_model(width=16, hidden=1):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((FEATURES,)),
+                              *[keras.layers.Dense(width, activation="relu") for _ in range(hidden)],
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
 
-    class NVMLError(Exception):
-        pass
 
-    def nvml_init():
-        calls["init"] += 1
-        if fail_init:
-            raise NVMLError("Driver Not Loaded")
+def steady_dataset():
+    features = np.random.default_rng(0).random((256, FEATURES), dtype=np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH).cache().repeat().prefetch(8)
 
-    def handle_by_index(index):
-        calls["handles"].append(index)
+
+def generated_dataset(*, slow_from_batch=None, sleep_seconds=0.05, fail_from_batch=None):
+    """Batches generated from their index by graph ops; from batch `slow_from_batch` on each one takes
+    `sleep_seconds` in Python, and batch `fail_from_batch` fails as a broken disk would."""
+    def load(index):
+        if fail_from_batch is not None and index >= fail_from_batch:
+            raise OSError("the disk went away")
+        time.sleep(sleep_seconds)
         return index
 
-    module.NVMLError = NVMLError
-    module.nvmlInit = nvml_init
-    module.nvmlShutdown = lambda: calls.__setitem__("shutdown", calls["shutdown"] + 1)
-    module.nvmlDeviceGetCount = lambda: count
-    module.nvmlDeviceGetHandleByIndex = handle_by_index
-    module.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=10 * (handle + 1), memory=5)
-    module.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(
-        used=(handle + 1) * 2**30, total=16 * 2**30, free=(15 - handle) * 2**30)
-    module.calls = calls
-    return module
+    first_in_python = min(index for index in (slow_from_batch, fail_from_batch) if index is not None)
+
+    def batch(index):
+        # Python only from then on: the steady part's batches need not wait for Python's lock.
+        index = tf.cond(index >= first_in_python, lambda: tf.numpy_function(load, [index], tf.int64),
+                        lambda: index)
+        features = tf.random.stateless_uniform((BATCH, FEATURES), seed=tf.stack([index, index * 0]))
+        return features, features[:, :1]
+
+    return tf.data.Dataset.range(10_000).map(batch).prefetch(8)
 
 
-def test_host_samples_taken_at_start_and_stop():
-    with DeviceSampler(interval_seconds=10.0, use_nvml=False) as monitor:
-        _ = sum(i * i for i in range(200_000))
-    samples = monitor.samples
-    host = samples.of(HOST)
-    assert samples.source == "psutil"
-    assert len(host) == 2  # the interval is longer than the run: exactly the first and the last reading
-    assert host[0].seconds == pytest.approx(0.0, abs=0.05) and host[1].seconds > host[0].seconds
-    assert all(0.0 <= sample.utilization_percent <= 100.0 + 1e-6 for sample in host)
-    assert samples.peak_memory_bytes() == max(sample.memory_bytes for sample in host) > 10 * 2**20
-    assert samples.accelerator_devices == () and samples.peak_memory_fraction is None
+class CountingSync:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, logs):
+        self.calls += 1
+        read_loss(logs)
 
 
-def test_nvml_path_samples_every_gpu_and_shuts_down(monkeypatch):
-    fake = _fake_pynvml(count=2)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    with DeviceSampler(interval_seconds=10.0) as monitor:
-        pass
-    samples = monitor.samples
-    assert samples.source == "nvml"
-    assert samples.devices == ("gpu:0", "gpu:1", HOST)
-    assert [s.utilization_percent for s in samples.of("gpu:1")] == [20.0, 20.0]
-    assert samples.peak_memory_bytes() == 2 * 2**30  # the fullest GPU, not the host
-    assert samples.peak_memory_bytes("gpu:0") == 2**30
-    assert samples.mean_utilization_percent() == pytest.approx(15.0)
-    assert samples.peak_memory_fraction == pytest.approx(2 / 16)
-    assert samples.device_memory_total_bytes == {"gpu:0": 16 * 2**30, "gpu:1": 16 * 2**30}
-    assert fake.calls["init"] == 1 and fake.calls["shutdown"] == 1
+class SteppedClock(keras.callbacks.Callback):
+    """The Monitor's `time.perf_counter`, faked: 1 s per training step, 100 s for each validation and each
+    epoch's end, so a window's seconds say exactly which time it counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.now += 1.0
+
+    def on_test_end(self, logs=None):
+        self.now += 100.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.now += 100.0
 
 
-def test_nvml_follows_cuda_visible_devices(monkeypatch):
-    fake = _fake_pynvml(count=4)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with DeviceSampler(interval_seconds=10.0) as monitor:
-        pass
-    # TensorFlow's GPU:0 is physical GPU 3 here, which the fake makes 40% busy.
-    assert monitor.samples.accelerator_devices == ("gpu:0",)
-    assert {s.utilization_percent for s in monitor.samples.of("gpu:0")} == {40.0}
-    assert fake.calls["handles"] == [3]
+class FailAtStep(keras.callbacks.Callback):
+    """Another callback that raises after a training step, outside the Monitor's wrapper."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.step:
+            raise RuntimeError("a callback failed")
 
 
-def test_nvml_failure_falls_back_to_host_unless_required(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_init=True))
-    with DeviceSampler(interval_seconds=10.0) as monitor:
-        pass
-    assert monitor.samples.source == "psutil" and monitor.samples.devices == (HOST,)
-    with pytest.raises(RuntimeError, match="NVML could not start: Driver Not Loaded"):
-        DeviceSampler(use_nvml=True).start()
+def jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def test_required_nvml_without_bindings_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    with pytest.raises(ImportError, match="pip install nvidia-ml-py"):
-        DeviceSampler(use_nvml=True).start()
+def scalars(logdir):
+    """Every scalar in the event files under `logdir`: {tag: [(step, value), ...]}."""
+    found = {}
+    for path in Path(logdir).glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if not value.tag.startswith("tfopt/"):
+                    continue  # Keras' TensorBoard writes its model config there too
+                found.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    return {tag: sorted(values) for tag, values in found.items()}
 
 
-def test_background_thread_samples_between_start_and_stop(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(count=1))
-    monitor = DeviceSampler(interval_seconds=0.01)
-    monitor.start()
-    # Wait on the samples, not on the clock: the thread must add readings beyond the first one (the
-    # bound only keeps a broken monitor from hanging the suite).
-    for _ in range(20_000):
-        if len(monitor._collected) >= 6:
-            break
-        time.sleep(0.001)
-    samples = monitor.stop()
-    gpu_times = [sample.seconds for sample in samples.of("gpu:0")]
-    assert len(gpu_times) >= 3 and gpu_times == sorted(gpu_times)
-    assert monitor._thread is None and monitor.stop() is samples  # stopping twice is harmless
+def test_windows_scalars_logs_and_jsonl(tmp_path):
+    sync = CountingSync()
+    monitor = Monitor(logdir=tmp_path, every_steps=5, sync=sync, hardware=Hardware())
+    csv = tmp_path / "log.csv"
+    model = make_model()
+    history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=21, verbose=0,
+                        callbacks=[monitor, keras.callbacks.CSVLogger(str(csv))])
+    windows = monitor.records_of("window")
+    # Step 1 (tracing) is never timed: windows close at steps 6, 11, 16, 21, one sync each plus the start.
+    assert [window["step"] for window in windows] == [6, 11, 16, 21]
+    assert sync.calls == len(windows) + 1
+    for window in windows:
+        assert window["steps"] == 5
+        assert window["steps_per_second"] == pytest.approx(5 / window["seconds"])
+        assert window["examples_per_second"] == pytest.approx(BATCH * window["steps_per_second"])
+        assert 0 <= window["input_wait_percent"] < 100
+    written = scalars(tmp_path)
+    for name in ("steps_per_second", "examples_per_second", "input_wait_percent"):
+        assert [step for step, _ in written[f"tfopt/{name}"]] == [w["step"] for w in windows]
+        assert [value for _, value in written[f"tfopt/{name}"]] == pytest.approx([w[name] for w in windows], rel=1e-6)
+    # The epoch's logs carry the mean of its windows: History, the progress bar and CSVLogger show them.
+    assert KEYS <= set(history.history)
+    mean_rate = np.mean([window["examples_per_second"] for window in windows])
+    assert history.history["tfopt/examples_per_second"][0] == pytest.approx(mean_rate)
+    assert KEYS <= set(csv.read_text().splitlines()[0].split(","))
+    lines = jsonl(tmp_path / "monitor.jsonl")
+    assert [line["kind"] for line in lines] == ["start"] + ["window"] * 4
+    assert lines[1]["examples_per_second"] == pytest.approx(windows[0]["examples_per_second"])
+    assert not hasattr(model.train_function, "tfopt_original")  # fit's own train function is back
 
 
-def test_interval_must_be_positive():
-    with pytest.raises(ValueError, match="interval_seconds must be > 0; received 0"):
-        DeviceSampler(interval_seconds=0)
+def test_monitor_does_not_change_training():
+    plain, monitored = make_model(), make_model()
+    plain.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0)
+    monitored.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0, callbacks=[Monitor(every_steps=2)])
+    for got, want in zip(monitored.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_samples_to_dict_round_trips_readings():
-    samples = Samples(samples=(Sample(0.0, HOST, 12.5, 100),), source="psutil")
-    assert samples.to_dict()["samples"] == [{"seconds": 0.0, "device": HOST, "utilization_percent": 12.5,
-                                             "memory_bytes": 100}]
+def test_cpu_says_which_metrics_do_not_apply(caplog):
+    monitor = Monitor(every_steps=3, hardware=FAKE_HARDWARE["cpu_bf16"])
+    model = make_model()
+    with caplog.at_level(logging.INFO, logger="tfopt"):
+        history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    start = monitor.records_of("start")[0]
+    assert start["accelerator"] == "cpu" and start["note"] == CPU_NOTE
+    assert start["not_applicable"] == ["mfu_percent", "device_memory_peak_bytes"]
+    assert set(history.history) == {"loss", *KEYS}
+    # Said once through the tfopt logger, however many fits the Monitor watches.
+    (said,) = [record.getMessage() for record in caplog.records if "not measured" in record.getMessage()]
+    assert said == ("tfopt.Monitor: not measured in this run: mfu_percent (no accelerator with a known peak "
+                    "FLOP/s); device_memory_peak_bytes (no GPU).")
+
+
+def test_windows_span_epochs_without_the_time_between_them(monkeypatch):
+    clock = SteppedClock()
+    monkeypatch.setattr(monitor_module, "time", clock)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    features = np.zeros((2 * BATCH, FEATURES), dtype=np.float32)
+    validation = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH)
+    make_model().fit(steady_dataset(), epochs=3, steps_per_epoch=4, validation_data=validation, verbose=0,
+                     callbacks=[monitor, clock])
+    windows = monitor.records_of("window")
+    # Epochs of 4 steps, windows of 4 after the untimed first step: 2-5 and 6-9 span an epoch's end, and
+    # 10-12 is the window cut short by the end of fit (3 steps: kept).
+    assert [(window["step"], window["steps"]) for window in windows] == [(5, 4), (9, 4), (12, 3)]
+    # 1 s a step, 200 s at each epoch's end (validation, callbacks): the windows counted the steps alone.
+    assert [window["seconds"] for window in windows] == [4.0, 4.0, 3.0]
+    assert all(window["steps_per_second"] == 1.0 for window in windows)
+
+
+def test_steps_count_on_from_the_optimizer_across_fit_calls(tmp_path):
+    model = make_model()
+    monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
+    for _ in range(2):  # as tfopt.training.train does when it resumes mid-epoch
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=6, verbose=0, callbacks=[monitor])
+    # Each fit's first step is untimed (1, 7) and its last 1-step window dropped (6, 12).
+    assert [record["step"] for record in monitor.records_of("start")] == [0, 6]
+    assert [window["step"] for window in monitor.records_of("window")] == [3, 5, 9, 11]
+    assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [3, 5, 9, 11]
+
+
+def test_a_short_fit_keeps_its_cut_short_window_and_a_shorter_one_warns_once(caplog):
+    monitor = Monitor(hardware=Hardware())  # 30-second windows: none fills in a few steps
+    model = make_model()
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        model.fit(steady_dataset(), epochs=2, steps_per_epoch=4, verbose=0, callbacks=[monitor])
+        for _ in range(2):
+            model.fit(steady_dataset(), epochs=1, steps_per_epoch=3, verbose=0, callbacks=[monitor])
+    assert [(window["step"], window["steps"]) for window in monitor.records_of("window")] == [(8, 7)]
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("tfopt.Monitor recorded no window in this fit: it trained 3 step(s), to step 11")
+    assert "every_steps=" in warning
+
+
+def test_a_step_that_raises_closes_the_monitor_and_keeps_its_windows(tmp_path):
+    model = make_model()
+    monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
+    with pytest.raises(tf.errors.OpError, match="the disk went away"):
+        model.fit(generated_dataset(fail_from_batch=7), epochs=1, steps_per_epoch=10, verbose=0,
+                  callbacks=[monitor])
+    assert not hasattr(model.train_function, "tfopt_original")  # Keras' own function is back
+    assert [line["step"] for line in jsonl(tmp_path / "monitor.jsonl") if line["kind"] == "window"] == [3, 5, 7]
+    assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [3, 5, 7]
+
+
+def test_an_error_in_another_callback_ends_the_monitor_at_the_next_fit_or_at_close():
+    model = make_model()
+    monitor = Monitor(every_steps=2, hardware=Hardware())
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor, FailAtStep(6)])
+    assert model.train_function.tfopt_monitor is monitor  # Keras called no callback on its way out
+    windows = monitor.records_of("window")
+    model.fit(steady_dataset(), epochs=1, steps_per_epoch=4, verbose=0)  # no Monitor this time
+    assert not hasattr(model.train_function, "tfopt_original")
+    assert monitor.records_of("window") == windows  # the dead Monitor timed none of the plain fit's steps
+
+    other = Monitor(every_steps=2, hardware=Hardware())
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[other, FailAtStep(6)])
+    other.close()
+    assert not hasattr(model.train_function, "tfopt_original")
+
+
+def test_tensorboard_callback_logdir_is_used(tmp_path):
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0,
+                     callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))])
+    assert monitor.logdir == tmp_path / "train"
+    assert [step for step, _ in scalars(tmp_path / "train")["tfopt/steps_per_second"]] == [5, 9]
+
+
+def test_mfu_and_memory_on_an_accelerator(monkeypatch):
+    """The GPU path with the hardware faked: MFU from the counted FLOPs and the table's peak."""
+    monkeypatch.setattr(monitor_module, "_allocator_peak_bytes", lambda devices: 3 * 2**30)
+    h100 = FAKE_HARDWARE["h100"]
+    model = make_model(width=64)
+    monitor = Monitor(every_steps=3, hardware=h100)
+    model.fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    peak = peak_flops_per_second(h100, precision_in_use(model, h100))
+    # Dense 16->64->1 at batch 32: forward 2*32*(16*64 + 64) FLOPs; backward and update add more.
+    assert monitor.flops_per_step > 2 * BATCH * (FEATURES * 64 + 64)
+    assert monitor.records_of("start")[0]["not_applicable"] == []
+    for window in monitor.records_of("window"):
+        expected = 100 * monitor.flops_per_step * window["steps_per_second"] / peak
+        assert window["mfu_percent"] == pytest.approx(expected)
+        assert window["device_memory_peak_bytes"] == 3 * 2**30
+
+
+def test_steps_per_execution_leaves_input_wait_unmeasured():
+    model = make_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor])
+    assert "input_wait_percent" in monitor.records_of("start")[0]["not_applicable"]
+    windows = monitor.records_of("window")
+    assert windows and all(w["steps"] == 4 and "input_wait_percent" not in w for w in windows)
+    assert "tfopt/input_wait_percent" not in history.history
+
+
+@pytest.mark.slow
+def test_alert_when_the_pipeline_slows_mid_run(caplog):
+    events = []
+    monitor = Monitor(every_steps=4, alert_windows=3, on_alert=events.append, hardware=Hardware())
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        # Steps of a few ms: in a 1 ms step, the eager fetch's own cost under load read 20-24% input wait.
+        make_model(width=512, hidden=3).fit(generated_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45,
+                                            verbose=0, callbacks=[monitor])
+    assert [event.kind for event in events] == ["input_wait"]  # one warning per episode, not per window
+    alert = events[0]
+    assert alert.step > 20 and all(wait > 20 for wait in alert.values["input_wait_percent"])
+    messages = [record.getMessage() for record in caplog.records if "tfopt.Monitor" in record.getMessage()]
+    assert len(messages) == 1 and "data_pipeline" in messages[0] and "tfopt-recipe diagnose" in messages[0]
+
+
+@pytest.mark.slow
+def test_no_alert_on_a_steady_pipeline():
+    monitor = Monitor(every_steps=4, alert_windows=3, hardware=Hardware())
+    make_model(width=256).fit(steady_dataset(), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor])
+    assert len(monitor.records_of("window")) == 11 and monitor.alerts == []
+
+
+def test_alert_rules_mfu_drop_against_the_runs_median():
+    rules = AlertRules(alert_windows=2, mfu_drop_fraction=0.3)
+
+    def windows(values):
+        return [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+                for i, value in enumerate(values)]
+
+    assert rules.check(windows([40, 41, 39, 40, 27])) == []  # one low window is not enough
+    (alert,) = rules.check(windows([40, 41, 39, 40, 27, 26]))
+    assert alert.kind == "mfu_drop" and alert.values == {"mfu_percent": [27, 26], "median_percent": 40}
+    assert "40.0%" in alert.message and "30%" in alert.message
+    assert rules.check(windows([40, 41, 39, 40, 27, 26, 25])) == []  # the same episode alerts once
+
+
+def test_an_mfu_drop_alerts_from_the_sixth_window_at_the_defaults():
+    """3 windows for the run's median (MFU_BASELINE_WINDOWS), then alert_windows=3 low ones (docs/monitoring.md)."""
+    windows = [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+               for i, value in enumerate([40, 40, 40, 20, 20, 20])]
+    rules = AlertRules()
+    assert [len(rules.check(windows[:count])) for count in range(1, 7)] == [0, 0, 0, 0, 0, 1]
+
+
+def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_wait_was_measured():
+    """plots.training_figure, the report's view of these windows (here: tests/profiling has no plots test)."""
+    from tfopt.profiling.diagnose import INPUT_BOUND_HIGH_PERCENT
+    from tfopt.profiling.plots import training_figure
+
+    measured = [{"step": 4 * n, "steps_per_second": 9.0, "examples_per_second": 288.0, "input_wait_percent": 3.0}
+                for n in range(1, 4)]
+    speed, percent = training_figure(measured).axes
+    thresholds = [line for line in percent.get_lines() if list(line.get_ydata()) == [INPUT_BOUND_HIGH_PERCENT] * 2]
+    assert len(thresholds) == 1 and f"({INPUT_BOUND_HIGH_PERCENT:.0f}%)" in thresholds[0].get_label()
+    unmeasured = [{key: value for key, value in window.items() if key != "input_wait_percent"} for window in measured]
+    (speed,) = training_figure(unmeasured).axes  # steps_per_execution > 1 on a CPU: throughput alone
+    assert [list(line.get_ydata()) for line in speed.get_lines()] == [[288.0] * 3]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"window_seconds": 0}, "window_seconds=0"), ({"every_steps": 0}, "every_steps=0"),
+    ({"profile_every": 1.5}, "profile_every=1.5"), ({"alert_windows": 0}, "alert_windows=0"),
+    ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"), ({"on_alert": "chat"}, "not callable"),
+])
+def test_bad_arguments_name_the_value(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        Monitor(**kwargs)
+
+
+@pytest.mark.slow
+def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
+    monitor = Monitor(logdir=tmp_path, every_steps=4, profile_every=1, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=18, verbose=0, callbacks=[monitor])
+    profiles = monitor.records_of("profile")
+    assert profiles and Path(profiles[0]["path"]).is_dir()
+    assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
+    assert 0 <= profiles[0]["input_wait_percent"] < 100 and profiles[0]["diagnosis"]
+    # The captured steps (5 after each window) are in no window: their profiler overhead is not timed.
+    steps = [(w["step"] - w["steps"] + 1, w["step"]) for w in monitor.records_of("window")]
+    assert steps == [(2, 5), (12, 15)]
+    assert "tfopt/profile/input_wait_percent" in scalars(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_failure_during_a_capture_stops_the_profiler(tmp_path):
+    monitor = Monitor(logdir=tmp_path, every_steps=2, profile_every=1, hardware=Hardware())
+    # Step 3 closes a window and starts a capture; step 6's batch fails inside it.
+    with pytest.raises(tf.errors.OpError, match="the disk went away"):
+        make_model().fit(generated_dataset(fail_from_batch=5), epochs=1, steps_per_epoch=10, verbose=0,
+                         callbacks=[monitor])
+    tf.profiler.experimental.start(str(tmp_path / "next"))  # raises while another capture is running
+    tf.profiler.experimental.stop()
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_cpus():
+    """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
+    completed = subprocess.run([sys.executable, str(HERE / "monitor_mirrored_script.py")], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    assert result["start"]["replicas"] == 2
+    windows = result["windows"]
+    assert [window["step"] for window in windows] == [5, 9, 13]
+    for window in windows:  # the global batch of 16, split over the two replicas, counts once
+        assert window["examples_per_second"] == pytest.approx(16 * window["steps_per_second"])
+        assert 0 <= window["input_wait_percent"] < 100
+    assert result["weights_max_diff"] < 1e-6

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfopt.errors import TfoptError
 from tfopt.hardware import Hardware
-from tfopt.profiling.live import MIN_WINDOW_STEPS
+from tfopt.profiling.monitor import MIN_WINDOW_STEPS
 from tfopt.run.training import WINDOWS_PER_RUN, _monitor, train_model
 
 NO_PROGRESS = SimpleNamespace(training_callbacks=lambda **kwargs: [])

@@ -32,7 +32,7 @@ from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
 from tfopt.profiling.metrics import Metrics
-from tfopt.profiling.monitor import DeviceSampler, Samples
+from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.timing import Measurement, StepTimes, WindowTimer, measure, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
 
@@ -204,9 +204,9 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     logdir.mkdir(parents=True, exist_ok=True)
     known = _captures(logdir)
     marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
-    monitor = DeviceSampler(interval_seconds=monitor_interval_seconds)
+    sampler = DeviceSampler(interval_seconds=monitor_interval_seconds)
     try:
-        with monitor, track_peak_memory(gpu_count) as peak:
+        with sampler, track_peak_memory(gpu_count) as peak:
             model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,
                       shuffle=False, callbacks=[marker])
     except BaseException as error:
@@ -224,7 +224,7 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     if not new:
         raise MeasurementError(f"The profiler wrote no capture under {logdir}; check that the directory is "
                                "writable and that TensorFlow was built with the profiler.")
-    return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=monitor.samples,
+    return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=sampler.samples,
                    step_times=StepTimes(seconds=tuple(marker.seconds), batch_size=batch_size, window_steps=steps),
                    step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
                    peak_memory_bytes=peak.peak_bytes)

@@ -18,7 +18,7 @@ from typing import Any
 
 from tfopt.profiling.alerts import INPUT_BOUND_HIGH_PERCENT
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.monitor import HOST
+from tfopt.profiling.sampler import HOST
 
 # One fixed color per category, so a category has the same color in every run and every report.
 _CATEGORY_COLORS = dict(zip(CATEGORY_LABELS, ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd",

@@ -108,7 +108,7 @@ def _monitor(built: Any, train: Any, logdir: pathlib.Path | None) -> Any:
     """A `tfopt.Monitor` for the run's training: about `WINDOWS_PER_RUN` windows where the run's length is
     known, never under `MIN_WINDOW_STEPS` steps each, else its 30-second windows. It writes to `logdir`
     (beside the epoch scalars), or nowhere (None: not the chief)."""
-    from tfopt.profiling.live import MIN_WINDOW_STEPS, Monitor
+    from tfopt.profiling.monitor import MIN_WINDOW_STEPS, Monitor
 
     steps = train.steps_per_epoch or (len(built.dataset) if int(built.dataset.cardinality()) > 0 else None)
     every_steps = max(MIN_WINDOW_STEPS, steps * train.epochs // WINDOWS_PER_RUN) if steps else None
