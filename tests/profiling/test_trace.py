@@ -12,10 +12,11 @@ from tfopt.profiling.trace import trace_breakdown, trace_gpus, trace_steps
 MS = 10**9  # picoseconds per millisecond
 
 
-def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=()):
+def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second_gpu=()):
     """Writes an XSpace. `steps`: (number, start_ms, end_ms) step markers; `waits`: (start_ms, end_ms)
     IteratorGetNext waits; `device`: (kernel name, start_ms, end_ms, from_xla) events on a GPU stream;
-    `keras_calls`: (start_ms, end_ms) Keras train-function calls."""
+    `keras_calls`: (start_ms, end_ms) Keras train-function calls; `second_gpu`: `device`'s events on a
+    second GPU."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -34,8 +35,10 @@ def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=()):
     getnext = host.lines.add(id=2, name="tf_data_iterator_get_next", timestamp_ns=1000)
     for start, end in waits:
         getnext.events.add(metadata_id=2, offset_ps=start * MS, duration_ps=(end - start) * MS)
-    if device:
-        gpu = space.planes.add(id=2, name="/device:GPU:0")
+    for plane_id, kernels in enumerate((device, second_gpu), start=2):
+        if not kernels:
+            continue
+        gpu = space.planes.add(id=plane_id, name=f"/device:GPU:{plane_id - 2}")
         for stat_id, name in ((1, "gpu_device_name"), (2, "compute_cap_major"), (3, "compute_cap_minor"),
                               (4, "memory_size"), (5, "hlo_module")):
             gpu.stat_metadata[stat_id].CopyFrom(xplane_pb2.XStatMetadata(id=stat_id, name=name))
@@ -44,7 +47,7 @@ def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=()):
         gpu.stats.add(metadata_id=3, int64_value=0)
         gpu.stats.add(metadata_id=4, uint64_value=40 * 2**30)
         stream = gpu.lines.add(id=1, name="Stream #7(Compute)", timestamp_ns=1000)
-        for index, (name, start, end, from_xla) in enumerate(device, start=1):
+        for index, (name, start, end, from_xla) in enumerate(kernels, start=1):
             gpu.event_metadata[index].CopyFrom(xplane_pb2.XEventMetadata(id=index, name=name))
             event = stream.events.add(metadata_id=index, offset_ps=start * MS, duration_ps=(end - start) * MS)
             if from_xla:
@@ -147,3 +150,15 @@ def test_missing_markers_are_a_clear_error(tmp_path):
     xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(0, 0, 10)])
     with pytest.raises(MeasurementError, match=r"no 'train' step markers numbered \[7\].*Trace\('train'"):
         trace_steps(xplane, step_numbers={7})
+
+
+def test_busy_time_is_each_gpus_own_averaged_over_the_gpus(tmp_path):
+    # GPU 0 computes 0-10 ms and GPU 1 10-20 ms of a 20 ms step: each is busy half the step. A union over
+    # both read 100% busy.
+    xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(1, 0, 20), (2, 20, 40)],
+                           device=[("volta_sgemm", 20, 30, False)], second_gpu=[("volta_sgemm", 30, 40, False)])
+    (step,) = trace_steps(xplane)
+    assert step["device_busy_seconds"] == pytest.approx(0.010)
+    breakdown = trace_breakdown(xplane)
+    assert breakdown.busy_percent == pytest.approx(50.0)
+    assert [gpu.name for gpu in trace_gpus(xplane)] == ["NVIDIA A100-SXM4-40GB"] * 2

@@ -48,7 +48,7 @@ class _Events:
     markers: dict[int, Interval] = dataclasses.field(default_factory=dict)
     keras_steps: list[Interval] = dataclasses.field(default_factory=list)
     waits: list[Interval] = dataclasses.field(default_factory=list)
-    device_activity: list[Interval] = dataclasses.field(default_factory=list)
+    device_activity: dict[str, list[Interval]] = dataclasses.field(default_factory=dict)  # per device plane
     tpu: bool = False  # TPU planes hold no GPU-style stream lines: their activity is not read
     # Every kernel: (interval, 16-bit or not or None where its name tells no type, from an XLA module).
     kernels: list[tuple[Interval, bool | None, bool]] = dataclasses.field(default_factory=list)
@@ -65,14 +65,13 @@ def trace_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
     count = len(steps)
     step_seconds = tuple((end - start) / 1e12 for _, start, end in steps)
     waits, kernels = _merge(events.waits), _merge([interval for interval, _, _ in events.kernels])
-    busy = _merge(events.device_activity)
     input_seconds = sum(_overlap(waits, start, end) for _, start, end in steps) / count / 1e12
     has_device = bool(events.device_activity)
     device_seconds = busy_seconds = compute_16bit = xla_share = None
     if has_device:
         kernels_outside_waits = _subtract(kernels, waits)
         device_seconds = sum(_overlap(kernels_outside_waits, start, end) for _, start, end in steps) / count / 1e12
-        busy_seconds = sum(_overlap(busy, start, end) for _, start, end in steps) / count / 1e12
+        busy_seconds = sum(_busy_picoseconds(events, start, end) for _, start, end in steps) / count / 1e12
         window = [kernel for kernel in events.kernels if steps[0][1] <= kernel[0][0] < steps[-1][2]]
         compute_16bit = _share(window, lambda is_16bit, _: is_16bit, typed_only=True)
         xla_share = _share(window, lambda _, from_xla: from_xla, typed_only=False)
@@ -110,10 +109,17 @@ def trace_steps(xplane: str | Path, *, step_numbers: Collection[int] | None = No
     """
     events = _read_events(xplane)
     steps, _ = _wall_steps(events, xplane, step_numbers)
-    waits, busy = _merge(events.waits), _merge(events.device_activity)
+    waits = _merge(events.waits)
     return [{"step": number, "step_seconds": (end - start) / 1e12,
              "input_seconds": _overlap(waits, start, end) / 1e12,
-             "device_busy_seconds": _overlap(busy, start, end) / 1e12} for number, start, end in steps]
+             "device_busy_seconds": _busy_picoseconds(events, start, end) / 1e12} for number, start, end in steps]
+
+
+def _busy_picoseconds(events: _Events, start: int, end: int) -> float:
+    """How long the accelerators were busy between `start` and `end`: each device's union of activity,
+    averaged over the devices (a union over all of them would read two GPUs busy in turn as one busy GPU)."""
+    devices = [_merge(intervals) for intervals in events.device_activity.values()]
+    return statistics.fmean(_overlap(busy, start, end) for busy in devices) if devices else 0.0
 
 
 def trace_gpus(xplane: str | Path) -> tuple[Gpu, ...]:
@@ -159,7 +165,7 @@ def _read_events(xplane: str | Path) -> _Events:
                 interval = (start_ps, start_ps + event.duration_ps)
                 name = plane.event_metadata[event.metadata_id].name
                 if device_stream:
-                    events.device_activity.append(interval)
+                    events.device_activity.setdefault(plane.name, []).append(interval)
                     if not _COPY_EVENT.match(name):
                         is_16bit = True if _16BIT_KERNEL.search(name) else False if _32BIT_KERNEL.search(name) else None
                         metadata_stats = plane.event_metadata[event.metadata_id].stats
