@@ -135,6 +135,20 @@ def test_train_step_flops_counts_forward_backward_and_update():
     assert 2 * forward <= flops <= 2.5 * forward
 
 
+def test_train_step_flops_count_convolutions_and_their_gradients():
+    # MFU's "model FLOPs" are about 3x the forward pass (forward, input gradient, weight gradient): the
+    # convolutions' backward ops must count, not only matmuls.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 8))
+    x = keras.layers.Conv2D(32, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.Conv2D(32, 3, padding="same", use_bias=False)(x)
+    model = keras.Model(inputs, keras.layers.Dense(4, use_bias=False)(keras.layers.GlobalAveragePooling2D()(x)))
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((8, 16, 16, 8), "float32"), np.zeros((8, 4), "float32")))
+    forward = 2 * 8 * 16 * 16 * 3 * 3 * (8 * 32 + 32 * 32)  # both convolutions, multiply-adds as 2 FLOPs
+    assert 2.5 * forward <= train_step_flops(model, data.batch(8)) <= 3.5 * forward
+
+
 @pytest.fixture
 def tf32_on():
     """TensorFlow's TF32 switch on (its default; an earlier build in this process may have turned it off)."""
