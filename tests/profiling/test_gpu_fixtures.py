@@ -52,9 +52,13 @@ def test_the_hardware_is_the_captures_own(captures):
 @pytest.mark.parametrize("case", CASES)
 def test_wall_steps_hold_the_wait_and_match_the_true_step(captures, diagnosed, case):
     breakdown, _, _ = diagnosed[case]
-    truth_seconds = 1.0 / _truth(captures, case)["steps_per_second_async"]
-    # These captures read the loss after every step (one sync per step), so a wall step is the true step
-    # plus that sync: never shorter, at most 40% longer (the ResNet-50 at batch 32 pays most).
+    truth = _truth(captures, case)
+    truth_seconds = 1.0 / truth["steps_per_second_async"]
+    profiled_seconds = truth["tfopt_profile"]["profiled_steps"]["median_seconds"]
+    # The wall steps are the steps timed while the profiler ran (within 6% here), and those are never
+    # faster than the true step: the profiler's own cost makes them up to 40% slower (ResNet-50 at batch
+    # 32: 63 ms profiled, 48 ms true).
+    assert profiled_seconds * 0.95 <= breakdown.step_seconds_mean <= profiled_seconds * 1.08
     assert truth_seconds * 0.97 <= breakdown.step_seconds_mean <= truth_seconds * 1.45
     parts = sum(breakdown.categories.values())
     assert parts == pytest.approx(breakdown.step_seconds_mean, rel=1e-6)
@@ -73,7 +77,9 @@ def test_starvation_is_seen_and_sent_to_the_data_pipeline(diagnosed):
 def test_an_idle_gpu_fed_in_time_is_dispatch_bound_never_grad_accum(diagnosed, case):
     breakdown, _, diagnosis = diagnosed[case]
     assert breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT and not diagnosis.input_bound
-    assert breakdown.busy_percent < 20.0
+    # Ground truth: the device computes ~2.5% (dense) and ~17% (ResNet-50) of a step.
+    assert breakdown.busy_percent == pytest.approx({"in_memory_dense": 2.5, "resnet_small_batch_fp32": 17.0}[case],
+                                                   abs=2.0)
     assert diagnosis.findings[0].bottleneck == d.DISPATCH_BOUND
     assert set(diagnosis.recipes) <= {"xla", "batch_size"} and "grad_accum" not in diagnosis.recipes
 
@@ -89,8 +95,9 @@ def test_bf16_under_xla_reads_as_16_bit_and_mostly_busy(diagnosed):
     breakdown, _, diagnosis = diagnosed["resnet_bf16_xla"]
     assert breakdown.compute_16bit_percent >= 90.0  # xprof and e81f6d1 read 0%
     assert d.FP32_COMPUTE not in diagnosis.bottlenecks and "mixed_precision" not in diagnosis.recipes
-    # Ground truth ~80% of the true 44 ms step; these steps carry a per-step sync (50 ms), hence ~74%.
-    assert 65.0 <= breakdown.busy_percent <= 90.0
+    # Ground truth ~80% of the true 44 ms step; the profiled steps took 49-50 ms (the profiler's own cost)
+    # for the same device work, hence ~74% of them.
+    assert 65.0 <= breakdown.busy_percent <= 85.0
 
 
 def test_float32_resnet_reads_as_32_bit(diagnosed):
