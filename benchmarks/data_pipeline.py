@@ -13,9 +13,12 @@ side by side, one full pass each, interleaved within each repeat.
 Workload: the shapes dataset as JPEG files (decode + random flip/translation/brightness) feeding a
 small CNN through `model.fit`. All variants are measured in the same run, interleaved round-robin in
 each repeat (in reverse order every other repeat) so that background load hits them alike; the table
-shows medians over repeats (of each variant's median over epochs 2-4). The
-ratios are medians of the ratios within each repeat, whose variants ran seconds apart: on a shared
-machine the speed drifts by tens of percent between repeats, far more than within one.
+shows medians and [min-max] over repeats (of each variant's median over epochs 2-4). The ratios between
+variants are medians of the ratios within each repeat, whose variants ran seconds apart: on a shared
+machine the speed drifts by tens of percent between repeats, far more than within one. Each variant's
+input efficiency (the ceiling's step time over its own) is read as tfopt reads every measurement
+(`tfopt.profiling.timing.Measurement`, each repeat one window): never above 100%, and a variant faster
+than the ceiling beyond the measured spread is reported as a measurement problem.
 
 Each variant's epochs are read from one iterator (`fit(dataset.repeat(), steps_per_epoch=one pass)`,
 as `tfopt.training.fit.train` does). Given the finite dataset, Keras makes a new iterator per epoch and keeps the
@@ -56,7 +59,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -71,6 +73,7 @@ import tensorflow as tf  # noqa: E402
 
 from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord  # noqa: E402
 from tfopt.hardware import detect  # noqa: E402
+from tfopt.profiling.timing import Measurement, StepTimes  # noqa: E402
 from tfopt.recipes.data_pipeline import tune_pipeline  # noqa: E402
 
 BATCH_SIZE = 64
@@ -109,22 +112,16 @@ def main() -> None:
 
 
 def _header() -> str:
-    """The machine the numbers come from: the device that trains and the cores that feed it."""
+    """The machine the numbers come from, as `tfopt.hardware.detect()` describes it: the device that trains
+    and the host cores that tf.data runs on."""
+    hardware = detect()
+    trains_on = f"GPU:0 ({hardware.gpus[0].name})" if hardware.gpus else f"the {hardware.accelerator.upper()}"
     return (
-        f"tfopt input-pipeline benchmark. Trains on: {detect().describe()}. Host CPU: {_cpu_name()}, "
-        f"{os.cpu_count()} logical cores (tf.data runs there). TensorFlow {tf.__version__}, "
+        f"tfopt input-pipeline benchmark. Measured on: {hardware.describe()}. Keras trains on {trains_on}; "
+        f"tf.data runs on the host's {hardware.cpu_count} cores (those its CPU affinity lets this process use, of "
+        f"{os.cpu_count()} logical cores in all). TensorFlow {tf.__version__}, "
         f"Keras {keras.__version__}. {_load_average()}"
     )
-
-
-def _cpu_name() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _load_average() -> str:
@@ -177,11 +174,11 @@ def _guide_table(repeats: int) -> None:
             rates[name].append(_elements_per_second(dataset))
     guide = rates["guide: num_parallel_calls=AUTOTUNE, prefetch"]
     print(f"\nThe tf.data guide's case: map over a {GUIDE_SECONDS_PER_ELEMENT * 1e3:.0f} ms py_function, batch "
-          f"{GUIDE_BATCH_SIZE}, {GUIDE_ELEMENTS} elements per pass, no model; elements/s, median of {repeats} repeats; "
-          "/guide: median [min-max] of the ratios within each repeat")
-    print(f"{'variant':48s} {'elements/s':>10s} {'/guide':>18s}")
+          f"{GUIDE_BATCH_SIZE}, {GUIDE_ELEMENTS} elements per pass, no model; elements/s: median [min-max] of "
+          f"{repeats} repeats; /guide: median [min-max] of the ratios within each repeat")
+    print(f"{'variant':48s} {'elements/s':>18s} {'/guide':>18s}")
     for name, values in rates.items():
-        print(f"{name:48s} {statistics.median(values):10.0f} {_ratio_summary(values, guide):>18s}")
+        print(f"{name:48s} {_spread(values):>18s} {_ratio_summary(values, guide):>18s}")
     print("target: tfopt/guide >= 0.95")
 
 
@@ -333,17 +330,38 @@ def _pipeline_table(source, repeats: int) -> None:
         first_epoch["(d*) on-device ceiling (timing.py)"] = device_ceiling
         later_epochs["(d*) on-device ceiling (timing.py)"] = device_ceiling
     ceiling = device_ceiling if on_device else later_epochs["(d) compute-only ceiling"]
-    print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s, median of {repeats} repeats; "
-          "/ceiling: median [min-max] of the ratios within each repeat")
-    print(f"{'variant':36s} {'epoch 1':>10s} {'epochs 2+':>10s} {'/ceiling':>18s}")
+    print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s: median [min-max] of {repeats} repeats; "
+          "input efficiency: the ceiling's step time over the variant's (epochs 2+), read by "
+          "tfopt.profiling.timing.Measurement with each repeat as one window")
+    print(f"{'variant':36s} {'epoch 1':>8s} {'epochs 2+':>22s} {'input efficiency':>17s}")
+    problems = []
     for name in later_epochs:
-        later = statistics.median(later_epochs[name])
-        print(f"{name:36s} {statistics.median(first_epoch[name]):10.0f} {later:10.0f} "
-              f"{_ratio_summary(later_epochs[name], ceiling):>18s}")
+        measurement = _measurement(later_epochs[name], ceiling)
+        efficiency = measurement.input_efficiency
+        if efficiency is None:
+            problems.append(f"{name}: {measurement.measurement_problem}")
+        print(f"{name:36s} {statistics.median(first_epoch[name]):8.0f} {_spread(later_epochs[name]):>22s} "
+              f"{'measurement problem' if efficiency is None else f'{efficiency:.0%}':>17s}")
+    for problem in problems:
+        print(f"  {problem}")
     ours = later_epochs["(c) tfopt optimized"]
     print(f"(c)/(b) = {_ratio_summary(ours, later_epochs['(b) hand-tuned (tf.data guide)'])}   "
           f"(c)/(a) = {_ratio_summary(ours, later_epochs['(a) naive, TF default options'])}   "
-          "targets: (c)/ceiling >= 0.95, (c)/(b) >= 1.0")
+          "targets: (c) input efficiency >= 95%, (c)/(b) >= 1.0")
+
+
+def _measurement(rates: list[float], ceiling_rates: list[float]) -> Measurement:
+    """A variant against the ceiling as tfopt reads a measurement, each repeat's examples/s one window:
+    its input efficiency is never above 100%, and a variant beyond the ceiling's spread is a measurement problem."""
+    def step_times(values: list[float]) -> StepTimes:
+        return StepTimes(seconds=tuple(BATCH_SIZE / value for value in values), batch_size=BATCH_SIZE)
+
+    return Measurement(real=step_times(rates), ceiling=step_times(ceiling_rates))
+
+
+def _spread(values: list[float]) -> str:
+    """`median [min-max]` of values measured in separate repeats."""
+    return f"{statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
 
 
 def _ratio_summary(numerators: list[float], denominators: list[float]) -> str:
@@ -391,6 +409,7 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
     for path in source.files:  # warm the page cache so that every writer reads from memory
         path.read_bytes()
     rows = {}
+    cores = detect().cpu_count  # those this process may use
     for compression in (None, "GZIP"):
         label = compression or "none"
         writers = {
@@ -398,8 +417,8 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
             f"write, tfopt to_tfrecord 1 worker [{label}]": lambda out: to_tfrecord(
                 source, out, compression=compression, num_workers=1
             ),
-            f"write, tfopt to_tfrecord {os.cpu_count()} workers [{label}]": lambda out: to_tfrecord(
-                source, out, compression=compression, num_workers=os.cpu_count()
+            f"write, tfopt to_tfrecord {cores} workers [{label}]": lambda out: to_tfrecord(
+                source, out, compression=compression, num_workers=cores
             ),
         }
         for repeat in range(repeats):

@@ -5,12 +5,13 @@ import gc
 import threading
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.framework import op_def_registry
 
-from tfopt.data.graph import serialize
+from tfopt.data import graph as pipeline_graph
+from tfopt.data.graph import pipeline_ops, serialize
 from tfopt.data.rewrite import KNOWN_DATASET_OPS, parallelize
 
 
@@ -170,8 +171,8 @@ def test_synchronous_map_stays_sequential():
 
 @pytest.mark.parametrize("build, reason", [
     (lambda: tf.data.Dataset.range(3).map(lambda i: i).apply(tf.data.experimental.copy_to_device("/cpu:0")),
-     "its graph cannot be serialized (Failed to serialize the input pipeline graph: GeneratorDatasetOp::Dataset "
-     "does not support serialization)"),
+     "its graph cannot be serialized (FailedPreconditionError: Failed to serialize the input pipeline graph: "
+     "GeneratorDatasetOp::Dataset does not support serialization)"),
     (lambda: tf.data.Dataset.range(3).map(lambda i: i).snapshot("unused-path"),
      "it uses SnapshotDatasetV2, which tfopt has not verified"),
 ])
@@ -218,5 +219,239 @@ def test_parallel_calls_overlap():
     assert peak[0] >= 2
 
 
-def test_known_ops_are_registered():
-    assert not [op for op in KNOWN_DATASET_OPS if op_def_registry.get(op) is None]
+def fake_serialized(monkeypatch, value):
+    """DatasetToGraphV2 returning `value`, as protobuf or a TensorFlow change could make it."""
+    monkeypatch.setattr(tf.raw_ops, "DatasetToGraphV2", lambda **_: tf.constant(value))
+
+
+@pytest.mark.parametrize("serialized, reason", [
+    (b"\xff\xff\xff", "its graph cannot be serialized (DecodeError: Error parsing message with type "
+                       "'tensorflow.GraphDef': Wire format was corrupt)"),
+    # What protobuf makes of a GraphDef over 2 GiB (measured with a 2.1 GiB array).
+    (b"", "its graph is over protobuf's 2 GiB limit"),
+])
+def test_a_graph_python_cannot_parse_leaves_the_pipeline_as_it_was(monkeypatch, serialized, reason):
+    dataset = PIPELINES["map and batch"]()
+    fake_serialized(monkeypatch, serialized)
+    result, notes = rewrite(dataset)
+    assert result is dataset
+    assert len(notes) == 1 and notes[0].startswith(f"pipeline left as it was: {reason}")
+
+
+def test_a_graph_without_an_output_leaves_the_pipeline_as_it_was(monkeypatch):
+    """What an empty serialization parsed to before it was refused: a GraphDef with no _Retval."""
+    dataset = PIPELINES["map and batch"]()
+    monkeypatch.setattr(pipeline_graph, "read", lambda _: (tf.compat.v1.GraphDef(), None))
+    result, notes = rewrite(dataset)
+    assert result is dataset
+    assert notes == ["pipeline left as it was: tfopt could not rewrite its graph (RuntimeError: generator raised "
+                     "StopIteration)"]
+
+
+def test_a_failing_rebuild_leaves_the_pipeline_as_it_was(monkeypatch):
+    def refuse(**_):
+        raise RuntimeError("refused")
+
+    dataset = PIPELINES["map and batch"]()
+    monkeypatch.setattr(tf.raw_ops, "DatasetFromGraph", refuse)
+    result, notes = rewrite(dataset)
+    assert result is dataset
+    assert notes == ["pipeline left as it was: its rewritten graph could not be rebuilt (RuntimeError: refused)"]
+
+
+def arrays_pipeline(rows):
+    """from_tensor_slices over a float32 array of `rows` KiB rows, mapped and batched."""
+    array = np.arange(rows * 256, dtype=np.float32).reshape(rows, 256)
+    return tf.data.Dataset.from_tensor_slices(array).map(lambda row: row * 2.0).batch(64)
+
+
+def test_arrays_within_the_limit_are_rewritten_element_by_element():
+    rewritten, notes = rewrite(arrays_pipeline(16 * 1024))  # 16 MiB in the graph
+    assert top_level_ops(rewritten)["ParallelMapDatasetV2"] == 1
+    assert_same_elements(arrays_pipeline(16 * 1024), rewritten)
+
+
+def test_arrays_over_the_limit_are_left_before_anything_is_serialized(monkeypatch):
+    monkeypatch.setattr(pipeline_graph, "MAX_GRAPH_BYTES", 2**20)
+    serialized = []
+    real = tf.raw_ops.DatasetToGraphV2
+    monkeypatch.setattr(tf.raw_ops, "DatasetToGraphV2", lambda **kwargs: serialized.append(1) or real(**kwargs))
+    dataset = arrays_pipeline(2 * 1024)  # 2 MiB
+    result, notes = rewrite(dataset)
+    assert result is dataset and not serialized
+    assert notes == ["pipeline left as it was: its graph holds 2 MiB of in-memory data (arrays passed to "
+                     "from_tensor_slices or captured by its functions are part of it), more than the 1 MiB tfopt "
+                     "copies to rewrite a pipeline; pass num_parallel_calls=tf.data.AUTOTUNE to your own maps instead"]
+
+
+def test_data_the_pipeline_objects_do_not_show_is_bounded_by_the_graph_size(monkeypatch):
+    monkeypatch.setattr(pipeline_graph, "MAX_GRAPH_BYTES", 2**20)
+    table = np.arange(512 * 1024, dtype=np.float32)  # 2 MiB, a constant inside the map function
+
+    dataset = tf.data.Dataset.range(4).map(lambda i: tf.gather(tf.constant(table), i))
+    result, notes = rewrite(dataset)
+    assert result is dataset
+    assert notes[0].startswith("pipeline left as it was: its graph holds 2 MiB (arrays passed to")
+
+
+def final_buffer_size(dataset):
+    graph = serialize(dataset)
+    prefetch = next(node for node in pipeline_graph.output_chain(graph) if node.op != "OptionsDataset")
+    size = next(node for node in graph.node if node.name == prefetch.input[1].split(":")[0])
+    return prefetch.op, int(tf.make_ndarray(size.attr["value"].tensor))
+
+
+def test_a_final_autotune_prefetch_is_bounded_like_the_one_tfopt_adds():
+    build = lambda: tf.data.Dataset.range(20).batch(4).prefetch(tf.data.AUTOTUNE)  # noqa: E731
+    rewritten, notes = rewrite(build())
+    assert final_buffer_size(rewritten) == ("PrefetchDataset", 2)
+    assert "its final prefetch(AUTOTUNE) now holds 2 elements" in notes
+    assert_same_elements(build(), rewritten)
+    assert rewrite(rewritten)[0] is rewritten
+
+
+def test_without_a_size_the_final_prefetch_is_autotuned_within_the_budget():
+    kept, notes = parallelize(tf.data.Dataset.range(4).prefetch(tf.data.AUTOTUNE), prefetch_batches=None)
+    assert final_buffer_size(kept) == ("PrefetchDataset", tf.data.AUTOTUNE)
+    assert "its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within the " \
+           "autotune RAM budget" in notes
+    added, notes = parallelize(tf.data.Dataset.range(4).map(lambda i: i), prefetch_batches=None)
+    assert final_buffer_size(added) == ("PrefetchDataset", tf.data.AUTOTUNE)
+    assert "ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' " \
+           "size is unknown" in notes
+
+
+def keras_augmented():
+    """Keras augmentation in a map, as the Keras guides show it; a new seeded layer per pipeline."""
+    flip = keras.layers.RandomFlip("horizontal", seed=1)
+    images = np.arange(16 * 4 * 4 * 3, dtype=np.float32).reshape(16, 4, 4, 3)
+    return tf.data.Dataset.from_tensor_slices(images).map(lambda x: flip(x, training=True)).batch(4)
+
+
+def test_a_keras_random_layer_map_stays_sequential_with_the_reason():
+    rewritten, notes = rewrite(keras_augmented())
+    ops = top_level_ops(rewritten)
+    assert ops["MapDataset"] == 1 and ops["ParallelBatchDataset"] == 1
+    assert ("kept sequential: map 1 'lambda' (stateful AssignVariableOp: it writes a variable, as a Keras random "
+            "layer's seed generator does on every call, and parallel calls could read the same seed)") in notes
+    assert_same_elements(keras_augmented(), rewritten)
+    images = np.arange(16 * 4 * 4 * 3, dtype=np.float32).reshape(16, 4, 4, 3)
+    flipped = np.concatenate([batch.numpy() for batch in rewritten])
+    assert 0 < sum(np.array_equal(image, np.flip(original, axis=1)) for image, original in zip(flipped, images)) < 16
+
+
+def test_a_generator_is_called_one_element_at_a_time_while_the_maps_after_it_run_in_parallel():
+    lock, inside, most_inside, most_mapping, mapping = threading.Lock(), [0], [0], [0], [0]
+
+    def generate():
+        for index in range(24):
+            with lock:
+                inside[0] += 1
+                most_inside[0] = max(most_inside[0], inside[0])
+            time.sleep(0.002)
+            with lock:
+                inside[0] -= 1
+            yield index
+
+    def slow_square(x):
+        with lock:
+            mapping[0] += 1
+            most_mapping[0] = max(most_mapping[0], mapping[0])
+        time.sleep(0.01)
+        with lock:
+            mapping[0] -= 1
+        return x * x
+
+    options = tf.data.Options()
+    options.autotune.enabled = False  # a fixed parallelism (the core count), not what autotuning tried first
+
+    def build():
+        generated = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec([], tf.int64))
+        return generated.map(lambda i: tf.py_function(slow_square, [i], tf.int64)).with_options(options)
+
+    rewritten, _ = rewrite(build())
+    assert [int(x) for x in rewritten] == [index * index for index in range(24)]
+    assert most_inside == [1] and most_mapping[0] >= 2
+
+
+def same(*parts):
+    return parts if len(parts) > 1 else parts[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A TFRecord file, a text file and a binary file of fixed-length records."""
+    folder = tmp_path_factory.mktemp("records")
+    with tf.io.TFRecordWriter(str(folder / "a.tfrecord")) as writer:
+        for index in range(6):
+            writer.write(f"record {index}".encode())
+    (folder / "a.txt").write_text("first\nsecond\nthird\n")
+    (folder / "a.bin").write_bytes(bytes(range(24)))
+    return folder
+
+
+R = tf.data.Dataset.range
+# One pipeline per known op, built as tf.data's Python API builds it (TF 2.21), seeded where it draws.
+OP_PIPELINES = {
+    "RangeDataset": lambda f: R(5),
+    "TensorDataset": lambda f: tf.data.Dataset.from_tensors([1, 2, 3]),
+    "TensorSliceDataset": lambda f: tf.data.Dataset.from_tensor_slices({"x": [[1, 2], [3, 4]], "y": ["a", "b"]}),
+    "TFRecordDataset": lambda f: tf.data.TFRecordDataset(str(f / "a.tfrecord")),
+    "TextLineDataset": lambda f: tf.data.TextLineDataset(str(f / "a.txt")),
+    "FixedLengthRecordDatasetV2": lambda f: tf.data.FixedLengthRecordDataset(str(f / "a.bin"), 4),
+    "RandomDataset": lambda f: tf.data.Dataset.random(seed=3).take(5),
+    # tfopt's own pipelines draw their augmentation seeds from it (tfopt.data.pipeline).
+    "RandomDatasetV2": lambda f: tf.data.Dataset.random(seed=3, rerandomize_each_iteration=True).take(5),
+    "GeneratorDataset": lambda f: tf.data.Dataset.from_generator(lambda: iter(range(5)),
+                                                                 output_signature=tf.TensorSpec([], tf.int64)),
+    "MapDataset": lambda f: R(5).map(lambda i: i * 3),
+    "ParallelMapDatasetV2": lambda f: R(5).map(lambda i: i * 3, num_parallel_calls=2, deterministic=True),
+    "FilterDataset": lambda f: R(9).filter(lambda i: i % 3 > 0),
+    "FlatMapDataset": lambda f: R(4).flat_map(R),
+    "InterleaveDataset": lambda f: R(4).interleave(R, cycle_length=2),
+    # tfopt's TFRecordSource reads its shards with it.
+    "ParallelInterleaveDatasetV4": lambda f: R(4).interleave(R, cycle_length=2, num_parallel_calls=2,
+                                                             deterministic=True),
+    "BatchDatasetV2": lambda f: R(7).batch(3),
+    "ParallelBatchDataset": lambda f: R(7).batch(3, num_parallel_calls=2, deterministic=True),
+    "PaddedBatchDatasetV2": lambda f: R(5).map(tf.range).padded_batch(2),
+    "MapAndBatchDataset": lambda f: R(7).apply(tf.data.experimental.map_and_batch(lambda i: i + 1, 3)),
+    "UnbatchDataset": lambda f: R(7).batch(3).unbatch(),
+    "ShuffleDatasetV3": lambda f: R(9).shuffle(9, seed=4),
+    "ShuffleAndRepeatDataset": lambda f: R(5).apply(tf.data.experimental.shuffle_and_repeat(5, count=2, seed=4)),
+    "RepeatDataset": lambda f: R(3).repeat(2),
+    "CacheDatasetV2": lambda f: R(4).map(lambda i: i * 2).cache(),
+    "TakeDataset": lambda f: R(9).take(4),
+    "SkipDataset": lambda f: R(9).skip(4),
+    "ZipDataset": lambda f: tf.data.Dataset.zip((R(3), R(5).map(lambda i: -i))),
+    "ConcatenateDataset": lambda f: R(3).concatenate(R(10, 12)),
+    "PrefetchDataset": lambda f: R(5).prefetch(2),
+    "OptionsDataset": lambda f: R(5).with_options(tf.data.Options()),
+    "DirectedInterleaveDataset": lambda f: tf.data.Dataset.sample_from_datasets([R(4), R(10, 14)], seed=5),
+    "ShardDataset": lambda f: R(9).shard(2, 1),
+    "RebatchDatasetV2": lambda f: R(8).batch(4).rebatch(2),
+    "AssertCardinalityDataset": lambda f: R(4).filter(lambda i: i >= 0).apply(
+        tf.data.experimental.assert_cardinality(4)),
+    "WindowDataset": lambda f: R(7).window(3, shift=2).flat_map(lambda window: window.batch(3)),
+    "ScanDataset": lambda f: R(5).scan(tf.constant(0, tf.int64), lambda total, i: (total + i, total + i)),
+    "GroupByWindowDataset": lambda f: R(10).group_by_window(lambda i: i % 2, lambda key, window: window.batch(5),
+                                                            window_size=5),
+    "IgnoreErrorsDataset": lambda f: R(4).map(lambda i: tf.debugging.check_numerics(
+        1.0 / tf.cast(i, tf.float32), "division by zero")).ignore_errors(),
+    "TakeWhileDataset": lambda f: R(9).take_while(lambda i: i < 4),
+    "UniqueDataset": lambda f: tf.data.Dataset.from_tensor_slices([3, 1, 3, 2, 1]).unique(),
+}
+
+
+def test_the_known_ops_are_exactly_the_tested_ones():
+    assert KNOWN_DATASET_OPS == set(OP_PIPELINES)
+
+
+@pytest.mark.parametrize("op", sorted(OP_PIPELINES))
+def test_every_known_op_survives_the_round_trip_element_by_element(op, files):
+    build = lambda: OP_PIPELINES[op](files).map(same)  # noqa: E731  a map to rewrite, so the graph is rebuilt
+    assert op in pipeline_ops(serialize(build()))
+    rewritten, notes = rewrite(build())
+    assert top_level_ops(rewritten)["ParallelMapDatasetV2"] >= 1, notes
+    assert rewritten.element_spec == build().element_spec
+    assert_same_elements(build(), rewritten)

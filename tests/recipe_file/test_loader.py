@@ -257,6 +257,9 @@ def test_data_source_errors_point_at_the_setting_they_are_about_whatever_the_mes
     message = load_error(write(tmp_path, "model: {name: small_cnn}\ndata:\n  source: numpy\n  x: arrays.npz\n"))
     # About x_key, which the file leaves to its default: the error points at the section that would hold it.
     assert "has no array named 'x'" in message and ", line 2)" in message
+    (tmp_path / "unconverted").mkdir()
+    message = load_error(write(tmp_path, "model: {name: small_cnn}\ndata:\n  source: tfrecord\n  path: unconverted\n"))
+    assert "holds no tfopt_manifest.json" in message and ", line 4)" in message  # the manifest's error names `path`
 
 
 @pytest.mark.parametrize("item, fragment", [

@@ -17,9 +17,9 @@ from tfopt.errors import RecipeConfigError
 from tfopt.plan import make_plan
 
 # A setting each recipe must reject, the words its message must contain, and the setting the error names
-# (`TfoptError.setting`, which a recipe file points at). data_pipeline names none yet.
+# (`TfoptError.setting`, which a recipe file points at).
 BAD_SETTINGS = {
-    "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction", None),
+    "data_pipeline": ({"ram_budget_fraction": 2.0}, "ram_budget_fraction", "ram_budget_fraction"),
     "batch_size": ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
     "distribution": ({"strategy": "gpu_farm"}, "is not valid", "strategy"),
     "grad_accum": ({"steps": 1}, "Expected an integer >= 2", "steps"),

@@ -68,9 +68,9 @@ def _hardware():
 
 
 def has_cache(dataset):
-    from tfopt.recipes.data_pipeline import _pipeline_ops
+    from tfopt.data.graph import pipeline_ops, serialize
 
-    return any("Cache" in op for op in _pipeline_ops(dataset))
+    return any("Cache" in op for op in pipeline_ops(serialize(dataset)))
 
 
 def test_deterministic_finite_pipeline_is_cached():
@@ -208,3 +208,97 @@ def test_a_cache_setting_a_source_cannot_honour_is_refused(source_plan, tmp_path
     for cache in ("memory", str(tmp_path / "cache")):
         with pytest.raises(RecipeConfigError, match="does not apply to a tfopt.data source"):
             DataPipeline(cache=cache).check(source_plan)
+
+
+def test_an_empty_pipeline_is_tuned():
+    """tune_pipeline's: a plan refuses an empty dataset earlier, in make_plan."""
+    tuned = tune_pipeline(tf.data.Dataset.range(0).map(lambda i: (tf.zeros([12, 12, 3]), i)).batch(8),
+                          ram_budget_bytes=BUDGET)
+    assert list(tuned) == [] and "ParallelMapDatasetV2" in graph_ops(tuned)
+
+
+def failing_first_element():
+    """A pipeline whose first element fails, as a missing file does: the error belongs to iteration."""
+    return tf.data.Dataset.from_tensor_slices(["missing-file.jpg", "missing-too.jpg"]).map(tf.io.read_file)
+
+
+def test_a_pipeline_whose_first_element_fails_is_tuned_and_fails_as_it_did():
+    tuned = tune_pipeline(failing_first_element(), ram_budget_bytes=BUDGET)
+    with pytest.raises(tf.errors.NotFoundError, match="missing-file.jpg"):
+        list(tuned)
+
+
+def test_tuning_reads_no_element():
+    """Reading one would run the Python function, and move a reshuffling shuffle on by an epoch."""
+    calls = []
+
+    def record(x):
+        calls.append(int(x))
+        return x
+
+    build = lambda: tf.data.Dataset.range(10).map(lambda i: tf.py_function(record, [i], tf.int64))  # noqa: E731
+    tuned = tune_pipeline(build(), ram_budget_bytes=BUDGET)
+    assert calls == []
+    assert [int(x) for x in tuned] == list(range(10))
+    shuffled = lambda: tf.data.Dataset.range(10).shuffle(10, seed=7).batch(5)  # noqa: E731
+    assert_same_elements(shuffled(), tune_pipeline(shuffled(), ram_budget_bytes=BUDGET))  # the same first epoch
+
+
+@pytest.mark.parametrize("dataset, expected", [
+    # The batch dimension tf.data leaves open is bounded by the batch size.
+    (lambda: make_images(count=20, image_size=12, batch_size=8), (8 * (12 * 12 * 3 * 4 + 4), None)),
+    (lambda: make_images().unbatch().shuffle(4).prefetch(2), (12 * 12 * 3 * 4 + 4, None)),
+    (lambda: tf.data.Dataset.range(9).batch(4).map(lambda x: tf.concat([x, x], 0)),
+     (None, "element part 1 has shape (None,), which is not static")),
+    (lambda: tf.data.Dataset.range(5).map(tf.range).padded_batch(2),
+     (None, "element part 1 has shape (None, None), which is not static")),
+    (lambda: tf.data.Dataset.from_tensors(["a", "b"]),
+     (None, "element part 1 is a tf.string tensor, whose size only its data tells")),
+    (lambda: tf.data.Dataset.range(5).map(tf.range).ragged_batch(2),
+     (None, "element part 1 is a RaggedTensorSpec, whose size only its data tells")),
+])
+def test_element_sizes_come_from_static_shapes(dataset, expected):
+    from tfopt.data.graph import element_bytes, serialize
+
+    assert element_bytes(dataset().element_spec, serialize(dataset())) == expected
+
+
+def final_buffer_size(dataset):
+    from tfopt.data.graph import output_chain, serialize
+
+    graph = serialize(dataset)
+    prefetch = next(node for node in output_chain(graph) if node.op != "OptionsDataset")
+    size = next(node for node in graph.node if node.name == prefetch.input[1].split(":")[0])
+    return int(tf.make_ndarray(size.attr["value"].tensor))
+
+
+def test_the_final_prefetch_holds_the_budgets_share_of_elements_the_users_autotune_one_too():
+    from tfopt.data.ram_budget import prefetch_batches
+
+    budget = 1_400_000  # its prefetch share, 8%, holds 8 batches of 8 12x12 images
+    expected = prefetch_batches(8 * (12 * 12 * 3 * 4 + 4), budget)
+    assert expected == 8
+    for pipeline in (make_images(), make_images().prefetch(tf.data.AUTOTUNE)):
+        tuned = tune_pipeline(pipeline, ram_budget_bytes=budget)
+        assert final_buffer_size(tuned) == expected
+        assert_same_elements(make_images(), tuned)
+
+
+def test_unknown_sizes_are_said_and_leave_sizing_to_tf_data():
+    plan = recorded(make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)))
+    detail = plan.applied[-1].detail
+    assert "the elements' size is unknown without reading one: element part 1 has an unknown rank" in detail
+    assert "ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget" in detail
+    assert final_buffer_size(plan.dataset) == tf.data.AUTOTUNE
+
+
+def test_a_pipeline_over_the_graph_limit_is_left_as_it_was_with_the_reason(monkeypatch):
+    from tfopt.data import graph
+
+    monkeypatch.setattr(graph, "MAX_GRAPH_BYTES", 16 * 1024)
+    plan = recorded(make_images())  # 32 images of 12x12x3 float32 and their labels: 54 KiB
+    detail = plan.applied[-1].detail
+    assert "no cache: tfopt cannot read the pipeline's graph to check it" in detail
+    assert "pipeline left as it was: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices " \
+           "or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
+    assert_same_elements(make_images(), plan.dataset)

@@ -6,26 +6,35 @@ usual augmentation map stays sequential (measured on an H100 host, the tf.data g
 case: 220 elements/s after `tf.data.Options`, 2,831 with `num_parallel_calls`). This module takes the
 pipeline's graph (`DatasetToGraphV2`), turns each sequential `MapDataset` that is safe to run in
 parallel into a `ParallelMapDatasetV2` (AUTOTUNE calls, order kept) and each `BatchDatasetV2` into a
-`ParallelBatchDataset`, and rebuilds the dataset in this process (`DatasetFromGraph`), with the same
-element_spec. What is safe (see `tfopt.data.graph`):
+`ParallelBatchDataset`, bounds a final `prefetch(AUTOTUNE)` like the prefetch it adds where there is
+none, and rebuilds the dataset in this process (`DatasetFromGraph`), with the same element_spec. What
+is safe (see `tfopt.data.graph`):
 
 * a map without state: always; its output is identical, element by element, in the same order;
 * a map whose only state is random draws (`parallel_random_maps`, default on): the draws keep their
   distribution, not their assignment to elements;
 * a map calling Python (`parallel_python_maps`, default on): identical unless the Python function
   shares mutable state between calls, which tfopt cannot see;
-* a map with other state (a queue, an iterator, a variable assignment) or `synchronous=True`: never.
+* a map with other state (a queue, an iterator, a variable it writes, as a Keras random layer's seed
+  generator does on every call) or `synchronous=True`: never.
 
 Only the pipeline's top level is rewritten: maps inside an interleave's or flat_map's function build
-one small dataset per input element and stay as they are. A pipeline tfopt cannot rebuild (a dataset op
-it has not verified, a graph that cannot be serialized) is returned as it was, with the reason.
+one small dataset per input element and stay as they are. A dataset made by `from_generator` is
+rewritten too, since its generator is not: TensorFlow calls it under the generator dataset's iterator
+lock, one call at a time, in the rebuilt pipeline as in the original, from whichever TensorFlow thread
+asks for the next element (the original already runs it on TensorFlow's threads, never on Python's main
+thread). What the rewrite changes for a generator is how far ahead of training it is asked for elements.
 
-The rebuilt graph refers to live resources of this process (a shuffle's seed generator, a memory cache,
-py_function tokens), so the rebuilt dataset keeps the original alive and is valid in this process only.
+A pipeline tfopt cannot rebuild (a dataset op no test here round-trips, a graph that cannot be
+serialized or is too large, a rebuild that fails) is returned as it was, with the reason; nothing in
+here raises. The rebuilt graph refers to live resources of this process (a shuffle's seed generator, a
+memory cache, py_function tokens, a Keras layer's seed variable), so the rebuilt dataset keeps the
+original alive and is valid in this process only.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -33,38 +42,41 @@ import tensorflow as tf
 
 from tfopt.data import graph as pipeline_graph
 
-# Dataset ops verified to survive the graph round trip in-process (tests/data/test_rewrite.py). An op
-# outside this set may hold state the round trip does not carry (a snapshot's files, a data service):
-# the pipeline is left as it was rather than guessed at.
+logger = logging.getLogger("tfopt")
+
+# Dataset ops whose graph round trip tests/data/test_rewrite.py checks element by element, each built
+# the way tf.data's Python API (TF 2.21) builds it; a test holds this set equal to the tested one. A
+# pipeline with any other op (a snapshot's files, a data service, a deprecated op nobody tested) is left
+# as it was: an op outside the set may hold state the round trip does not carry.
 KNOWN_DATASET_OPS = frozenset({
-    "RangeDataset", "TensorDataset", "TensorSliceDataset", "SparseTensorSliceDataset", "TFRecordDataset",
-    "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDatasetV2", "RandomDataset", "RandomDatasetV2",
-    "GeneratorDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "FilterDataset",
-    "ParallelFilterDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDatasetV2",
-    "ParallelInterleaveDatasetV3", "ParallelInterleaveDatasetV4", "BatchDatasetV2", "ParallelBatchDataset",
-    "PaddedBatchDatasetV2", "MapAndBatchDataset", "UnbatchDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
-    "ShuffleAndRepeatDatasetV2", "RepeatDataset", "CacheDatasetV2", "TakeDataset", "SkipDataset", "ZipDataset",
-    "ConcatenateDataset", "PrefetchDataset", "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
-    "PrivateThreadPoolDataset", "DirectedInterleaveDataset", "ShardDataset", "RebatchDatasetV2",
-    "AssertCardinalityDataset", "WindowDataset", "ScanDataset", "GroupByWindowDataset", "IgnoreErrorsDataset",
-    "TakeWhileDataset", "UniqueDataset",
+    "RangeDataset", "TensorDataset", "TensorSliceDataset", "TFRecordDataset", "TextLineDataset",
+    "FixedLengthRecordDatasetV2", "RandomDataset", "RandomDatasetV2", "GeneratorDataset", "MapDataset",
+    "ParallelMapDatasetV2", "FilterDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDatasetV4",
+    "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDatasetV2", "MapAndBatchDataset", "UnbatchDataset",
+    "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "RepeatDataset", "CacheDatasetV2", "TakeDataset", "SkipDataset",
+    "ZipDataset", "ConcatenateDataset", "PrefetchDataset", "OptionsDataset", "DirectedInterleaveDataset",
+    "ShardDataset", "RebatchDatasetV2", "AssertCardinalityDataset", "WindowDataset", "ScanDataset",
+    "GroupByWindowDataset", "IgnoreErrorsDataset", "TakeWhileDataset", "UniqueDataset",
 })
-# Between these and the graph's output a prefetch still ends the pipeline.
-_PASS_THROUGH_OPS = frozenset({"OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
-                               "PrivateThreadPoolDataset"})
 _AUTOTUNE_NODE = "tfopt/num_parallel_calls_autotune"
-_DATASET_OP = re.compile(r"Dataset(V\d+)?$")
+_PREFETCH_NODE = "tfopt/final_prefetch_elements"
+# Stateful ops whose name alone does not tell a user why their map stays sequential.
+_VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
 
-def parallelize(dataset: Any, *, prefetch_batches: int, parallel_random_maps: bool = True,
+def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool = True,
                 parallel_python_maps: bool = True) -> tuple[Any, list[str]]:
-    """Returns the dataset with its sequential maps and batches made parallel, ending with a prefetch.
+    """Returns the dataset with its sequential maps and batches made parallel, ending with a bounded prefetch.
 
-    Idempotent: a pipeline with nothing left to rewrite is returned as the same object.
+    Idempotent: a pipeline with nothing left to rewrite is returned as the same object. Never raises:
+    a pipeline it cannot rewrite is returned as it was, and the notes say why.
 
     Args:
         dataset: Any `tf.data.Dataset`.
-        prefetch_batches: Elements the final prefetch holds, when the pipeline does not end with one.
+        prefetch_batches: Elements the final prefetch holds: the one added where the pipeline does not
+            end with a prefetch, and a final `prefetch(AUTOTUNE)`, which tf.data would otherwise grow
+            within the whole autotune RAM budget. None where the elements' size is unknown: the prefetch
+            added is then `AUTOTUNE` and a final `AUTOTUNE` stays, both sized by tf.data within that budget.
         parallel_random_maps: Parallelize maps whose only state is random ops. False keeps them
             sequential, so that each element gets exactly the draw it got before.
         parallel_python_maps: Parallelize maps that call py_function/numpy_function. Set False when the
@@ -79,30 +91,45 @@ def parallelize(dataset: Any, *, prefetch_batches: int, parallel_random_maps: bo
         >>> [int(x) for x in fast], notes[0].startswith("parallel map")
         ([0, 2, 4, 6], True)
     """
-    try:
-        graph = pipeline_graph.serialize(dataset)
-    except tf.errors.OpError as error:
-        return dataset, [f"pipeline left as it was: its graph cannot be serialized ({_first_line(error.message)})"]
+    graph, unreadable = pipeline_graph.read(dataset)
+    if graph is None:
+        return dataset, [f"pipeline left as it was: {unreadable}"]
     unknown = sorted(op for op in pipeline_graph.pipeline_ops(graph)
-                     if _DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS)
+                     if pipeline_graph.DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS)
     if unknown:
         return dataset, [f"pipeline left as it was: it uses {', '.join(unknown)}, which tfopt has not verified "
                          "to survive a graph rewrite (use num_parallel_calls in your own maps instead)"]
-    notes = _rewrite_maps(graph, parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps)
-    batches = _rewrite_batches(graph)
+    try:
+        notes = _rewrite_maps(graph, parallel_random_maps=parallel_random_maps,
+                              parallel_python_maps=parallel_python_maps)
+        batches = _rewrite_batches(graph)
+        final = next((node for node in pipeline_graph.output_chain(graph) if node.op != "OptionsDataset"), None)
+        ends_with_prefetch = final is not None and final.op == "PrefetchDataset"
+        autotuned_prefetch = ends_with_prefetch and _buffer_size(graph, final) == tf.data.AUTOTUNE
+        if autotuned_prefetch and prefetch_batches is not None:
+            final.input[1] = _int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
+    except Exception as error:  # a graph tfopt misreads: never a crash
+        logger.debug("graph rewrite failed", exc_info=True)
+        return dataset, ["pipeline left as it was: tfopt could not rewrite its graph "
+                         f"({pipeline_graph.first_line(error)})"]
     if batches:
         notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel (order kept)")
-    rewritten = any(node.name == _AUTOTUNE_NODE for node in graph.node)
-    needs_prefetch = not _ends_with_prefetch(graph)
-    if not rewritten and not needs_prefetch:
+    if autotuned_prefetch:
+        notes.append("its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within "
+                     "the autotune RAM budget" if prefetch_batches is None else
+                     f"its final prefetch(AUTOTUNE) now holds {prefetch_batches} elements")
+    rewritten = any(node.name in (_AUTOTUNE_NODE, _PREFETCH_NODE) for node in graph.node)
+    if not rewritten and ends_with_prefetch:
         return dataset, notes + ["nothing left to parallelize: the pipeline's maps and batches already run in "
                                  "parallel and it ends with a prefetch"]
     result = _rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
         return dataset, [f"pipeline left as it was: {result}"]
-    if needs_prefetch:
-        result = result.prefetch(prefetch_batches)
-        notes.append(f"ends with a prefetch of {prefetch_batches} elements")
+    if not ends_with_prefetch:
+        result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
+        notes.append("ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the "
+                     "elements' size is unknown" if prefetch_batches is None else
+                     f"ends with a prefetch of {prefetch_batches} elements")
     return result, notes
 
 
@@ -115,7 +142,8 @@ def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_map
         if node.attr["force_synchronous"].b:
             kept.append(f"{label} (synchronous=True)")
         elif pipeline_graph.OTHER in kinds:
-            kept.append(f"{label} (stateful {', '.join(sorted(kinds[pipeline_graph.OTHER]))})")
+            kept.append(f"{label} (stateful {', '.join(sorted(kinds[pipeline_graph.OTHER]))}"
+                        f"{_why_stateful(kinds[pipeline_graph.OTHER])})")
         elif pipeline_graph.RANDOM in kinds and not parallel_random_maps:
             kept.append(f"{label} (random ops, parallel_random_maps=False)")
         elif pipeline_graph.PYTHON in kinds and not parallel_python_maps:
@@ -141,9 +169,16 @@ def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_map
     return notes
 
 
+def _why_stateful(ops: set[str]) -> str:
+    if ops & _VARIABLE_WRITES:
+        return (": it writes a variable, as a Keras random layer's seed generator does on every call, and "
+                "parallel calls could read the same seed")
+    return ""
+
+
 def _to_parallel_map(graph: Any, node: Any) -> None:
     """MapDataset(input, *captured) -> ParallelMapDatasetV2(input, *captured, num_parallel_calls)."""
-    _insert_input(node, position=None, name=_autotune_node(graph))
+    _insert_input(node, position=None, name=_int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
     node.op = "ParallelMapDatasetV2"
     del node.attr["force_synchronous"]
     # "default" follows tf.data.Options.deterministic, which is True unless the user relaxed it.
@@ -154,10 +189,16 @@ def _rewrite_batches(graph: Any) -> int:
     """BatchDatasetV2(input, batch_size, drop_remainder) -> ParallelBatchDataset(..., num_parallel_calls, ...)."""
     batches = [node for node in graph.node if node.op == "BatchDatasetV2"]
     for node in batches:
-        _insert_input(node, position=2, name=_autotune_node(graph))
+        _insert_input(node, position=2, name=_int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
         node.op = "ParallelBatchDataset"
         node.attr["deterministic"].s = b"default"
     return len(batches)
+
+
+def _buffer_size(graph: Any, prefetch: Any) -> int | None:
+    """A PrefetchDataset's buffer size, where it is a constant (AUTOTUNE is -1)."""
+    size = next((node for node in graph.node if node.name == prefetch.input[1].split(":")[0]), None)
+    return int(tf.make_ndarray(size.attr["value"].tensor)) if size is not None and size.op == "Const" else None
 
 
 def _insert_input(node: Any, *, position: int | None, name: str) -> None:
@@ -169,21 +210,13 @@ def _insert_input(node: Any, *, position: int | None, name: str) -> None:
     node.input.extend(data + control)
 
 
-def _autotune_node(graph: Any) -> str:
-    if not any(node.name == _AUTOTUNE_NODE for node in graph.node):
-        constant = graph.node.add(name=_AUTOTUNE_NODE, op="Const")
+def _int64_constant(graph: Any, name: str, value: int) -> str:
+    """The name of an int64 scalar Const node holding `value`, added to the graph the first time."""
+    if not any(node.name == name for node in graph.node):
+        constant = graph.node.add(name=name, op="Const")
         constant.attr["dtype"].type = tf.int64.as_datatype_enum
-        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(tf.data.AUTOTUNE, tf.int64))
-    return _AUTOTUNE_NODE
-
-
-def _ends_with_prefetch(graph: Any) -> bool:
-    nodes = {node.name: node for node in graph.node}
-    output = next(node for node in graph.node if node.op == "_Retval")
-    current = nodes[output.input[0].split(":")[0]]
-    while current.op in _PASS_THROUGH_OPS:
-        current = nodes[current.input[0].split(":")[0]]
-    return current.op == "PrefetchDataset"
+        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.int64))
+    return name
 
 
 def _rebuild(original: Any, graph: Any) -> Any:
@@ -191,8 +224,8 @@ def _rebuild(original: Any, graph: Any) -> Any:
     try:
         rebuilt = _RewrittenDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)
         cardinality, expected = int(rebuilt.cardinality()), int(original.cardinality())
-    except (tf.errors.OpError, ValueError, TypeError) as error:
-        return f"its rewritten graph could not be rebuilt ({_first_line(str(error))})"
+    except Exception as error:  # an OpError, a protobuf error, a structure tf.data refuses: never a crash
+        return f"its rewritten graph could not be rebuilt ({pipeline_graph.first_line(error)})"
     if cardinality != expected:
         return f"the rewritten graph has cardinality {cardinality}, the original {expected}"
     return rebuilt
@@ -222,9 +255,3 @@ def _function_label(name: str) -> str:
     """'__inference_Dataset_map_augment_123' -> 'augment': the Python function's name, as traced."""
     match = re.fullmatch(r"__inference_Dataset_map_(.+?)_\d+", name)
     return match.group(1) if match else name
-
-
-def _first_line(message: str) -> str:
-    """A TF error's own words, without the '{{function_node ...}}' prefix and '[Op:...]' suffix."""
-    text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", message.strip().splitlines()[0] if message.strip() else "")
-    return text or "no message"

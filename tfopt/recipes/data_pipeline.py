@@ -14,6 +14,11 @@ pipeline (parallel interleave and decode, cache after decode and before augmenta
 - a cache at the end of the pipeline, but only where that is valid: the pipeline has no random op or
   shuffle (a cache would freeze augmentation and order), no py_function (tfopt cannot see inside),
   is finite, and fits the RAM budget.
+
+It reads no element of the pipeline: the sizes that the prefetch and the cache are checked against come
+from the static shapes of `element_spec` (`tfopt.data.graph.element_bytes`). Reading one would run the
+user's py_function and move a reshuffling shuffle on by an epoch; an empty pipeline, or one whose first
+element fails, is tuned like any other. Where the sizes are not static, the notes say so.
 """
 
 from __future__ import annotations
@@ -95,14 +100,16 @@ class DataPipeline(Recipe):
     def __post_init__(self) -> None:
         if not isinstance(self.cache, str) or not self.cache:
             raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is not valid. Expected one of "
-                                    f"{', '.join(map(repr, CACHE_CHOICES))} or a file path prefix.")
+                                    f"{', '.join(map(repr, CACHE_CHOICES))} or a file path prefix.", setting="cache")
         for setting in ("deterministic", "parallel_random_maps", "parallel_python_maps"):
             if not isinstance(getattr(self, setting), bool):
-                raise RecipeConfigError(f"data_pipeline: {setting}={getattr(self, setting)!r} must be true or false.")
+                raise RecipeConfigError(f"data_pipeline: {setting}={getattr(self, setting)!r} must be true or false.",
+                                        setting=setting)
         if isinstance(self.ram_budget_fraction, bool) or not isinstance(self.ram_budget_fraction, (int, float)) \
                 or not 0 < self.ram_budget_fraction <= 0.9:
             raise RecipeConfigError(f"data_pipeline: ram_budget_fraction={self.ram_budget_fraction!r} is out of "
-                                    "range. Expected a number in (0, 0.9], e.g. 0.25 for a quarter of the RAM.")
+                                    "range. Expected a number in (0, 0.9], e.g. 0.25 for a quarter of the RAM.",
+                                    setting="ram_budget_fraction")
 
     def check(self, plan: Plan) -> None:
         from pathlib import Path
@@ -111,10 +118,10 @@ class DataPipeline(Recipe):
             raise RecipeConfigError(
                 f"data_pipeline: cache={self.cache!r} does not apply to a tfopt.data source, whose optimized "
                 "pipeline caches the decoded examples where they fit the RAM budget. Use cache: auto (or none "
-                "to never cache), or pass a tf.data.Dataset to have its end cached as asked.")
+                "to never cache), or pass a tf.data.Dataset to have its end cached as asked.", setting="cache")
         if self.cache not in CACHE_CHOICES and not Path(self.cache).parent.is_dir():
             raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is a file path whose directory "
-                                    f"{str(Path(self.cache).parent)!r} does not exist. Create it first.")
+                                    f"{str(Path(self.cache).parent)!r} does not exist. Create it first.", setting="cache")
 
     def __call__(self, plan: Plan) -> Plan:
         from tfopt.data.ram_budget import ram_budget_bytes
@@ -144,16 +151,20 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
     """
     import tensorflow as tf
 
+    from tfopt.data import graph as pipeline_graph
     from tfopt.data.ram_budget import prefetch_batches
     from tfopt.data.rewrite import parallelize
 
+    graph, _ = pipeline_graph.read(dataset)  # where it cannot be read, the rewrite below says why
+    element_bytes, unsized = pipeline_graph.element_bytes(dataset.element_spec, graph)
     notes = []
-    element_bytes = _element_bytes(dataset)
+    if element_bytes is None:
+        notes.append(f"the elements' size is unknown without reading one: {unsized}")
     if cache != "none":
-        dataset, note = _cache_where_valid(dataset, cache, ram_budget_bytes, element_bytes)
+        dataset, note = _cache_where_valid(dataset, graph, cache, ram_budget_bytes, element_bytes)
         notes.append(note)
-    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch_batches(element_bytes, ram_budget_bytes),
-                                         parallel_random_maps=parallel_random_maps,
+    prefetch = None if element_bytes is None else prefetch_batches(element_bytes, ram_budget_bytes)
+    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch, parallel_random_maps=parallel_random_maps,
                                          parallel_python_maps=parallel_python_maps)
     notes.extend(rewrite_notes)
     options = tf.data.Options()
@@ -169,13 +180,15 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
     return dataset, notes
 
 
-def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int, element_bytes: int) -> tuple[Any, str]:
+def _cache_where_valid(dataset: Any, graph: Any, cache: str, ram_budget_bytes: int,
+                       element_bytes: int | None) -> tuple[Any, str]:
     import tensorflow as tf
 
-    try:
-        ops = _pipeline_ops(dataset)
-    except tf.errors.OpError as error:
-        return dataset, f"no cache: tfopt cannot read the pipeline's graph to check it ({error.message.splitlines()[0]})"
+    from tfopt.data import graph as pipeline_graph
+
+    if graph is None:
+        return dataset, "no cache: tfopt cannot read the pipeline's graph to check it"
+    ops = pipeline_graph.pipeline_ops(graph)
     blockers = sorted({label for fragment, label in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)}
                       | {f"stateful op {op}" for op in _stateful_ops(ops)})
     if blockers:
@@ -189,18 +202,13 @@ def _cache_where_valid(dataset: Any, cache: str, ram_budget_bytes: int, element_
         return dataset.cache(target), f"cached in {'memory' if cache == 'memory' else cache!r} as requested"
     if count == tf.data.UNKNOWN_CARDINALITY:
         return dataset, "no cache: the pipeline's length is unknown, so its size cannot be checked against the budget"
+    if element_bytes is None:
+        return dataset, "no cache: the elements' size is unknown, so the cache cannot be checked against the budget"
     size_bytes = count * element_bytes
     if size_bytes > ram_budget_bytes:
         return dataset, (f"no cache: the data ({size_bytes / 2**30:.2f} GiB) exceeds the RAM budget "
                          f"({ram_budget_bytes / 2**30:.2f} GiB)")
     return dataset.cache(), f"cached in memory after the first epoch ({size_bytes / 2**20:.1f} MiB)"
-
-
-def _pipeline_ops(dataset: Any) -> set[str]:
-    """The op names in the dataset's graph, including those inside map/filter functions."""
-    from tfopt.data import graph as pipeline_graph
-
-    return pipeline_graph.pipeline_ops(pipeline_graph.serialize(dataset))
 
 
 def _stateful_ops(ops: set[str]) -> set[str]:
@@ -215,10 +223,3 @@ def _stateful_ops(ops: set[str]) -> set[str]:
 
     return {op for op in ops if "Dataset" not in op and op not in ("_Arg", "_Retval")
             and (definition := op_def_registry.get(op)) is not None and definition.is_stateful}
-
-
-def _element_bytes(dataset: Any) -> int:
-    import tensorflow as tf
-
-    element = next(iter(dataset.take(1)))
-    return sum(int(tensor.numpy().nbytes) for tensor in tf.nest.flatten(element))

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.data.tfrecord.manifest import read_manifest
+from tfopt.errors import DataError
 
 _SHUFFLE_BUFFER = 10_000
 _MAX_CYCLE_LENGTH = 16
@@ -35,8 +36,8 @@ class TFRecordSource(DataSource):
         augment: Random flip, translation and brightness on images, after the cache.
 
     Raises:
-        DataError: The directory or its manifest is missing, or the manifest's version is unknown.
-        ValueError: `augment` or `image_size` is given for data that are not images.
+        DataError: The directory or its manifest is missing, or the manifest's version is unknown, or
+            `augment` or `image_size` is given for data that are not images.
 
     Example:
         >>> import tempfile
@@ -58,18 +59,24 @@ class TFRecordSource(DataSource):
         augment: bool = False,
     ):
         self.path = pathlib.Path(path).expanduser()
-        self.manifest = read_manifest(self.path)
+        try:
+            self.manifest = read_manifest(self.path)
+        except DataError as error:  # whatever is wrong with the conversion, `path` names it
+            error.setting = "path"
+            raise
         self.features = self.manifest["features"]
         self.class_names = self.manifest.get("class_names")
         x_spec = self.features["x"]
         self.is_image = x_spec["kind"] == "image" or (x_spec.get("finish") == "unit_float" and len(x_spec["shape"]) == 3)
         if image_size is not None and x_spec["kind"] != "image":
-            raise ValueError(
+            raise DataError(
                 f"tfrecord: image_size={image_size!r} was given, but {self.path} holds {x_spec['kind']} features, not "
-                "encoded images. Leave image_size unset."
+                "encoded images. Leave image_size unset.",
+                setting="image_size",
             )
         if augment and not self.is_image:
-            raise ValueError(f"tfrecord: augment=True needs images, but {self.path} holds {x_spec}. Leave augment unset.")
+            raise DataError(f"tfrecord: augment=True needs images, but {self.path} holds {x_spec}. Leave augment unset.",
+                            setting="augment")
         self._image_size_argument = None if image_size is None else image_size_pair(self.name, image_size)
         self.augment = bool(augment)
 
