@@ -176,3 +176,40 @@ def test_a_second_apply_in_a_notebook_measures_the_users_tf32_baseline(monkeypat
         assert not tf.config.experimental.tensor_float_32_execution_enabled()  # the result trains as planned
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+def test_a_recipe_that_cannot_serve_the_plan_fails_before_anything_is_built(cpu_hardware):
+    builds = []
+    with pytest.raises(RecipeConfigError, match="strategy='tpu' but no TPU"):
+        tfopt.apply(None, make_images(), recipes=[{"distribution": {"strategy": "tpu"}}], hardware=cpu_hardware,
+                    model_fn=lambda: builds.append(1) or make_cnn(compiled=False),
+                    compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"})
+    assert builds == []
+
+
+def test_a_failed_apply_gives_the_user_back_their_tf32_setting(monkeypatch):
+    """On a faked A100, the optimized build (TF32 off for it) fails: TF32 is on again, as the user had it."""
+    import tfopt.plan
+    from tests.conftest import FAKE_HARDWARE
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    builds = []
+
+    def model_fn():
+        builds.append(1)
+        if len(builds) == 2:
+            assert not tf.config.experimental.tensor_float_32_execution_enabled()  # the build switched it
+            raise RuntimeError("out of host memory")
+        return make_cnn(compiled=False)
+
+    try:
+        with pytest.raises(IncompatibleModelError, match="out of host memory"):
+            tfopt.apply(None, make_images(), recipes=[{"mixed_precision": {"policy": "float32", "tf32": False}}],
+                        hardware=FAKE_HARDWARE["a100"], model_fn=model_fn, steps=2, warmup_steps=1,
+                        compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"})
+        assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
+        assert tfopt.plan._users_tf32_before_build is None
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)

@@ -195,6 +195,10 @@ def apply(
     Returns:
         An `ApplyResult` with the optimized model, dataset and strategy, the plan, and the measurements.
 
+    TensorFlow's TF32 switch is process-wide: the returned model trains under its plan's setting, so apply
+    leaves that in force (restoring yours if it fails); the next apply's baseline still reads the setting
+    you had (`tfopt.plan.users_tf32_setting`).
+
     Raises:
         TfoptError: Bad input (not a Keras model or tf.data.Dataset, unknown or clashing recipes), with
             a message that says how to fix it.
@@ -218,25 +222,36 @@ def apply(
                             "build the pipeline.")
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
-    measuring = measure_speed or profile
+    if recipe is not None:
+        recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
+    try:
+        return _applied(baseline, recipe, measuring=measure_speed or profile, tune_budget_seconds=tune_budget_seconds,
+                        on_tune_progress=on_tune_progress, profile=profile, steps=steps, warmup_steps=warmup_steps,
+                        hardware=hardware, logdir=logdir)
+    except BaseException:
+        put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
+        raise
+
+
+def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, tune_budget_seconds: float,
+             on_tune_progress: Callable[[Any], None] | None, **evidence: Any) -> ApplyResult:
+    """`apply` from the baseline plan on: trials, builds and measurements (recipe None: "auto")."""
     built_baseline = build(baseline) if measuring else None
     if baseline.weights_from is None and built_baseline is not None:
         # A model from model_fn alone: every later build (trials, the optimized setup) starts from the
         # baseline's initial weights, so what is compared trains the same model. Measuring restores them.
         baseline = baseline.replace(weights_from=built_baseline.model)
     tuning = None
-    if auto:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
+    if recipe is None:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
         from tfopt.auto import tune
 
-        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress)
+        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress,
+                      built=built_baseline)
         optimized = tuning.plan
-    else:
-        recipe.check(baseline)
-        recipe = recipe.measured(baseline)  # timed trials (a batch-size search) run here, never in a recipe call
-        optimized = recipe(baseline)
+    else:  # timed trials (a batch-size search) run here, never in a recipe call
+        recipe, optimized = recipe.measured_and_applied(baseline)
     for step in optimized.applied:
         _log.info("%s", step)
-    evidence = dict(profile=profile, steps=steps, warmup_steps=warmup_steps, hardware=hardware, logdir=logdir)
     before = after = before_profile = after_profile = None
     if measuring:
         before, before_profile = _evidence(built_baseline, "before", **evidence)

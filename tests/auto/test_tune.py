@@ -41,6 +41,18 @@ def test_trials_share_weights_batches_and_the_compiled_model(cpu_hardware):
     assert int(model.optimizer.iterations) == 0  # state restored after every trial
 
 
+def test_a_baseline_apply_built_already_is_the_trials_baseline(cpu_hardware):
+    from tfopt.builder import build
+
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
+    built = build(plan)
+    builds = []
+    counting = plan.replace(model_fn=lambda: builds.append(1) or plan.model_fn())
+    runner = TrialRunner(counting, {}, built=built, **FAST)
+    assert runner.baseline(1e12) is built and runner((), 1e12).measured
+    assert builds == []  # the baseline configuration is built once, by apply
+
+
 def test_deadline_stops_a_trial(cpu_hardware):
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     runner = TrialRunner(plan, {}, **FAST)

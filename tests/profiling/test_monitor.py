@@ -259,6 +259,7 @@ def test_tensorboard_callback_logdir_is_used(tmp_path):
 
 def test_mfu_and_memory_on_an_accelerator(monkeypatch):
     """The GPU path with the hardware faked: MFU from the counted FLOPs and the table's peak."""
+    monkeypatch.setattr(monitor_module, "_visible_gpus", lambda: ["GPU:0"])
     monkeypatch.setattr(monitor_module, "_allocator_peak_bytes", lambda devices: 3 * 2**30)
     h100 = FAKE_HARDWARE["h100"]
     model = make_model(width=64)
@@ -272,6 +273,23 @@ def test_mfu_and_memory_on_an_accelerator(monkeypatch):
         expected = 100 * monitor.flops_per_step * window["steps_per_second"] / peak
         assert window["mfu_percent"] == pytest.approx(expected)
         assert window["device_memory_peak_bytes"] == 3 * 2**30
+
+
+def test_a_metric_that_cannot_be_read_is_dropped_and_training_goes_on(monkeypatch, caplog):
+    # A GPU the process does not use (set_visible_devices) made get_memory_info raise at the first window.
+    def unreadable(devices):
+        raise ValueError("No matching devices found for 'GPU:1'")
+
+    monkeypatch.setattr(monitor_module, "_visible_gpus", lambda: ["GPU:1"])
+    monkeypatch.setattr(monitor_module, "_allocator_peak_bytes", unreadable)
+    monkeypatch.setattr("tfopt.profiling.timing.train_step_flops", lambda *args, **kwargs: 1 / 0)
+    monitor = Monitor(every_steps=3, hardware=FAKE_HARDWARE["h100"])
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        history = make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+    assert len(history.history["loss"]) == 1 and len(monitor.records_of("window")) == 2
+    assert all("mfu_percent" not in w and "device_memory_peak_bytes" not in w for w in monitor.records_of("window"))
+    dropped = [record.getMessage() for record in caplog.records if "not measured from here on" in record.getMessage()]
+    assert len(dropped) == 2 and "GPU:1" in dropped[1] and "ZeroDivisionError" in dropped[0]
 
 
 def test_steps_per_execution_leaves_input_wait_unmeasured():

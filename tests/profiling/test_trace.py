@@ -12,11 +12,11 @@ from tfopt.profiling.trace import trace_breakdown, trace_gpus, trace_steps
 MS = 10**9  # picoseconds per millisecond
 
 
-def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second_gpu=()):
+def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second_gpu=None):
     """Writes an XSpace. `steps`: (number, start_ms, end_ms) step markers; `waits`: (start_ms, end_ms)
     IteratorGetNext waits; `device`: (kernel name, start_ms, end_ms, from_xla) events on a GPU stream;
     `keras_calls`: (start_ms, end_ms) Keras train-function calls; `second_gpu`: `device`'s events on a
-    second GPU."""
+    second GPU (an empty list: a second GPU that ran nothing)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -36,7 +36,7 @@ def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second
     for start, end in waits:
         getnext.events.add(metadata_id=2, offset_ps=start * MS, duration_ps=(end - start) * MS)
     for plane_id, kernels in enumerate((device, second_gpu), start=2):
-        if not kernels:
+        if not kernels and (plane_id == 2 or kernels is None):
             continue
         gpu = space.planes.add(id=plane_id, name=f"/device:GPU:{plane_id - 2}")
         for stat_id, name in ((1, "gpu_device_name"), (2, "compute_cap_major"), (3, "compute_cap_minor"),
@@ -162,3 +162,6 @@ def test_busy_time_is_each_gpus_own_averaged_over_the_gpus(tmp_path):
     breakdown = trace_breakdown(xplane)
     assert breakdown.busy_percent == pytest.approx(50.0)
     assert [gpu.name for gpu in trace_gpus(xplane)] == ["NVIDIA A100-SXM4-40GB"] * 2
+    idle_second = _write_xspace(tmp_path / "idle.xplane.pb", steps=[(1, 0, 20), (2, 20, 40)],
+                                device=[("volta_sgemm", 20, 40, False)], second_gpu=[])
+    assert trace_breakdown(idle_second).busy_percent == pytest.approx(50.0)  # one GPU busy, one idle

@@ -169,7 +169,7 @@ def test_tuning_twice_changes_nothing():
 def test_unrewritable_pipeline_is_left_with_the_reason():
     pipeline = make_images().apply(tf.data.experimental.copy_to_device("/cpu:0"))
     plan = recorded(pipeline)
-    assert "pipeline left as it was: its graph cannot be serialized" in plan.applied[-1].detail
+    assert "maps and batches left as they were: its graph cannot be serialized" in plan.applied[-1].detail
     assert_same_elements(make_images(), plan.dataset)
 
 
@@ -299,6 +299,6 @@ def test_a_pipeline_over_the_graph_limit_is_left_as_it_was_with_the_reason(monke
     plan = recorded(make_images())  # 32 images of 12x12x3 float32 and their labels: 54 KiB
     detail = plan.applied[-1].detail
     assert "no cache: tfopt cannot read the pipeline's graph to check it" in detail
-    assert "pipeline left as it was: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices " \
+    assert "maps and batches left as they were: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices " \
            "or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
     assert_same_elements(make_images(), plan.dataset)

@@ -183,6 +183,29 @@ def test_diagnose_profiles_the_baseline_without_writing_anything(tmp_path):
     assert sorted(item.name for item in tmp_path.iterdir()) == ["tiny.yaml"]
 
 
+def test_a_failed_resume_keeps_the_saved_recipe_so_the_run_can_be_resumed_as_it_was(tmp_path, monkeypatch):
+    runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
+    saved = (tmp_path / "run" / "recipe.yaml").read_text()
+
+    def disk_full(*args, **kwargs):
+        raise TfoptError("No space left on device.")
+
+    monkeypatch.setattr(run_training, "train_model", disk_full)
+    with pytest.raises(TfoptError, match="No space left on device"):
+        runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=3"]), out_dir=tmp_path / "run", resume=True)
+    assert (tmp_path / "run" / "recipe.yaml").read_text() == saved  # still 2 epochs: resuming with 2 works
+
+
+def test_a_run_interrupted_before_its_first_output_leaves_no_directory(tmp_path, monkeypatch):
+    def interrupted(recipe):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "create_model", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_that_would_shrink_the_run_is_refused_and_changes_nothing(tmp_path):
     runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
     saved = (tmp_path / "run" / "recipe.yaml").read_text()

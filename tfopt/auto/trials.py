@@ -53,10 +53,11 @@ class TrialRunner:
         warmup_steps: Untimed steps before them (pipeline warm-up; tracing was done by the numerics run).
         numerics_steps: Steps of the loss trajectory; at least 2.
         clock: Monotonic seconds; compared with the deadline `search` passes.
+        built: The baseline plan already built, used as the baseline's model instead of another build.
     """
 
     def __init__(self, plan: Plan, recipes: Mapping[str, Recipe], *, steps: int, warmup_steps: int,
-                 numerics_steps: int, clock: Callable[[], float] = time.monotonic):
+                 numerics_steps: int, clock: Callable[[], float] = time.monotonic, built: Built | None = None):
         if steps < 2 or warmup_steps < 1 or numerics_steps < 2:
             raise ValueError(f"Trials need steps >= 2, warmup_steps >= 1 and numerics_steps >= 2; received "
                              f"steps={steps}, warmup_steps={warmup_steps}, numerics_steps={numerics_steps}.")
@@ -65,6 +66,8 @@ class TrialRunner:
         self._models: dict[str, _Compiled] = {}
         self._batches, self._batch_sizes = _fixed_batches(plan.dataset, numerics_steps)
         self._initial_weights: list[Any] | None = None
+        if built is not None:
+            self._keep(self.plan, built)
 
     def baseline(self, deadline: float) -> Built:
         """The built baseline, its numerics run done (so its compile time is its own, not a profiler's).
@@ -113,16 +116,19 @@ class TrialRunner:
         # under its own plan's setting again (build() sets it for the model it builds).
         put_tf32_in_force(plan.tf32)
         if key not in self._models:
-            built = build(plan)
-            model = built.model
-            if self._initial_weights is None:
-                self._initial_weights = model.get_weights()
-            else:
-                # A model_fn without user weights starts from fresh random weights on every build:
-                # every configuration starts from the baseline's instead.
-                model.set_weights(self._initial_weights)
-            self._models[key] = _Compiled(built, training_state_snapshot(model))
+            self._keep(plan, build(plan))
         return self._models[key]
+
+    def _keep(self, plan: Plan, built: Built) -> None:
+        """Keeps a built configuration for its trials, starting from the first one's weights."""
+        model = built.model
+        if self._initial_weights is None:
+            self._initial_weights = model.get_weights()
+        else:
+            # A model_fn without user weights starts from fresh random weights on every build: every
+            # configuration starts from the baseline's instead.
+            model.set_weights(self._initial_weights)
+        self._models[_model_key(plan)] = _Compiled(built, training_state_snapshot(model))
 
     def _check_numerics(self, compiled: _Compiled, deadline: float) -> None:
         """Runs the loss trajectory once per built model (its first steps also trace and compile)."""

@@ -63,7 +63,8 @@ class Tuning:
 
 def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: int = 10, warmup_steps: int = 3,
          numerics_steps: int = 5, loss_tolerance: float = LOSS_TOLERANCE, noise_floor: float = NOISE_FLOOR_FRACTION,
-         profile: bool | None = None, on_progress: Callable[[ProgressEvent], None] | None = None) -> Tuning:
+         profile: bool | None = None, on_progress: Callable[[ProgressEvent], None] | None = None,
+         built: Any = None) -> Tuning:
     """Finds the recipes that make this model train faster on this machine, by measuring them.
 
     Diagnoses the baseline (the profiler's diagnosis where it works, else the input efficiency measured
@@ -84,6 +85,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
         profile: Diagnose with the TF Profiler (True), by timing alone (False), or by the profiler when the
             budget is at least `PROFILE_MIN_BUDGET_SECONDS` (None).
         on_progress: Receives a `ProgressEvent` before and after each phase and trial.
+        built: The baseline already built (`tfopt.builder.build(plan)`), so it is not built again.
 
     Returns:
         The chosen recipes, the plan they make, and the trials table.
@@ -111,7 +113,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
     start = clock()
     _progress(on_progress, "diagnosing the baseline", start, budget_seconds)
     runner = TrialRunner(plan, {}, steps=steps, warmup_steps=warmup_steps, numerics_steps=numerics_steps,
-                         clock=clock)
+                         clock=clock, built=built)
     if profile is None:
         profile = budget_seconds >= PROFILE_MIN_BUDGET_SECONDS
     diagnosis, measurement = _diagnose(runner.baseline(start + budget_seconds).model, plan, steps=steps,

@@ -173,7 +173,7 @@ def _run_workers(args: argparse.Namespace) -> int:
     if args.workers < 2:
         raise _UsageError(f"--workers {args.workers}: expected 2 or more worker processes; for one process, "
                           "run without --workers.")
-    recipe = _load(args)
+    recipe = _load(args, start=not args.dry_run)  # its runtime: settings hold here too (workers share the GPUs)
     if isinstance(recipe.recipes, str) or "distribution" not in {item.name for item in recipe.recipes}:
         raise _UsageError(f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
                           "would train a model of its own. Add `- distribution: {strategy: auto}` under recipes: "

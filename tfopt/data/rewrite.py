@@ -26,8 +26,8 @@ asks for the next element (the original already runs it on TensorFlow's threads,
 thread). What the rewrite changes for a generator is how far ahead of training it is asked for elements.
 
 A pipeline tfopt cannot rebuild (a dataset op no test here round-trips, a graph that cannot be
-serialized or is too large, a rebuild that fails) is returned as it was, with the reason; nothing in
-here raises. The rebuilt graph refers to live resources of this process (a shuffle's seed generator, a
+serialized or is too large, a rebuild that fails) keeps its maps and batches as they were, with the
+reason, and only gets the bounded prefetch at its end that needs no rewrite; nothing in here raises. The rebuilt graph refers to live resources of this process (a shuffle's seed generator, a
 memory cache, py_function tokens, a Keras layer's seed variable), so the rebuilt dataset keeps the
 original alive and is valid in this process only.
 """
@@ -60,6 +60,7 @@ KNOWN_DATASET_OPS = frozenset({
 })
 _AUTOTUNE_NODE = "tfopt/num_parallel_calls_autotune"
 _PREFETCH_NODE = "tfopt/final_prefetch_elements"
+_NOT_REWRITTEN = "maps and batches left as they were"
 # Stateful ops whose name alone does not tell a user why their map stays sequential.
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
@@ -69,7 +70,8 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
     """Returns the dataset with its sequential maps and batches made parallel, ending with a bounded prefetch.
 
     Idempotent: a pipeline with nothing left to rewrite is returned as the same object. Never raises:
-    a pipeline it cannot rewrite is returned as it was, and the notes say why.
+    a pipeline whose graph it cannot rewrite keeps its maps and batches as they were (ending with the
+    prefetch where it had none), and the notes say why.
 
     Args:
         dataset: Any `tf.data.Dataset`.
@@ -91,14 +93,27 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
         >>> [int(x) for x in fast], notes[0].startswith("parallel map")
         ([0, 2, 4, 6], True)
     """
+    result, notes = _rewritten(dataset, prefetch_batches=prefetch_batches, parallel_random_maps=parallel_random_maps,
+                               parallel_python_maps=parallel_python_maps)
+    if result is None:  # its maps and batches stay as they were; a prefetch at its end needs no rewrite
+        result = dataset
+        if not _ends_with_prefetch(dataset):
+            result = dataset.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
+            notes.append(_prefetch_note(prefetch_batches))
+    return result, notes
+
+
+def _rewritten(dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool,
+               parallel_python_maps: bool) -> tuple[Any | None, list[str]]:
+    """`parallelize` through the graph: (the dataset rewritten, or None where its graph cannot be), notes."""
     graph, unreadable = pipeline_graph.read(dataset)
     if graph is None:
-        return dataset, [f"pipeline left as it was: {unreadable}"]
+        return None, [f"{_NOT_REWRITTEN}: {unreadable}"]
     unknown = sorted(op for op in pipeline_graph.pipeline_ops(graph)
                      if pipeline_graph.DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS)
     if unknown:
-        return dataset, [f"pipeline left as it was: it uses {', '.join(unknown)}, which tfopt has not verified "
-                         "to survive a graph rewrite (use num_parallel_calls in your own maps instead)"]
+        return None, [f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
+                      "graph rewrite (use num_parallel_calls in your own maps instead)"]
     try:
         notes = _rewrite_maps(graph, parallel_random_maps=parallel_random_maps,
                               parallel_python_maps=parallel_python_maps)
@@ -110,8 +125,7 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
             final.input[1] = _int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
     except Exception as error:  # a graph tfopt misreads: never a crash
         logger.debug("graph rewrite failed", exc_info=True)
-        return dataset, ["pipeline left as it was: tfopt could not rewrite its graph "
-                         f"({pipeline_graph.first_line(error)})"]
+        return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({pipeline_graph.first_line(error)})"]
     if batches:
         notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel (order kept)")
     if autotuned_prefetch:
@@ -124,13 +138,24 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
                                  "parallel and it ends with a prefetch"]
     result = _rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
-        return dataset, [f"pipeline left as it was: {result}"]
+        return None, [f"{_NOT_REWRITTEN}: {result}"]
     if not ends_with_prefetch:
         result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
-        notes.append("ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the "
-                     "elements' size is unknown" if prefetch_batches is None else
-                     f"ends with a prefetch of {prefetch_batches} elements")
+        notes.append(_prefetch_note(prefetch_batches))
     return result, notes
+
+
+def _prefetch_note(prefetch_batches: int | None) -> str:
+    return ("ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' "
+            "size is unknown" if prefetch_batches is None else f"ends with a prefetch of {prefetch_batches} elements")
+
+
+def _ends_with_prefetch(dataset: Any) -> bool:
+    """Whether the pipeline's last stage (options aside) is a prefetch, read from its Python objects."""
+    node = dataset
+    while type(node).__name__ == "_OptionsDataset":
+        node = node._input_dataset
+    return type(node).__name__ == "_PrefetchDataset"
 
 
 def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_maps: bool) -> list[str]:

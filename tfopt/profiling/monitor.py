@@ -142,7 +142,7 @@ class Monitor(keras.callbacks.Callback):
         accelerator = self.hardware.accelerator
         self._peak = (peak_flops_per_second(self.hardware, precision_in_use(self.model, self.hardware),
                                             devices=replicas) if accelerator != "cpu" else None)
-        self._gpus = [f"GPU:{index}" for index in range(len(self.hardware.gpus))] if accelerator == "gpu" else []
+        self._gpus = _visible_gpus() if accelerator == "gpu" else []
         self._fetch = int(getattr(self.model, "steps_per_execution", 1) or 1) == 1
         self._fetch_floor = 0.0
         self._step = self._fit_start_step = int(self.model.optimizer.iterations.numpy())
@@ -316,7 +316,11 @@ class Monitor(keras.callbacks.Callback):
             tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], batch))
         if self.flops_per_step is None and self._peak is not None:
             step = CeilingStep(step=train_step_function(self.model), batch=batch, steps_per_call=1)
-            self.flops_per_step = train_step_flops(self.model, None, prepared=step)
+            try:
+                self.flops_per_step = train_step_flops(self.model, None, prepared=step)
+            except Exception as error:  # noqa: BLE001 - a metric is lost, never the user's training
+                self._drop("mfu_percent", error)
+                self._peak = None
 
     def _close_window(self, seconds: float) -> dict[str, Any]:
         """The open window's record, over its `seconds` of training."""
@@ -330,7 +334,11 @@ class Monitor(keras.callbacks.Callback):
         if self.flops_per_step and self._peak:
             values["mfu_percent"] = 100.0 * self.flops_per_step * steps / seconds / self._peak
         if self._gpus:
-            values["device_memory_peak_bytes"] = float(_allocator_peak_bytes(self._gpus))
+            try:
+                values["device_memory_peak_bytes"] = float(_allocator_peak_bytes(self._gpus))
+            except Exception as error:  # noqa: BLE001 - a metric is lost, never the user's training
+                self._drop("device_memory_peak_bytes", error)
+                self._gpus = []
         record = {"kind": "window", "step": self._step, "steps": steps, "seconds": seconds, **values,
                   "logs": {PREFIX + name: value for name, value in values.items()}}
         self._window = None
@@ -339,6 +347,12 @@ class Monitor(keras.callbacks.Callback):
         for alert in self.rules.check(self.records_of("window")):
             self._alert(alert)
         return record
+
+    @staticmethod
+    def _drop(metric: str, error: BaseException) -> None:
+        """Says that `metric` is not measured from here on because reading it failed."""
+        _log.warning("tfopt.Monitor: %s is not measured from here on: reading it failed (%s: %s).", metric,
+                     type(error).__name__, error)
 
     # --- profiler captures ---
 
@@ -411,6 +425,14 @@ class Monitor(keras.callbacks.Callback):
 def _new_window(start: float, first_step: int) -> dict[str, Any]:
     """A window whose clock runs from `start`; `seconds` holds its training time before a pause."""
     return {"start": start, "seconds": 0.0, "first_step": first_step, "fetch": 0.0}
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs TensorFlow uses ("GPU:0", ...): its logical devices, which `set_visible_devices` and
+    `CUDA_VISIBLE_DEVICES` narrow, not the machine's physical ones."""
+    import tensorflow as tf
+
+    return [device.name.removeprefix("/device:") for device in tf.config.list_logical_devices("GPU")]
 
 
 def _allocator_peak_bytes(devices: list[str]) -> int:

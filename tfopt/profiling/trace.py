@@ -156,6 +156,8 @@ def _read_events(xplane: str | Path) -> _Events:
     for plane in load_xspace(xplane).planes:
         on_device = plane.name.startswith(("/device:GPU", "/device:TPU"))
         events.tpu = events.tpu or plane.name.startswith("/device:TPU")
+        if plane.name.startswith("/device:GPU"):  # a GPU idle through the steps counts too, as 0% busy
+            events.device_activity.setdefault(plane.name, [])
         step_stat = _stat_id(plane, "step_num")
         hlo_stat = _stat_id(plane, "hlo_module")
         for line in plane.lines:

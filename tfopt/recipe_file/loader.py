@@ -281,12 +281,10 @@ def _bases(file_path: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def _runtime(raw: dict, locations: Locations, bases: dict) -> RuntimeSection:
-    from tfopt.errors import RecipeConfigError
-    from tfopt.runtime import check_gpu_memory
-
     section = check_section(RuntimeSection, raw.get("runtime"), ("runtime",), locations, bases)
-    try:
-        check_gpu_memory(growth=bool(section.gpu_memory_growth), limit_bytes=section.gpu_memory_limit_bytes)
-    except RecipeConfigError as error:
-        raise fail(locations, ("runtime", f"gpu_memory_{error.setting}"), str(error)) from None
+    if section.gpu_memory_growth and section.gpu_memory_limit_bytes is not None:
+        raise fail(locations, ("runtime", "gpu_memory_growth"),
+                   f"runtime: gpu_memory_growth: true and gpu_memory_limit_bytes: {section.gpu_memory_limit_bytes} "
+                   "exclude each other (TensorFlow refuses memory growth on a device with a memory limit). Set "
+                   "gpu_memory_growth: false to cap memory, or drop gpu_memory_limit_bytes to grow as needed")
     return section

@@ -70,10 +70,15 @@ class Recipe(abc.ABC):
     def measured(self, plan: Plan) -> Recipe:
         """This recipe with the choices it leaves to timed trials made on `plan`; itself where it leaves none.
 
-        Trials build and train throwaway models, which a pure `__call__` must not, so `tfopt.apply` calls
-        this first (`BatchSize(batch_size="auto")` searches here) and then applies the result.
+        Trials build and train throwaway models, which a pure `__call__` must not, so `tfopt.apply` runs
+        them here first (`BatchSize(batch_size="auto")` searches here) and then applies the result.
         """
         return self
+
+    def measured_and_applied(self, plan: Plan) -> tuple[Recipe, Plan]:
+        """`measured(plan)` and that recipe applied to `plan`, each recipe of a chain applied once."""
+        chosen = self.measured(plan)
+        return chosen, chosen(plan)
 
     @abc.abstractmethod
     def __call__(self, plan: Plan) -> Plan:
@@ -127,15 +132,18 @@ class Chain(Recipe):
 
     def measured(self, plan: Plan) -> Chain:
         """The chain with each recipe's trials run on the plan the recipes before it made."""
+        return self.measured_and_applied(plan)[0]
+
+    def measured_and_applied(self, plan: Plan) -> tuple[Chain, Plan]:
         if not self.needs_trials:
-            return self
+            return self, self(plan)
         chosen = []
         for recipe in self.recipes:
             recipe.check(plan)
             recipe = recipe.measured(plan)
             plan = recipe(plan)
             chosen.append(recipe)
-        return Chain(*chosen)
+        return Chain(*chosen), plan
 
     def get_config(self) -> dict[str, Any]:
         return {"recipes": [{recipe.name: recipe.get_config()} for recipe in self.recipes]}

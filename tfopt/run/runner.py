@@ -141,7 +141,7 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         run_dir = new_run_dir(recipe.name, out_dir, runs_root)
     else:  # the chief makes the directory; a worker only needs its name (for temporary checkpoint copies)
         run_dir = pathlib.Path(out_dir or ".")
-    if cluster.is_chief:  # a resumed run may have raised train.epochs: the saved recipe says what ran
+    if cluster.is_chief and not resume:
         save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
     try:
         report = _earlier_report(run_dir) if resume else None
@@ -164,10 +164,13 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
                                    chief=cluster.is_chief)
             if written is not None and training.get("monitor"):
                 report = _with_training(written, training["monitor"], report_paths) or report
-    except TfoptError as error:
+        if resume and cluster.is_chief:  # it may have raised train.epochs: saved once those epochs trained
+            save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
+    except BaseException as error:
         if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
             raise
-        error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
+        if isinstance(error, TfoptError):
+            error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
         raise
     return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
                       applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
@@ -210,7 +213,8 @@ def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> t
                     profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
     progress.phase("writing the report")
     report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
-    paths = {name: report.save(run_dir / f"report{REPORT_SUFFIXES[name]}") for name in recipe.report.formats}
+    paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats}
+    _save(report, paths.values())
     return _built(result), report, paths
 
 
@@ -218,15 +222,20 @@ def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, 
     """Writes the report again with the training's Monitor windows (its Training section and chart) and
     returns its numbers; None, with a warning, where it cannot be rendered (the measured report stays)."""
     report = dataclasses.replace(report, training=tuple(windows))
-    try:  # every format is rendered before any file is replaced, so the files never disagree
-        rendered = {path: report.render(path) for path in paths.values()}
+    try:
+        _save(report, paths.values())
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a run that trained
         _log.warning("The report keeps its measurements without the training section: rendering it failed "
                      "(%s: %s).", type(error).__name__, error)
         return None
+    return report.to_dict()
+
+
+def _save(report: Any, paths: Any) -> None:
+    """Writes the report in every format, each rendered before any file is replaced: the files never disagree."""
+    rendered = {path: report.render(path) for path in paths}
     for path, text in rendered.items():
         write_atomic(path, text)
-    return report.to_dict()
 
 
 def _build(recipe: RecipeFile, progress: Progress) -> Any:
