@@ -170,14 +170,14 @@ def test_synchronous_map_stays_sequential():
 
 
 @pytest.mark.parametrize("build, reason", [
-    (lambda: tf.data.Dataset.range(3).map(lambda i: i).apply(tf.data.experimental.copy_to_device("/cpu:0")),
+    (lambda _: tf.data.Dataset.range(3).map(lambda i: i).apply(tf.data.experimental.copy_to_device("/cpu:0")),
      "its graph cannot be serialized (FailedPreconditionError: Failed to serialize the input pipeline graph: "
      "GeneratorDatasetOp::Dataset does not support serialization)"),
-    (lambda: tf.data.Dataset.range(3).map(lambda i: i).snapshot("unused-path"),
+    (lambda directory: tf.data.Dataset.range(3).map(lambda i: i).snapshot(str(directory / "snapshot")),
      "it uses SnapshotDatasetV2, which tfopt has not verified"),
 ])
-def test_unrewritable_pipeline_is_left_as_it_was_with_the_reason(build, reason):
-    dataset = build()
+def test_unrewritable_pipeline_is_left_as_it_was_with_the_reason(build, reason, tmp_path):
+    dataset = build(tmp_path)
     result, notes = rewrite(dataset)
     assert_left_as_it_was(dataset, result, notes, reason)
 
@@ -190,8 +190,8 @@ def assert_left_as_it_was(dataset, result, notes, reason):
     assert_same_elements(dataset, result)
 
 
-def test_an_unrewritable_pipeline_ending_in_a_prefetch_is_returned_itself():
-    dataset = tf.data.Dataset.range(3).map(lambda i: i).snapshot("unused-path").prefetch(1)
+def test_an_unrewritable_pipeline_ending_in_a_prefetch_is_returned_itself(tmp_path):
+    dataset = tf.data.Dataset.range(3).map(lambda i: i).snapshot(str(tmp_path / "snapshot")).prefetch(1)
     result, notes = rewrite(dataset)
     assert result is dataset and len(notes) == 1 and "SnapshotDatasetV2" in notes[0]
 
