@@ -17,7 +17,7 @@ shows medians and [min-max] over repeats (of each variant's median over epochs 2
 variants are medians of the ratios within each repeat, whose variants ran seconds apart: on a shared
 machine the speed drifts by tens of percent between repeats, far more than within one. Each variant's
 input efficiency (the ceiling's step time over its own) is read as tfopt reads every measurement
-(`tfopt.profiling.timing.Measurement`, each repeat one window): never above 100%, and a variant faster
+(`tfopt.profiling.measurement.Measurement`, each repeat one window): never above 100%, and a variant faster
 than the ceiling beyond the measured spread is reported as a measurement problem.
 
 Each variant's epochs are read from one iterator (`fit(dataset.repeat(), steps_per_epoch=one pass)`,
@@ -73,7 +73,8 @@ import tensorflow as tf  # noqa: E402
 
 from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord  # noqa: E402
 from tfopt.hardware import detect  # noqa: E402
-from tfopt.profiling.timing import Measurement, StepTimes  # noqa: E402
+from tfopt.profiling.measurement import Measurement  # noqa: E402
+from tfopt.profiling.timing import StepTimes  # noqa: E402
 from tfopt.recipes.data_pipeline import tune_pipeline  # noqa: E402
 
 BATCH_SIZE = 64
@@ -322,7 +323,7 @@ def _pipeline_table(source, repeats: int) -> None:
             first_epoch[name].append(rates[0])
             later_epochs[name].append(statistics.median(rates[1:]))
         if on_device:
-            from tfopt.profiling.timing import time_ceiling_steps
+            from tfopt.profiling.measurement import time_ceiling_steps
 
             device_ceiling.append(time_ceiling_steps(model, finished, steps=steps, warmup_steps=5,
                                                      batch_size=BATCH_SIZE).examples_per_second)
@@ -332,7 +333,7 @@ def _pipeline_table(source, repeats: int) -> None:
     ceiling = device_ceiling if on_device else later_epochs["(d) compute-only ceiling"]
     print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s: median [min-max] of {repeats} repeats; "
           "input efficiency: the ceiling's step time over the variant's (epochs 2+), read by "
-          "tfopt.profiling.timing.Measurement with each repeat as one window")
+          "tfopt.profiling.measurement.Measurement with each repeat as one window")
     print(f"{'variant':36s} {'epoch 1':>8s} {'epochs 2+':>22s} {'input efficiency':>17s}")
     problems = []
     for name in later_epochs:

@@ -18,7 +18,7 @@ from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.metrics import Metrics, compared
-from tfopt.profiling.timing import Measurement, measure
+from tfopt.profiling.measurement import Measurement, measure
 from tfopt.recipes.base import Recipe, chain
 
 _log = logging.getLogger("tfopt")

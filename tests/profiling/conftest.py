@@ -18,7 +18,8 @@ from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.capture import Capture, Profile, profile
 from tfopt.profiling.diagnose import diagnose_breakdown
 from tfopt.profiling.sampler import HOST, Sample, Samples
-from tfopt.profiling.timing import Measurement, StepTimes
+from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.timing import StepTimes
 
 FEATURES = 64
 BATCH = 32

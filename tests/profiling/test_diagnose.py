@@ -11,7 +11,8 @@ from tfopt.hardware import Gpu, Hardware
 from tfopt.profiling import diagnose as d
 from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose, diagnose_breakdown
-from tfopt.profiling.timing import Measurement, StepTimes
+from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.timing import StepTimes
 
 CPU = Hardware(cpu_count=2)
 CPU_BF16 = Hardware(cpu_count=2, cpu_flags=frozenset({"avx512_bf16"}))

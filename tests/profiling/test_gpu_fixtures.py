@@ -17,7 +17,8 @@ from tfopt.hardware import Hardware
 from tfopt.profiling import diagnose as d
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.diagnose import diagnose, diagnose_breakdown, diagnose_capture
-from tfopt.profiling.timing import Measurement, StepTimes
+from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.timing import StepTimes
 from tfopt.profiling.trace import trace_gpus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu-h100"

@@ -282,7 +282,7 @@ def test_a_metric_that_cannot_be_read_is_dropped_and_training_goes_on(monkeypatc
 
     monkeypatch.setattr(monitor_module, "_visible_gpus", lambda: ["GPU:1"])
     monkeypatch.setattr(monitor_module, "_allocator_peak_bytes", unreadable)
-    monkeypatch.setattr("tfopt.profiling.timing.train_step_flops", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.setattr("tfopt.profiling.measurement.train_step_flops", lambda *args, **kwargs: 1 / 0)
     monitor = Monitor(every_steps=3, hardware=FAKE_HARDWARE["h100"])
     with caplog.at_level(logging.WARNING, logger="tfopt"):
         history = make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])

@@ -14,7 +14,7 @@ from .conftest import STEPS, WARMUP_STEPS, make_model
 @pytest.fixture(scope="module")
 def gpu_profile(tmp_path_factory):
     if detect().accelerator != "gpu":
-        pytest.skip("needs a GPU: on CPU test_timing.py and test_gpu_fixtures.py check the same arithmetic")
+        pytest.skip("needs a GPU: on CPU test_measurement.py and test_gpu_fixtures.py check the same arithmetic")
     import numpy as np
     import tensorflow as tf
 

@@ -139,7 +139,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
 def _diagnose(model: Any, plan: Plan, *, steps: int, warmup_steps: int, profile: bool) -> tuple[Any, Any]:
     """The profiler's diagnosis and the baseline's measurement, or the measurement alone."""
     from tfopt.errors import TfoptError
-    from tfopt.profiling.timing import measure
+    from tfopt.profiling.measurement import measure
 
     dataset = plan.dataset
     if profile:

@@ -14,7 +14,7 @@ the profiler starts one step before the measured steps and one extra step runs a
 steps are then exactly the ones it analyses, and the first of them has a marked step before it.
 
 `profile()` is the public entry point: it times real training and the on-device compute-only ceiling
-without the profiler (`timing.measure`), captures, analyses and diagnoses. The unprofiled timing is the
+without the profiler (`measurement.measure`), captures, analyses and diagnoses. The unprofiled timing is the
 honest speed; the profiled one shows what the profiler costs.
 """
 
@@ -33,7 +33,8 @@ from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
-from tfopt.profiling.timing import Measurement, StepTimes, WindowTimer, measure, training_state_restored
+from tfopt.profiling.measurement import Measurement, measure
+from tfopt.profiling.timing import StepTimes, WindowTimer, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
 
 _log = logging.getLogger("tfopt")

@@ -211,7 +211,7 @@ def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_mem
         breakdown: Where the wall step's time went.
         hardware: The machine it ran on (decides whether 16-bit compute and bigger batches apply).
         peak_memory_fraction: TensorFlow's allocator peak over the device's memory (0..1), where read.
-        measurement: The run's `timing.Measurement` (input efficiency and its noise), where measured.
+        measurement: The run's `measurement.Measurement` (input efficiency and its noise), where measured.
 
     Returns:
         The findings, high severity first, then by share of step time.

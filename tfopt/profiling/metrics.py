@@ -44,7 +44,7 @@ class Metrics:
 
     @classmethod
     def of(cls, hardware: Hardware, measurement: Any = None, breakdown: Any = None) -> Metrics:
-        """The metrics of a `timing.Measurement` and, where captured, a `StepBreakdown`."""
+        """The metrics of a `measurement.Measurement` and, where captured, a `StepBreakdown`."""
         efficiency = measurement.input_efficiency if measurement is not None else None
         mfu = measurement.mfu if measurement is not None else None
         accelerator = hardware.accelerator

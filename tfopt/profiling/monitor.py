@@ -16,7 +16,7 @@ How it measures, and why this way:
   how busy the device really was. With `steps_per_execution > 1` the fetch stays in Keras' graph and
   input wait is not measured.
 - **MFU** (accelerators in `peak_flops`' table): FLOPs of one step counted once, from the first batch,
-  by TensorFlow's cost analysis (`timing.train_step_flops`), times steps/s, over the devices' peak.
+  by TensorFlow's cost analysis (`measurement.train_step_flops`), times steps/s, over the devices' peak.
 - **Device memory peak**: TensorFlow's allocator peak per window (GPU); it reads zeros on a CPU.
 - **Windows span epochs.** A window's clock stops where an epoch's training steps end (validation's
   `on_test_begin`, else `on_epoch_end`, with one sync) and starts again at the next `on_epoch_begin`, so
@@ -304,7 +304,7 @@ class Monitor(keras.callbacks.Callback):
         """Batch size and FLOPs from the first batch (the first step traces and is never timed)."""
         import tensorflow as tf
 
-        from tfopt.profiling.timing import CeilingStep, train_step_flops, train_step_function
+        from tfopt.profiling.measurement import CeilingStep, train_step_flops, train_step_function
 
         if batch is None:
             self._batch_size = 0

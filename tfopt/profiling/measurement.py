@@ -1,0 +1,295 @@
+"""Real training against the on-device compute-only ceiling of the same model: input efficiency and MFU.
+
+The compute-only ceiling is the same train step fed one batch that already lives in device memory
+(placed there once, under the model's strategy), with no iterator and no host-to-device copy per step,
+and the same one sync per call as `fit` (see `tfopt.profiling.timing`): only the input pipeline differs.
+`input efficiency = ceiling step time / real step time`; a real step faster than the ceiling beyond the
+measured spread is a measurement problem, never shown as more than 100%. MFU counts the step's FLOPs with
+TensorFlow's own cost analysis of the step's graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tfopt.errors import MeasurementError
+from tfopt.hardware import Hardware
+from tfopt.profiling.timing import (StepTimes, check_step_counts, time_training_steps, training_state_restored,
+                                    window_layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Real training speed next to the on-device compute-only ceiling of the same model.
+
+    Attributes:
+        real: Steps fed by the real input pipeline.
+        ceiling: Steps fed one batch already in device memory.
+        flops_per_step: Model FLOPs of one training step (TensorFlow's cost analysis of the step's
+            graph), where counted.
+        peak_flops_per_second: The devices' peak dense FLOP/s for the precision in use (all replicas),
+            where the accelerator is in `peak_flops`' table.
+        precision: The precision that peak is for ("bf16", "fp16", "tf32", "fp32"), where known.
+    """
+
+    real: StepTimes
+    ceiling: StepTimes
+    flops_per_step: float | None = None
+    peak_flops_per_second: float | None = None
+    precision: str | None = None
+
+    @property
+    def ceiling_ratio(self) -> float:
+        """Ceiling step time / real step time as measured (above 1.0 only through noise or a fault)."""
+        return self.ceiling.median_seconds / self.real.median_seconds
+
+    @property
+    def noise(self) -> float:
+        """The larger relative spread (IQR / median) of the real and ceiling windows."""
+        return max(times.spread_seconds / times.median_seconds for times in (self.real, self.ceiling))
+
+    @property
+    def measurement_problem(self) -> str | None:
+        """Why the input efficiency cannot be read, or None: real steps beat the ceiling beyond the noise."""
+        if self.ceiling_ratio <= 1.0 + 2.0 * self.noise:
+            return None
+        return (f"real steps ran {self.ceiling_ratio:.2f}x as fast as the compute-only ceiling, beyond twice the "
+                f"measured spread ({self.noise:.1%}): the two runs saw different conditions (other load on the "
+                "machine, clocks, a recompilation). Measure again with more steps.")
+
+    @property
+    def input_efficiency(self) -> float | None:
+        """How close real training comes to the compute-only ceiling (1.0 = the input costs nothing).
+
+        None where the reading is a measurement problem; a ratio above 1.0 within the noise reads 1.0.
+        """
+        if self.measurement_problem is not None:
+            return None
+        return min(1.0, self.ceiling_ratio)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: model FLOPs per second of real training over the devices' peak."""
+        if not self.flops_per_step or not self.peak_flops_per_second:
+            return None
+        return self.flops_per_step / self.real.median_seconds / self.peak_flops_per_second
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"real": self.real.to_dict(), "ceiling": self.ceiling.to_dict(),
+                "input_efficiency": self.input_efficiency, "measurement_problem": self.measurement_problem,
+                "flops_per_step": self.flops_per_step, "peak_flops_per_second": self.peak_flops_per_second,
+                "precision": self.precision, "mfu": self.mfu}
+
+
+@dataclasses.dataclass(frozen=True)
+class CeilingStep:
+    """What the compute-only ceiling runs: the train step and a batch already in device memory.
+
+    Made once per measurement by `prepare_ceiling`, so the step is traced (and XLA-compiled) once and the
+    pipeline is read once, however many rounds time it.
+
+    Attributes:
+        step: Runs `steps_per_call` training steps on a batch (as Keras' `steps_per_execution` does).
+        batch: The dataset's first batch, placed on the model's devices.
+        steps_per_call: Steps one call of `step` runs.
+    """
+
+    step: Callable[[Any], Any]
+    batch: Any
+    steps_per_call: int
+
+
+def prepare_ceiling(model: Any, dataset: Any) -> CeilingStep:
+    """The ceiling's step and device-resident batch for `model`, running as many steps per call as the
+    model's `steps_per_execution` so that only the input pipeline differs from `fit`."""
+    per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+    return CeilingStep(step=train_step_function(model, steps_per_call=per_call), batch=device_batch(model, dataset),
+                       steps_per_call=per_call)
+
+
+def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+                       window_steps: int | None = None, sync: Callable[[Any], None] | None = None,
+                       prepared: CeilingStep | None = None) -> StepTimes:
+    """Times the model's train step on the dataset's first batch, placed in device memory once.
+
+    The step is Keras' own `train_step` under the model's strategy, compiled as Keras compiles it
+    (`tf.function`, the model's `jit_compile`, `steps_per_execution` steps per call), called directly: no
+    iterator, no host copy per step. Each call's output is read to the host, as `fit` reads each call's
+    logs (see the module docstring), so the two differ by the input alone. What `fit` adds per call
+    besides that (its callback loop, the iterator's `get_next`) still counts against the input: a few
+    hundred microseconds on this project's CPU, which matters only for steps of about a millisecond.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched pipeline (only the first batch is read).
+        steps: Steps to time, rounded up to whole windows.
+        warmup_steps: Untimed steps first (tracing, compilation).
+        batch_size: Examples per step.
+        window_steps: Steps per window; by default `window_layout`'s choice for `steps`.
+        sync: Waits for the device given a call's output, after every call; reads it to the host by default.
+        prepared: The step and batch from `prepare_ceiling`; made here by default.
+
+    Raises:
+        MeasurementError: The arguments are out of range, or the step failed.
+    """
+    per_call = check_step_counts(model, steps, warmup_steps)
+    windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
+    sync = sync or _read_to_host
+    try:
+        prepared = prepared or prepare_ceiling(model, dataset)
+        for _ in range(-(-warmup_steps // per_call)):
+            sync(prepared.step(prepared.batch))
+        seconds = []
+        for _ in range(windows):
+            start = time.perf_counter()
+            for _ in range(window_steps // per_call):
+                sync(prepared.step(prepared.batch))
+            seconds.append((time.perf_counter() - start) / window_steps)
+    except Exception as error:
+        raise MeasurementError(f"The compute-only ceiling failed: {type(error).__name__}: {error}") from error
+    return StepTimes(seconds=tuple(seconds), batch_size=batch_size, window_steps=window_steps)
+
+
+def device_batch(model: Any, dataset: Any) -> Any:
+    """The dataset's first batch, in the memory of the devices the model trains on.
+
+    Under a tf.distribute strategy the distributed dataset places each replica's share on its device
+    (that is what `experimental_distribute_dataset` does); under the default strategy the batch is
+    copied once to the default device (the first GPU where there is one).
+    """
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    first = dataset.take(1)
+    if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+        batch = next(iter(first))
+        with tf.device(_default_device()):
+            return tf.nest.map_structure(tf.identity, batch)
+    return next(iter(strategy.experimental_distribute_dataset(first)))
+
+
+def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any], Any]:
+    """The model's train step as Keras runs it in `fit` (strategy.run inside a tf.function with the
+    model's jit_compile; `steps_per_call` steps in one outer function, as `steps_per_execution` runs
+    them), returning the last step's first logged value averaged over replicas."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    def one_step(data: Any) -> Any:
+        outputs = strategy.run(model.train_step, args=(data,))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.nest.flatten(outputs)[0], axis=None)
+
+    step = one_step if model.run_eagerly else tf.function(one_step, jit_compile=model.jit_compile is True,
+                                                          reduce_retracing=True)
+    if steps_per_call == 1:
+        return step
+
+    def several_steps(data: Any) -> Any:
+        # An explicit while_loop, not AutoGraph: AutoGraph may be off in the caller's process.
+        _, output = tf.while_loop(lambda index, _: index < steps_per_call - 1,
+                                  lambda index, _: (index + 1, step(data)), (tf.constant(0), step(data)))
+        return output
+
+    return several_steps if model.run_eagerly else tf.function(several_steps)
+
+
+def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None = None) -> float | None:
+    """Model FLOPs of one training step on the dataset's batch, from TensorFlow's cost analysis.
+
+    The step's graph (forward, backward and optimizer update, all replicas) is traced and TensorFlow's
+    per-op FLOP statistics (the ones `tf.compat.v1.profiler` reports) are summed. Ops without a FLOP
+    statistic count 0, so this is a lower bound dominated by matmuls and convolutions, as MFU is defined.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched pipeline (only the first batch is read).
+        prepared: The ceiling's step and batch, reused where it runs one step per call.
+
+    Returns:
+        The FLOPs, or None where the step cannot be traced (a model that runs eagerly) or counts none.
+    """
+    import tensorflow as tf
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    if model.run_eagerly:
+        return None
+    if prepared is None or prepared.steps_per_call != 1:
+        prepared = CeilingStep(step=train_step_function(model),
+                               batch=prepared.batch if prepared else device_batch(model, dataset), steps_per_call=1)
+    graph = prepared.step.get_concrete_function(prepared.batch).graph
+    options = (option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+               .with_empty_output().build())
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")  # the v1 profiler warns about its own deprecated helpers on every call
+    try:
+        total = model_analyzer.profile(graph=graph, options=options).total_float_ops
+    finally:
+        logger.setLevel(level)
+    return float(total) or None
+
+
+def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
+            hardware: Hardware | None = None) -> Measurement:
+    """Times real training and the on-device ceiling, counts the step's FLOPs, then restores the model.
+
+    The two are measured in alternating rounds (real, ceiling, real, ceiling) when there are at least 4
+    steps, so a change in the machine's load during the measurement hits both sides alike instead of
+    biasing their ratio. The model's weights and optimizer variables are put back as they were.
+
+    Args:
+        model: A compiled Keras model.
+        dataset: Its batched training pipeline.
+        steps: Steps timed on each side, in total over the rounds.
+        warmup_steps: Untimed steps before each side's first round (later rounds warm up one step).
+        batch_size: Examples per step.
+        hardware: The machine; on accelerators the step's FLOPs are counted for MFU. Detected by default.
+
+    Returns:
+        The real and ceiling step times, and what MFU needs.
+    """
+    from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
+
+    if hardware is None:
+        from tfopt.hardware import detect
+
+        hardware = detect()
+    per_call = check_step_counts(model, steps, warmup_steps)
+    windows, window_steps = window_layout(steps, steps_per_call=per_call)
+    rounds = [windows - windows // 2, windows // 2] if windows >= 2 and steps >= 4 else [windows]
+    real: list[float] = []
+    ceiling: list[float] = []
+    timing = dict(batch_size=batch_size, window_steps=window_steps)
+    with training_state_restored(model):
+        prepared = prepare_ceiling(model, dataset)
+        for index, round_windows in enumerate(rounds):
+            warmup = warmup_steps if index == 0 else 1
+            round_steps = round_windows * window_steps
+            real.extend(time_training_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
+                                            **timing).seconds)
+            ceiling.extend(time_ceiling_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
+                                              prepared=prepared, **timing).seconds)
+    flops = peak = precision = None
+    if hardware.accelerator != "cpu":
+        precision = precision_in_use(model, hardware)
+        peak = peak_flops_per_second(hardware, precision, devices=model.distribute_strategy.num_replicas_in_sync)
+        flops = train_step_flops(model, dataset, prepared=prepared)
+    return Measurement(real=StepTimes(tuple(real), **timing), ceiling=StepTimes(tuple(ceiling), **timing),
+                       flops_per_step=flops, peak_flops_per_second=peak, precision=precision)
+
+
+def _read_to_host(value: Any) -> None:
+    import tensorflow as tf
+
+    for tensor in tf.nest.flatten(value):
+        tensor.numpy()
+
+
+def _default_device() -> str:
+    import tensorflow as tf
+
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
