@@ -1,6 +1,7 @@
 """The graph rewrite parallelizes opaque pipelines: same elements in the same order, parallel ops in the graph."""
 
 import collections
+import contextlib
 import gc
 import threading
 import time
@@ -13,6 +14,24 @@ import tensorflow as tf
 from tfopt.data import graph as pipeline_graph
 from tfopt.data.graph import pipeline_ops, serialize
 from tfopt.data.rewrite import KNOWN_DATASET_OPS, parallelize
+
+
+class InFlight:
+    """Counts the calls in flight at once, and the most there ever were: parallelism, observed."""
+
+    def __init__(self):
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    @contextlib.contextmanager
+    def counted(self):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.now -= 1
 
 
 def rewrite(dataset, **settings):
@@ -213,15 +232,11 @@ def test_a_pipeline_ending_in_a_prefetch_gets_no_second_one():
 
 def test_parallel_calls_overlap():
     """The rewritten py_function map runs calls concurrently: more than one is in flight at once."""
-    lock, running, peak = threading.Lock(), [0], [0]
+    calls = InFlight()
 
     def tracked(x):
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        time.sleep(0.01)
-        with lock:
-            running[0] -= 1
+        with calls.counted():
+            time.sleep(0.01)
         return x
 
     options = tf.data.Options()
@@ -229,7 +244,7 @@ def test_parallel_calls_overlap():
     dataset = tf.data.Dataset.range(40).map(lambda i: tf.py_function(tracked, [i], tf.int64)).with_options(options)
     rewritten, _ = rewrite(dataset)
     assert [int(x) for x in rewritten] == list(range(40))
-    assert peak[0] >= 2
+    assert calls.most >= 2
 
 
 def fake_serialized(monkeypatch, value):
@@ -352,25 +367,17 @@ def test_a_keras_random_layer_map_stays_sequential_with_the_reason():
 
 
 def test_a_generator_is_called_one_element_at_a_time_while_the_maps_after_it_run_in_parallel():
-    lock, inside, most_inside, most_mapping, mapping = threading.Lock(), [0], [0], [0], [0]
+    generating, mapping = InFlight(), InFlight()
 
     def generate():
         for index in range(24):
-            with lock:
-                inside[0] += 1
-                most_inside[0] = max(most_inside[0], inside[0])
-            time.sleep(0.002)
-            with lock:
-                inside[0] -= 1
+            with generating.counted():
+                time.sleep(0.002)
             yield index
 
     def slow_square(x):
-        with lock:
-            mapping[0] += 1
-            most_mapping[0] = max(most_mapping[0], mapping[0])
-        time.sleep(0.01)
-        with lock:
-            mapping[0] -= 1
+        with mapping.counted():
+            time.sleep(0.01)
         return x * x
 
     options = tf.data.Options()
@@ -382,7 +389,7 @@ def test_a_generator_is_called_one_element_at_a_time_while_the_maps_after_it_run
 
     rewritten, _ = rewrite(build())
     assert [int(x) for x in rewritten] == [index * index for index in range(24)]
-    assert most_inside == [1] and most_mapping[0] >= 2
+    assert generating.most == 1 and mapping.most >= 2
 
 
 def same(*parts):
