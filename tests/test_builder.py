@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tests.conftest import make_cnn, make_images
 from tfopt.builder import build
-from tfopt.policies import clone_under_current_policy, dtype_policy_scope
+from tfopt.policies import dtype_policy_scope, set_dtype_policy
 from tfopt.errors import IncompatibleModelError
 from tfopt.plan import make_plan
 
@@ -57,7 +57,9 @@ def test_subclassed_model_with_model_fn(cpu_hardware):
     plan = make_plan(user_model, make_images(), model_fn=Subclassed, hardware=cpu_hardware)
     built = build(plan.replace(dtype_policy="mixed_bfloat16"))
     assert_same_weights(user_model, built.model)
-    # model_fn models are not cloned layer by layer, so tfopt casts their 16-bit outputs to float32.
+    # The user's class, not a wrapper; the layer producing the output computes in float32.
+    assert type(built.model) is Subclassed
+    assert built.model.dense.compute_dtype == "float32"
     assert built.model(np.zeros((2, 12, 12, 3), "float32")).dtype == "float32"
 
 
@@ -80,14 +82,15 @@ def test_global_policy_restored_when_build_fails(cpu_hardware):
     assert keras.config.dtype_policy().name == "float32"
 
 
-def test_clone_keeps_layers_pinned_to_another_dtype():
+def test_policy_keeps_layers_pinned_to_another_dtype():
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(4, dtype="float64", name="pinned")(inputs)
+    hidden = keras.layers.Dense(4, name="middle")(hidden)
     model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
-    with dtype_policy_scope("mixed_bfloat16"):
-        clone = clone_under_current_policy(model)
-    assert clone.get_layer("pinned").dtype_policy.name == "float64"
-    assert clone.get_layer("out").compute_dtype == "float32"
+    set_dtype_policy(model, "mixed_bfloat16", None)
+    assert model.get_layer("pinned").dtype_policy.name == "float64"
+    assert model.get_layer("middle").compute_dtype == "bfloat16"
+    assert model.get_layer("out").compute_dtype == "float32"
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """The one place that turns a Plan into a model, a dataset and a strategy.
 
 Order matters and is fixed here: the strategy is made first, then inside its scope and the dtype-policy
-scope the model is created once, the user's weights are copied in, and the model is compiled once (a
-fresh optimizer inside the scope, XLA as the plan says). Global Keras state (the dtype policy) is only
-changed inside a scope that restores it, even when building fails.
+scope the model is created once (an in-process copy of the user's model, or the user's `model_fn`), its
+layers are put on the plan's policy (`set_dtype_policy`), the user's weights are copied in where the model
+was made afresh, and the model is compiled once with the user's own compile objects (a copy of the
+optimizer inside the scope, XLA as the plan says). Global Keras state (the dtype policy) is only changed
+inside a scope that restores it, even when building fails.
 
 What XLA needs is settled here too, on the model this build creates: that every layer lowers to XLA
 (else the build compiles without it and says which layer), and full batches of one static shape (a
@@ -20,7 +22,8 @@ from typing import Any
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError
 from tfopt.plan import Plan, put_tf32_in_force
-from tfopt.policies import dtype_policy_scope
+from tfopt.model_copy import copy_keras_object
+from tfopt.policies import dtype_policy_scope, set_dtype_policy
 
 _log = logging.getLogger("tfopt")
 
@@ -52,7 +55,8 @@ def build(plan: Plan) -> Built:
         The built model, dataset and strategy.
 
     Raises:
-        IncompatibleModelError: The model could not be created, or the user's weights do not fit it.
+        IncompatibleModelError: The model could not be created, or the user's weights do not fit it, or
+            its compile arguments cannot be made again.
 
     Example:
         >>> import keras, tensorflow as tf
@@ -75,6 +79,9 @@ def build(plan: Plan) -> Built:
     put_tf32_in_force(plan.tf32)
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
+        kept_float32 = set_dtype_policy(model, plan.dtype_policy, plan.sample_inputs)
+        if kept_float32:
+            plan = plan.amend("mixed_precision", "kept float32: " + "; ".join(kept_float32))
         if plan.weights_from is not None:
             _copy_weights(plan.weights_from, model)
         plan = _settle_xla(model, plan)
@@ -100,25 +107,9 @@ def _create_model(plan: Plan) -> Any:
     if not isinstance(model, keras.Model):
         raise IncompatibleModelError(
             f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
-    if not model.built:
-        model(plan.sample_inputs)  # subclassed models create their variables on the first call
-    return _with_float32_outputs(model, plan)
-
-
-def _with_float32_outputs(model: Any, plan: Plan) -> Any:
-    """Adds a float32 cast after a model_fn model whose outputs are 16-bit (the loss must be float32)."""
-    import keras
-    import tensorflow as tf
-
-    # Functional and Sequential models know their output dtypes symbolically; others need one forward pass.
-    outputs = getattr(model, "outputs", None) or tf.nest.flatten(model(plan.sample_inputs, training=False))
-    if all(output.dtype == "float32" for output in outputs):
-        return model
-    inputs = tf.nest.map_structure(
-        lambda tensor: keras.Input(shape=tensor.shape[1:], dtype=tensor.dtype), plan.sample_inputs)
-    cast = keras.layers.Activation("linear", dtype="float32", name="float32_outputs")
-    wrapped = keras.Model(inputs, tf.nest.map_structure(cast, model(inputs)), name=model.name)
-    return wrapped
+    if not model.built and not model.weights:
+        model(plan.sample_inputs)  # a model never called has no variables until its first call
+    return model
 
 
 def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
@@ -174,6 +165,11 @@ def _settle_xla(model: Any, plan: Plan) -> Plan:
 
 def _copy_weights(source: Any, target: Any) -> None:
     weights = source.get_weights()
+    if not target.weights:
+        raise IncompatibleModelError(
+            "The model made by model_fn has no weights before its first call and cannot be called on a batch "
+            "of your data, so your model's weights cannot be copied into it. Build it in model_fn (call it on "
+            "a batch, or build its parts), or pass model=None to start from model_fn's own weights.")
     try:
         target.set_weights(weights)
     except ValueError as error:
@@ -184,13 +180,67 @@ def _copy_weights(source: Any, target: Any) -> None:
 
 
 def _compile_arguments(plan: Plan) -> dict[str, Any]:
-    """Deserializes the compile config afresh, so every build gets its own optimizer and metrics."""
+    """The compile arguments of one build: the user's own objects where the plan left a setting as it was
+    (metric objects and the optimizer copied, for they hold state), else made from the plan's config with
+    the user's classes and functions at hand, so nothing is looked up again by a name Keras may not know."""
     import keras
 
+    arguments, changed = {}, {}
+    for key, config in plan.compile_config.items():
+        given = plan.compile_objects.get(key)
+        # A trained optimizer's state belongs to the user's variables: a fresh one is made from its config.
+        fresh = isinstance(given, keras.optimizers.Optimizer) and given.built
+        if key in plan.compile_objects and not fresh and keras.saving.serialize_keras_object(given) == config:
+            arguments[key] = _own_copy(given)
+        else:
+            changed[key] = config
     try:
-        return keras.saving.deserialize_keras_object(dict(plan.compile_config))
+        arguments.update(keras.saving.deserialize_keras_object(
+            changed, custom_objects=_custom_objects(plan.compile_objects.values())))
     except (TypeError, ValueError) as error:
         raise IncompatibleModelError(
-            f"The model's compile arguments could not be recreated ({error}). Custom optimizers, losses "
-            "and metrics must be registered with @keras.saving.register_keras_serializable(), or pass "
-            "compile=dict(...) built from standard Keras objects.") from error
+            f"The model's compile arguments {sorted(changed)} could not be made again after a recipe changed "
+            f"them ({error}). Register custom optimizers and learning-rate schedules with "
+            "@keras.saving.register_keras_serializable(), or leave out the recipe that changes them.") from error
+    optimizer = arguments.get("optimizer")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and plan.dtype_policy != "mixed_float16":
+        arguments["optimizer"] = optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
+    return arguments
+
+
+def _own_copy(value: Any) -> Any:
+    """A compile argument for one build: stateful Keras objects copied, the rest (functions, names, stateless
+    losses) as the user gave them."""
+    import keras
+
+    if isinstance(value, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return copy_keras_object(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_own_copy(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _own_copy(item) for key, item in value.items()}
+    return value
+
+
+def _custom_objects(values: Any) -> dict[str, Any]:
+    """Every class and function reachable from the user's compile arguments, by the names Keras serializes."""
+    import keras
+
+    found: dict[str, Any] = {}
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif callable(value) or isinstance(value, keras.optimizers.Optimizer):
+            kind = value if isinstance(value, type) or not hasattr(value, "get_config") else type(value)
+            name = getattr(kind, "__name__", None)
+            if name:
+                found[name] = kind
+                found[keras.saving.get_registered_name(kind)] = kind
+            schedule = getattr(value, "_learning_rate", None)
+            if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+                stack.append(schedule)
+    return found

@@ -14,6 +14,7 @@ from typing import Any
 
 from tfopt.builder import build
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
+from tfopt.fidelity import first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
@@ -235,9 +236,13 @@ def apply(
 
 def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, tune_budget_seconds: float,
              on_tune_progress: Callable[[Any], None] | None, **evidence: Any) -> ApplyResult:
-    """`apply` from the baseline plan on: trials, builds and measurements (recipe None: "auto")."""
-    built_baseline = build(baseline) if measuring else None
-    if baseline.weights_from is None and built_baseline is not None:
+    """`apply` from the baseline plan on: trials, builds, the first-batch check and measurements (recipe None:
+    "auto"). The optimized setup runs the first batch before anything is measured, so a recipe that breaks
+    the model is left out (or the error raised) before minutes of measuring are spent."""
+    built_baseline = build(baseline)
+    batch = next(iter(baseline.dataset.take(1)))
+    reference = reference_outcome(built_baseline.model, batch)
+    if baseline.weights_from is None:
         # A model from model_fn alone: every later build (trials, the optimized setup) starts from the
         # baseline's initial weights, so what is compared trains the same model. Measuring restores them.
         baseline = baseline.replace(weights_from=built_baseline.model)
@@ -253,10 +258,9 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, tune_bud
     for step in optimized.applied:
         _log.info("%s", step)
     before = after = before_profile = after_profile = None
+    built = first_batch_checked(build(optimized), reference, batch, baseline_policy=baseline.dtype_policy)
     if measuring:
         before, before_profile = _evidence(built_baseline, "before", **evidence)
-    built = build(optimized)
-    if measuring:
         after, after_profile = _evidence(built, "after", **evidence)
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,

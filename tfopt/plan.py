@@ -10,13 +10,15 @@ with a message that says how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfopt.errors import DataError, IncompatibleModelError
 from tfopt.hardware import Hardware
-from tfopt.policies import clone_under_current_policy, model_dtype_policy
+from tfopt.model_copy import copy_model
+from tfopt.policies import model_dtype_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +45,19 @@ class Plan:
 
     Attributes:
         model_fn: Creates a fresh, uncompiled model. `build()` calls it inside the dtype-policy and
-            strategy scopes, so it must create its layers when called (not return an existing model).
-        dataset: The batched training pipeline, yielding (inputs, targets) or (inputs, targets, weights).
-        compile_config: Keras compile arguments in `model.get_compile_config()` form (serialized, so a
-            fresh optimizer is made for every build).
+            strategy scopes, so it must create its variables when called: the user's function, or an
+            in-process copy of the user's model (`tfopt.model_copy.copy_model`).
+        dataset: The batched training pipeline, yielding what Keras' `fit` takes: inputs alone, (inputs,
+            targets) or (inputs, targets, weights), each a tensor or a structure of them.
+        compile_config: Keras compile arguments in `model.get_compile_config()` form: the settings recipes
+            read and change (the optimizer's learning rate, `jit_compile`).
         hardware: The machine the plan is for.
         sample_inputs: One batch of model inputs, used to build subclassed models and check XLA.
         batch_size: Examples per step (the global batch under a distribution strategy).
         weights_from: A built model whose weights the new model starts from, or None. Never modified.
+        compile_objects: The compile arguments as the user gave them (loss functions, metric and optimizer
+            objects): what `build()` compiles with where the plan left a setting as it was, so custom
+            losses and metrics are the user's own and not looked up again by name.
         source: The `tfopt.data` source the dataset came from, when tfopt knows it, else None.
         dtype_policy: The Keras dtype policy name the model is built under.
         strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
@@ -62,6 +69,7 @@ class Plan:
     Example:
         >>> import keras, tensorflow as tf
         >>> from tfopt.hardware import Hardware
+from tfopt.model_copy import copy_model
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         >>> model.compile(optimizer="sgd", loss="mse")
         >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((8, 4)), tf.zeros((8, 2)))).batch(4)
@@ -80,6 +88,7 @@ class Plan:
     sample_inputs: Any
     batch_size: int
     weights_from: Any = None
+    compile_objects: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source: Any = None
     dtype_policy: str = "float32"
     strategy: str = "default"
@@ -91,6 +100,7 @@ class Plan:
         # Mappings are frozen too, so a recipe cannot change a plan it was handed.
         object.__setattr__(self, "compile_config", types.MappingProxyType(dict(self.compile_config)))
         object.__setattr__(self, "strategy_options", types.MappingProxyType(dict(self.strategy_options)))
+        object.__setattr__(self, "compile_objects", types.MappingProxyType(dict(self.compile_objects)))
 
     @property
     def jit_compile(self) -> bool:
@@ -117,6 +127,15 @@ class Plan:
         """Returns a copy with one more `Step` in `applied`."""
         return self.replace(applied=(*self.applied, Step(recipe, detail, skipped)))
 
+    def amend(self, recipe: str, detail: str) -> Plan:
+        """Returns a copy whose last applied step of `recipe` says `detail` too; a new step where it has none."""
+        for index in range(len(self.applied) - 1, -1, -1):
+            step = self.applied[index]
+            if step.recipe == recipe and not step.skipped:
+                amended = dataclasses.replace(step, detail=f"{step.detail}; {detail}")
+                return self.replace(applied=(*self.applied[:index], amended, *self.applied[index + 1:]))
+        return self.record(recipe, detail)
+
 
 def make_plan(
     model: Any,
@@ -137,11 +156,11 @@ def make_plan(
     false}` in the same notebook does.
 
     Args:
-        model: A built Keras model (Functional or Sequential are cloned; a subclassed model needs
-            `model_fn`), or None when `model_fn` is given.
-        dataset: A batched `tf.data.Dataset` yielding (inputs, targets[, sample_weights]).
+        model: A Keras model of any kind (copied in process with its weights and state, see
+            `tfopt.model_copy`), or None when `model_fn` is given.
+        dataset: A batched `tf.data.Dataset` yielding what Keras' `fit` takes.
         hardware: The machine to plan for.
-        model_fn: Creates the model afresh; required for subclassed models.
+        model_fn: Creates the model afresh instead of a copy of `model`, whose weights it then starts from.
         compile: Keras compile arguments; defaults to those the model was compiled with.
         source: The `tfopt.data` source the dataset came from, if any.
 
@@ -150,8 +169,7 @@ def make_plan(
 
     Raises:
         IncompatibleModelError: `model` is not a Keras model, or cannot be rebuilt as given.
-        DataError: `dataset` is not a tf.data.Dataset, is empty, or its elements are not
-            (inputs, targets) pairs.
+        DataError: `dataset` is not a tf.data.Dataset, or is empty.
     """
     import keras
     import tensorflow as tf
@@ -169,19 +187,18 @@ def make_plan(
             f"Expected a tf.data.Dataset, received {type(dataset).__module__}.{type(dataset).__name__}. "
             "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), or pass a "
             "tfopt.data source.")
-    if model_fn is None:
-        model_fn = _clone_fn(model)
-    compile_config = _compile_config(model, compile)
-    sample = _first_batch(dataset)
+    compile_objects = _compile_objects(model, compile)
+    sample_inputs = _first_inputs(dataset)
     tf32 = users_tf32_setting()
     return Plan(
-        model_fn=model_fn,
+        model_fn=functools.partial(copy_model, model) if model_fn is None else model_fn,
         dataset=dataset,
-        compile_config={**compile_config, "jit_compile": False},
+        compile_config={**_serialized(compile_objects), "jit_compile": False},
+        compile_objects=compile_objects,
         hardware=hardware,
-        sample_inputs=sample[0],
-        batch_size=batch_size_of(sample[0]),
-        weights_from=model if model is not None and model.built else None,
+        sample_inputs=sample_inputs,
+        batch_size=batch_size_of(sample_inputs),
+        weights_from=model if model_fn is not None and model is not None and model.weights else None,
         source=source,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
         dtype_policy=model_dtype_policy(model) if model is not None else "float32",
@@ -237,42 +254,34 @@ def tf32_note(hardware: Hardware) -> str:
             "float32")
 
 
-def _clone_fn(model: Any) -> Callable[[], Any]:
-    if not _is_graph_model(model):
-        raise IncompatibleModelError(
-            f"Model {model.name!r} is a subclassed {type(model).__name__}: tfopt cannot clone it, because "
-            "its layers are created in Python code it cannot replay. Pass model_fn=a function that "
-            "creates the model (tfopt.apply(model, dataset, model_fn=make_model)); tfopt calls it "
-            "inside the dtype-policy and strategy scopes and copies your model's weights into it.")
-    return lambda: clone_under_current_policy(model)
-
-
-def _is_graph_model(model: Any) -> bool:
-    import keras
-
-    return isinstance(model, (keras.Sequential, keras.src.models.functional.Functional))
-
-
-def _compile_config(model: Any, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-    import keras
-
+def _compile_objects(model: Any, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The compile arguments as given: `compile=` or those the model was compiled with (Keras keeps them)."""
     if compile_kwargs is not None:
-        serialized = {key: keras.saving.serialize_keras_object(value) for key, value in compile_kwargs.items()}
-        if "optimizer" not in serialized or "loss" not in serialized:
+        if "optimizer" not in compile_kwargs:
             raise IncompatibleModelError(
-                f"compile= needs at least 'optimizer' and 'loss'; received keys {sorted(compile_kwargs)}.")
-        return serialized
-    config = model.get_compile_config() if model is not None else None
-    if not config:
+                f"compile= needs at least 'optimizer' (and 'loss' unless the model computes its own); received "
+                f"keys {sorted(compile_kwargs)}.")
+        return dict(compile_kwargs)
+    given = getattr(model, "_compile_config", None) if model is not None and model.compiled else None
+    if given is None:
         raise IncompatibleModelError(
             "The model is not compiled, so tfopt does not know the optimizer and loss to train with. "
             "Call model.compile(optimizer=..., loss=...) first, or pass compile=dict(optimizer=..., "
             "loss=..., metrics=...) to tfopt.apply.")
-    return dict(config)
+    return dict(given.config)
 
 
-def _first_batch(dataset: Any) -> tuple[Any, ...]:
-    """Reads one element: proves the dataset is not empty and gives a batch to build and check with."""
+def _serialized(compile_objects: Mapping[str, Any]) -> dict[str, Any]:
+    import keras
+
+    return {key: keras.saving.serialize_keras_object(value) for key, value in compile_objects.items()}
+
+
+def _first_inputs(dataset: Any) -> Any:
+    """The model inputs of the first element, as `fit` unpacks it: proves the dataset is not empty and
+    gives a batch to build and check with. Keras takes inputs alone, (inputs,), (inputs, targets) and
+    (inputs, targets, sample_weights); inputs may be a tensor, a list or a dict."""
+    import keras
     import tensorflow as tf
 
     try:
@@ -282,12 +291,12 @@ def _first_batch(dataset: Any) -> tuple[Any, ...]:
                         "(and that .batch(..., drop_remainder=True) leaves at least one batch).") from None
     except tf.errors.OpError as error:
         raise DataError(f"Reading the first batch of the dataset failed: {error.message}") from error
-    if not isinstance(element, tuple) or len(element) not in (2, 3):
+    if isinstance(element, tuple) and len(element) > 3:
         raise DataError(
-            f"Each dataset element must be an (inputs, targets) or (inputs, targets, sample_weights) "
-            f"tuple, as keras' fit() expects; received {type(element).__name__} "
-            f"{getattr(element, 'shape', '')}. Map it with dataset.map(lambda e: (e['image'], e['label'])).")
-    return element
+            f"A dataset element is a tuple of {len(element)}; Keras' fit() takes inputs, (inputs, targets) or "
+            "(inputs, targets, sample_weights). Put several inputs in one list or dict: "
+            "dataset.map(lambda a, b, c, y: ((a, b, c), y)).")
+    return keras.utils.unpack_x_y_sample_weight(element)[0]
 
 
 def batch_size_of(inputs: Any) -> int:

@@ -1,8 +1,8 @@
-"""Keras dtype policies: the scope that sets one, the policy a model was built under, and the clone that
-rebuilds a Functional or Sequential model under the current one.
+"""Keras dtype policies: the scope that sets one, the policy a model was built under, and the setting of a
+built model's layers to another one.
 
-Its own module because both `make_plan` (which records the user's policy and prepares the clone) and
-`build` (which enters the scope and calls the clone) need it, and neither may import the other.
+Its own module because both `make_plan` (which records the user's policy) and `build` (which puts the
+model it builds on the plan's policy) need it, and neither may import the other.
 """
 
 from __future__ import annotations
@@ -34,33 +34,123 @@ def dtype_policy_scope(policy: str) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
-def clone_under_current_policy(model: Any) -> Any:
-    """Clones a Functional or Sequential model so its layers take the current global dtype policy.
+# Layers that read integers (ids, indices, categories, strings) or raw features: under a mixed policy Keras
+# casts a layer's floating inputs to 16 bits before `call`, which rounds ids above 256 in bfloat16.
+_READS_IDS_OR_RAW_FEATURES = ("Embedding", "StringLookup", "IntegerLookup", "CategoryEncoding", "Hashing",
+                              "HashedCrossing", "Discretization", "Normalization", "TextVectorization",
+                              "FeatureSpace")
 
-    A layer's config records the policy it was made with, so a plain `clone_model` keeps it even inside
-    another policy's scope. Layers on the policy the model was built under (its default: float32, or the
-    mixed policy that was global when the user built it) get the current policy; layers the user pinned to
-    another dtype (e.g. int lookups) keep theirs; the layers producing the model's outputs compute in
-    float32, so softmax and the loss do not lose precision. Operations that are not layers (`keras.ops`
-    calls, `x + y`) are recreated as they are. The clone has fresh weights: `build()` copies the user's in.
+
+def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
+    """Puts a model's layers on `policy` as if it had been the global policy when they were made.
+
+    Layers still on the policy the model was made under (its default: float32, or the mixed policy that
+    was global when the user built it) take `policy`; layers the user pinned to another dtype keep theirs.
+    Under a mixed policy two kinds stay float32, named in the returned list: the layers producing the
+    model's outputs (softmax and the loss keep float32 precision), and the layers that read ids or raw
+    features (`Embedding`, lookups, `CategoryEncoding`, hashing, `Normalization`, ...) with every layer
+    holding one (a custom layer around an `Embedding`): Keras casts a layer's floating inputs to its
+    compute dtype before `call`, and bfloat16 rounds ids above 256 (15000 and 15001 both become 14976).
+
+    Args:
+        model: A built model; its layers are changed in place (tfopt's own copy, never the user's model).
+        policy: A Keras dtype policy name.
+        sample_inputs: One batch of the model's inputs: a model without a functional graph is called on it
+            once to find the layers that produce its outputs.
+
+    Returns:
+        What stayed float32 and why, one entry per kind; empty under a float32 policy.
+
+    Example:
+        >>> import keras
+        >>> inputs = keras.Input((4,))
+        >>> ids = keras.layers.Embedding(20000, 8, name="tokens")(inputs)
+        >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(keras.layers.Flatten()(ids)))
+        >>> set_dtype_policy(model, "mixed_bfloat16", None)
+        ["reading ids or raw features: 'tokens' (Embedding)", "producing the outputs: 'head' (Dense)"]
+        >>> [layer.compute_dtype for layer in model.layers[1:]]
+        ['float32', 'bfloat16', 'float32']
     """
     import keras
 
-    policy = keras.config.dtype_policy().name
     defaults = {"float32", model_dtype_policy(model)}
-    if model.built:
-        output_layers = {id(tensor._keras_history.operation) for tensor in model.outputs}
-    else:  # a Sequential model without an Input: its last layer makes the output
-        output_layers = {id(model.layers[-1])}
+    layers = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+              if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults]
+    kept: dict[str, list[Any]] = {}
+    if policy in ("mixed_float16", "mixed_bfloat16"):
+        reading = _holding_id_readers(model)
+        outputs = _output_layers(model, sample_inputs)
+        kept = {"reading ids or raw features": [layer for layer in layers if id(layer) in reading],
+                "producing the outputs": [layer for layer in layers if id(layer) in outputs
+                                          and id(layer) not in reading]}
+    float32 = {id(layer) for group in kept.values() for layer in group}
+    for layer in layers:
+        layer.dtype_policy = "float32" if id(layer) in float32 else policy
+    return [f"{why}: {', '.join(_describe(layer) for layer in group if layer is not model) or 'the model itself'}"
+            for why, group in kept.items() if group]
 
-    def clone_layer(layer: Any) -> Any:
-        config = layer.get_config()
-        if isinstance(layer, keras.layers.Layer) and not isinstance(layer, keras.layers.InputLayer) \
-                and layer.dtype_policy.name in defaults:
-            config["dtype"] = "float32" if id(layer) in output_layers else policy
-        return layer.__class__.from_config(config)
 
-    return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+def _describe(layer: Any) -> str:
+    return f"{layer.name!r} ({type(layer).__name__})"
+
+
+def _holding_id_readers(model: Any) -> set[int]:
+    """The ids of the layers that read ids or raw features, and of every layer that holds one."""
+    holding: set[int] = set()
+
+    def visit(layer: Any) -> bool:
+        inner = [visit(child) for child in layer._flatten_layers(include_self=False, recursive=False)]
+        if any(inner) or type(layer).__name__ in _READS_IDS_OR_RAW_FEATURES:
+            holding.add(id(layer))
+            return True
+        return False
+
+    visit(model)
+    return holding
+
+
+def _output_layers(model: Any, sample_inputs: Any) -> set[int]:
+    """The ids of the innermost layers whose results are the model's outputs."""
+    import keras
+    import tensorflow as tf
+
+    if isinstance(model, keras.src.models.functional.Functional) and model.outputs:
+        found: set[int] = set()
+        for tensor in model.outputs:
+            layer = tensor._keras_history.operation
+            found |= _output_layers(layer, sample_inputs) if isinstance(layer, keras.Model) else {id(layer)}
+        return found
+    if isinstance(model, keras.Sequential) and model.layers:
+        last = model.layers[-1]
+        return _output_layers(last, sample_inputs) if isinstance(last, keras.Model) else {id(last)}
+    if not isinstance(model, keras.Model):
+        return {id(model)}
+    # A subclassed model: call it once and see which layer made each output (inner calls return first).
+    made_by: dict[int, Any] = {}
+    alive: list[Any] = []
+    sublayers = model._flatten_layers(include_self=False, recursive=True)
+
+    def recording(layer: Any) -> Any:
+        call = layer.call
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            result = call(*args, **kwargs)
+            alive.append(result)
+            for tensor in tf.nest.flatten(result):
+                made_by.setdefault(id(tensor), layer)
+            return result
+        return record
+
+    for layer in sublayers:
+        object.__setattr__(layer, "call", recording(layer))
+    try:
+        outputs = tf.nest.flatten(model(sample_inputs, training=False))
+    except Exception:  # a model without call() (its train_step calls its parts): no output layer to keep
+        return set()
+    finally:
+        for layer in sublayers:
+            layer.__dict__.pop("call", None)
+    return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
 
 
 def model_dtype_policy(model: Any) -> str:

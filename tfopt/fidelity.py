@@ -1,0 +1,246 @@
+"""Before anything is timed: the optimized model runs one real batch and computes what the user's model does.
+
+Mixed precision changes how a model computes, and public Keras code does things a 16-bit policy breaks:
+custom layers that multiply a float32 `keras.random.normal(...)` with their 16-bit inputs (an error at the
+first real batch), float inputs that carry ids (rounded, silently). So the optimized model runs the first
+batch forward and through one training step (on its own state, put back afterwards) before the baseline is
+measured: a layer that fails under 16 bits is kept at float32 and named, and predictions and loss that
+disagree with the user's model beyond the policy's tolerance revert mixed precision, with the numbers.
+
+The tolerances are relative errors (L2 norm of the difference over the norm of the user's values) from
+each policy's rounding: bfloat16 keeps 8 bits of mantissa, float16 11, float32 24 (but TF32 matmuls 11 on
+Ampere+ GPUs and XLA reorders sums). The forward pass and the step run eagerly, so XLA's own compilation
+is not part of this check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from tfopt.errors import IncompatibleModelError
+
+TOLERANCE = {"mixed_bfloat16": 0.1, "mixed_float16": 0.02, "float32": 0.01}
+# A model with more layers than this failing under 16 bits is not worth keeping in mixed precision.
+_MOST_LAYERS_KEPT = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a model computes on one batch.
+
+    Attributes:
+        predictions: The outputs with training=False, flattened to one float64 vector (None where the
+            model cannot be called: a model whose `train_step` calls its parts).
+        loss: The loss of those predictions (the model's own `compute_loss`), or the first loss its
+            `train_step` reports where it cannot be called.
+    """
+
+    predictions: Any
+    loss: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """How far the optimized model's outcome is from the user's on the same batch and weights.
+
+    Attributes:
+        policy: The optimized model's dtype policy.
+        predictions_error: Relative L2 error of the predictions (None where there are none).
+        loss_error: Relative error of the loss (None where there is none).
+        tolerance: The policy's tolerance (`TOLERANCE`).
+    """
+
+    policy: str
+    predictions_error: float | None
+    loss_error: float | None
+    tolerance: float
+
+    @property
+    def agrees(self) -> bool:
+        return all(error is None or error <= self.tolerance for error in (self.predictions_error, self.loss_error))
+
+    def __str__(self) -> str:
+        parts = [f"{what} differ by {error:.1%}" for what, error in
+                 (("predictions", self.predictions_error), ("loss", self.loss_error)) if error is not None]
+        return (f"{self.policy} against your model on the first batch: {', '.join(parts) or 'nothing to compare'} "
+                f"(tolerance {self.tolerance:.0%})")
+
+
+def outcome(model: Any, batch: Any) -> Outcome:
+    """Runs `model` on one batch: predictions and loss, then one training step whose changes are put back.
+
+    Raises:
+        Exception: Whatever the model raises on the batch (the caller names the layer).
+    """
+    with model.distribute_strategy.scope():
+        return _outcome_in_scope(model, batch)
+
+
+def _outcome_in_scope(model: Any, batch: Any) -> Outcome:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfopt.profiling.timing import training_state_restored
+
+    inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(batch)
+    predictions = loss = None
+    try:
+        outputs = model(inputs, training=False)
+    except NotImplementedError:  # no call(): a model whose train_step calls its parts
+        outputs = None
+    if outputs is not None:
+        predictions = np.concatenate([np.asarray(tf.cast(tensor, tf.float64)).ravel()
+                                      for tensor in tf.nest.flatten(outputs)])
+        if model._compile_loss is not None or model.losses or type(model).compute_loss is not keras.Model.compute_loss:
+            loss = float(model.compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights,
+                                            training=False))
+    with training_state_restored(model):
+        strategy = model.distribute_strategy
+        logs = strategy.run(model.train_step, args=(batch,))
+        if loss is None:
+            values = {name: value for name, value in logs.items() if "loss" in name} if isinstance(logs, dict) else {}
+            if values:
+                loss = float(strategy.reduce(tf.distribute.ReduceOp.MEAN, next(iter(values.values())), axis=None))
+    model.reset_metrics()
+    return Outcome(predictions=predictions, loss=loss)
+
+
+def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
+    """Compares the optimized model's outcome with the user's, against the policy's tolerance.
+
+    Example:
+        >>> import numpy as np
+        >>> user = Outcome(np.array([1.0, 2.0]), 0.5)
+        >>> str(agreement(user, Outcome(np.array([1.0, 2.01]), 0.501), "mixed_bfloat16"))
+        'mixed_bfloat16 against your model on the first batch: predictions differ by 0.4%, loss differ by 0.2% (tolerance 10%)'
+    """
+    import numpy as np
+
+    predictions_error = loss_error = None
+    if reference.predictions is not None and optimized.predictions is not None \
+            and reference.predictions.shape == optimized.predictions.shape:
+        scale = max(float(np.linalg.norm(reference.predictions)), 1e-12)
+        predictions_error = float(np.linalg.norm(optimized.predictions - reference.predictions)) / scale
+        if not np.isfinite(predictions_error):
+            predictions_error = float("inf")
+    if reference.loss is not None and optimized.loss is not None:
+        loss_error = abs(optimized.loss - reference.loss) / max(abs(reference.loss), 1e-6)
+        if not np.isfinite(loss_error):
+            loss_error = float("inf")
+    return Agreement(policy=policy, predictions_error=predictions_error, loss_error=loss_error,
+                     tolerance=TOLERANCE.get(policy, TOLERANCE["float32"]))
+
+
+def reference_outcome(model: Any, batch: Any) -> Outcome:
+    """The user's setup on the first batch; a failure there is the model's or the data's, said as such.
+
+    Raises:
+        IncompatibleModelError: Keras' own training step fails on the batch, before any recipe.
+    """
+    try:
+        return outcome(model, batch)
+    except Exception as error:
+        raise IncompatibleModelError(
+            f"Your model fails on the first batch of your data, before any recipe: {type(error).__name__}: "
+            f"{_first_line(error)}. Check that model.fit(dataset) trains as it is; tfopt optimizes a training "
+            "that runs.") from error
+
+
+def failing_layer(error: BaseException, model: Any) -> Any:
+    """The innermost layer of `model` whose code raised `error` (from the traceback, else Keras' message
+    "Exception encountered when calling <Layer>.call()"), or None."""
+    layers = {id(layer): layer for layer in model._flatten_layers(include_self=True, recursive=True)}
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        owner = traceback.tb_frame.f_locals.get("self")
+        if id(owner) in layers:
+            found = owner
+        traceback = traceback.tb_next
+    if found is not None:
+        return found
+    named = re.search(r"when calling (\w+)\.call\(\)", str(error))
+    if named:
+        return next((layer for layer in layers.values() if type(layer).__name__ == named.group(1)), None)
+    return None
+
+
+def first_batch_checked(built: Any, reference: Outcome, batch: Any, *, baseline_policy: str) -> Any:
+    """The optimized setup once it has run the first batch and agreed with the user's model.
+
+    A layer that fails under the mixed policy is kept at float32 (named in the plan) and the batch runs
+    again; mixed precision is left out, rebuilt at the baseline's policy, where no layer can be named, more
+    than a few fail, or the outcome disagrees beyond the policy's tolerance.
+
+    Args:
+        built: The optimized setup (`tfopt.builder.Built`).
+        reference: The user's setup's outcome on `batch` (`reference_outcome`).
+        batch: The first element of the user's dataset.
+        baseline_policy: The dtype policy of the user's setup.
+
+    Returns:
+        `built`, a copy with layers kept at float32, or a rebuild without mixed precision.
+
+    Raises:
+        IncompatibleModelError: The optimized setup fails on the batch for a reason other than its precision.
+    """
+    model, plan = built.model, built.plan
+    kept: list[str] = []
+    while True:
+        try:
+            result = outcome(model, batch)
+        except Exception as error:
+            if plan.dtype_policy == baseline_policy:
+                raise IncompatibleModelError(
+                    f"The optimized setup fails on the first batch although your model trains on it: "
+                    f"{describe_error(error)}. Recipes applied: {_recipes(plan)}; leave them out one by one to "
+                    "find the one at fault, and report it to tfopt.") from error
+            layer = failing_layer(error, model)
+            if layer is None or layer.dtype_policy.name == "float32" or len(kept) == _MOST_LAYERS_KEPT:
+                where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "the model"
+                return _without_mixed_precision(
+                    built, baseline_policy, f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give "
+                    "that layer dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out")
+            layer.dtype_policy = "float32"
+            kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
+            continue
+        checked = agreement(reference, result, plan.dtype_policy)
+        if not checked.agrees and plan.dtype_policy != baseline_policy:
+            return _without_mixed_precision(built, baseline_policy, str(checked))
+        if not checked.agrees:
+            plan = plan.record("fidelity", f"{checked}: not from precision; check the recipes applied "
+                                           f"({_recipes(plan)})")
+        elif kept:
+            plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
+        return dataclasses.replace(built, plan=plan)
+
+
+def _without_mixed_precision(built: Any, baseline_policy: str, why: str) -> Any:
+    import logging
+
+    from tfopt.builder import build
+
+    logging.getLogger("tfopt").warning("mixed_precision: left out: %s", why)
+    plan = built.plan
+    steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
+    return build(plan.replace(dtype_policy=baseline_policy, applied=steps).record(
+        "mixed_precision", f"left out: {why}", skipped=True))
+
+
+def _recipes(plan: Any) -> str:
+    return ", ".join(sorted({step.recipe for step in plan.applied if not step.skipped and step.recipe != "baseline"}))
+
+
+def _first_line(error: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    meaningful = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "•"))]
+    return (meaningful or lines or [type(error).__name__])[0][:300]
+
+
+def describe_error(error: BaseException) -> str:
+    """The error's type and its first meaningful line, without Keras' terminal escape codes."""
+    return f"{type(error).__name__}: {_first_line(error)}"
