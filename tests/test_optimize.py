@@ -13,6 +13,7 @@ from tfopt.errors import DataError, IncompatibleModelError, RecipeClashError, Re
 from tfopt.recipes import MixedPrecision
 
 FAST = dict(steps=3, warmup_steps=1)
+DEFAULT_LISTED = ["data_pipeline", "mixed_precision", "xla"]
 
 
 def snapshot(model):
@@ -22,12 +23,14 @@ def snapshot(model):
 def test_functional_cnn(cpu_hardware):
     user_model = make_cnn()
     weights = snapshot(user_model)
-    result = tfopt.apply(user_model, make_images(), hardware=cpu_hardware, **FAST)
+    # Listed explicitly, the recipes are applied as asked (the default keeps mixed precision only where it
+    # measures faster: tests/test_fidelity.py).
+    result = tfopt.apply(user_model, make_images(), recipes=DEFAULT_LISTED, hardware=cpu_hardware, **FAST)
     assert [step.recipe for step in result.plan.applied] == ["data_pipeline", "mixed_precision", "xla"]
     assert result.plan.dtype_policy == "mixed_bfloat16"
     assert result.model.get_layer(index=1).compute_dtype == "bfloat16"
     for measurement in (result.before, result.after):
-        assert len(measurement.real.seconds) == 3 and len(measurement.ceiling.seconds) == 3
+        assert len(measurement.real.seconds) == len(measurement.ceiling.seconds) >= 2  # rounds of 2 steps or more
         assert measurement.real.batch_size == 8
         assert 0 < measurement.ceiling_ratio and measurement.flops_per_step is None  # no MFU on a CPU
     assert result.speedup > 0
@@ -78,7 +81,8 @@ def test_subclassed_with_model_fn(cpu_hardware):
 def test_resnet50_small(cpu_hardware):
     model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=3)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    result = tfopt.apply(model, make_images(count=8, image_size=32, batch_size=4), hardware=cpu_hardware, **FAST)
+    result = tfopt.apply(model, make_images(count=8, image_size=32, batch_size=4), recipes=DEFAULT_LISTED,
+                         hardware=cpu_hardware, **FAST)
     assert result.plan.dtype_policy == "mixed_bfloat16"
     assert result.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
     assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=1, verbose=0).history["loss"][0])
@@ -124,7 +128,7 @@ def test_training_the_result(cpu_hardware):
 def test_profiled_apply_has_a_report(cpu_hardware, tmp_path):
     result = tfopt.apply(make_cnn(), make_images(count=64), profile=True, logdir=str(tmp_path),
                          hardware=cpu_hardware, steps=4, warmup_steps=1)
-    assert result.before is result.before_profile.measurement
+    assert result.before.real.steps >= 4 and result.before_profile.measurement.real.steps >= 4
     assert list((tmp_path / "before").rglob("*.xplane.pb")) and list((tmp_path / "after").rglob("*.xplane.pb"))
     report = result.report()
     data = report.to_dict()

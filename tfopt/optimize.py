@@ -19,7 +19,7 @@ from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.metrics import Metrics, compared
-from tfopt.profiling.measurement import Measurement, measure
+from tfopt.profiling.measurement import Measurement
 from tfopt.recipes.base import Recipe, chain
 
 _log = logging.getLogger("tfopt")
@@ -30,9 +30,10 @@ class ApplyResult:
     """The optimized training setup and the evidence that it is faster.
 
     Attributes:
-        model: The rebuilt, compiled model with the user's weights; train it with
-            `model.fit(dataset.repeat(), steps_per_epoch=len(dataset), epochs=...)` (one iterator for all
-            epochs; see `tfopt.training.fit`).
+        model: The rebuilt, compiled model (the user's class) with the user's weights; train it with
+            `model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=...)` where `dataset.cardinality()`
+            gives the steps (one iterator for all epochs; see `tfopt.training.fit`), else
+            `model.fit(dataset, epochs=...)`.
         dataset: The optimized input pipeline.
         strategy: The tf.distribute strategy the model lives under.
         plan: The applied plan; `plan.applied` says what each recipe did and why.
@@ -42,6 +43,8 @@ class ApplyResult:
         before_profile: The baseline's profile (trace, breakdown, diagnosis) with profile=True.
         after_profile: The optimized setup's profile with profile=True.
         tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
+        speedup_spread: The speedup measured side by side: its median over alternating rounds of before and
+            after, and the lowest and highest round.
 
     Example:
         >>> import keras, tensorflow as tf
@@ -50,8 +53,7 @@ class ApplyResult:
         ...                           keras.layers.Dense(3, activation="softmax")])
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
         >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((16, 4)), tf.zeros(16, "int32"))).batch(8)
-        >>> result = apply(model, data, hardware=Hardware(cpu_flags=frozenset({"avx512_bf16"})), steps=2,
-        ...                warmup_steps=1)
+        >>> result = apply(model, data, hardware=Hardware(cpu_flags=frozenset({"avx512_bf16"})), measure_speed=False)
         >>> [(step.recipe, step.skipped) for step in result.plan.applied]
         [('data_pipeline', False), ('mixed_precision', False), ('xla', True)]
         >>> [layer.compute_dtype for layer in result.model.layers]  # the output layer stays float32
@@ -68,6 +70,7 @@ class ApplyResult:
     before_profile: capture.Profile | None = None
     after_profile: capture.Profile | None = None
     tuning: Any = None
+    speedup_spread: tuple[float, float, float] | None = None
 
     def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
         """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
@@ -84,7 +87,10 @@ class ApplyResult:
 
     @property
     def speedup(self) -> float | None:
-        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured."""
+        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured: the
+        median over rounds measured side by side where there are such rounds."""
+        if self.speedup_spread is not None:
+            return self.speedup_spread[0]
         if self.before is None or self.after is None:
             return None
         return self.after.real.examples_per_second / self.before.real.examples_per_second
@@ -102,6 +108,7 @@ class ApplyResult:
             "metrics": ({side: self._metrics(side).to_dict() for side in ("before", "after")}
                         if self.before and self.after else None),
             "speedup": self.speedup,
+            "speedup_spread": list(self.speedup_spread) if self.speedup_spread else None,
             "tuning": self.tuning.to_dict() if self.tuning else None,
         }
 
@@ -110,8 +117,12 @@ class ApplyResult:
         efficiency where measured (busy % and input wait need profile=True)."""
         if self.before is None or self.after is None:
             return f"applied {len(self.plan.applied)} recipe steps (not measured)"
+        ratio = f"{self.speedup:.2f}x"
+        if self.speedup_spread is not None:
+            _, low, high = self.speedup_spread
+            ratio += f" [{low:.2f}-{high:.2f}]" + (", within noise" if low <= 1.0 <= high else "")
         return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
-                f"examples/s ({self.speedup:.2f}x); {compared(self._metrics('before'), self._metrics('after'))}")
+                f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}")
 
     def _metrics(self, side: str) -> Metrics:
         profile = getattr(self, f"{side}_profile")
@@ -173,14 +184,14 @@ def apply(
     """Applies recipes to a model and its input pipeline, and measures the setup before and after.
 
     Args:
-        model: A built, compiled Keras model. Functional and Sequential models are cloned; a subclassed
-            model needs `model_fn`. It is never modified.
+        model: A compiled Keras model of any class; copied in process with its weights (see
+            `tfopt.model_copy`), never modified.
         dataset: A batched `tf.data.Dataset` of (inputs, targets), or a `tfopt.data` source (then
             `batch_size` is required and tfopt builds the pipeline itself).
         recipes: "default" (data pipeline, mixed precision, XLA, each deciding by the hardware), "auto"
             (time each candidate on this machine and keep only what helps; see `tfopt.auto.tune`), a
             recipe, or a list of recipes, names or `{name: {settings}}` items.
-        model_fn: Creates the model afresh (required for subclassed models).
+        model_fn: Creates the model afresh instead of a copy of `model` (whose weights it starts from).
         compile: Compile arguments, when the model is not compiled or should train differently.
         batch_size: Examples per batch, for a `tfopt.data` source.
         steps: Timed training steps for each measurement.
@@ -226,7 +237,8 @@ def apply(
     if recipe is not None:
         recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
     try:
-        return _applied(baseline, recipe, measuring=measure_speed or profile, tune_budget_seconds=tune_budget_seconds,
+        return _applied(baseline, recipe, measuring=measure_speed or profile, verifying=recipes == "default",
+                        tune_budget_seconds=tune_budget_seconds,
                         on_tune_progress=on_tune_progress, profile=profile, steps=steps, warmup_steps=warmup_steps,
                         hardware=hardware, logdir=logdir)
     except BaseException:
@@ -234,7 +246,7 @@ def apply(
         raise
 
 
-def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, tune_budget_seconds: float,
+def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifying: bool, tune_budget_seconds: float,
              on_tune_progress: Callable[[Any], None] | None, **evidence: Any) -> ApplyResult:
     """`apply` from the baseline plan on: trials, builds, the first-batch check and measurements (recipe None:
     "auto"). The optimized setup runs the first batch before anything is measured, so a recipe that breaks
@@ -257,29 +269,79 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, tune_bud
         recipe, optimized = recipe.measured_and_applied(baseline)
     for step in optimized.applied:
         _log.info("%s", step)
-    before = after = before_profile = after_profile = None
+    before = after = before_profile = after_profile = spread = None
     built = first_batch_checked(build(optimized), reference, batch, baseline_policy=baseline.dtype_policy)
     if measuring:
-        before, before_profile = _evidence(built_baseline, "before", **evidence)
-        after, after_profile = _evidence(built, "after", **evidence)
+        numerics = _numerics_changed(built_baseline.plan, built.plan) if verifying else []
+        # The same setup without the recipes that change how the model computes: the baseline's own model on
+        # the optimized pipeline (no build), against which they must prove themselves.
+        without = (dataclasses.replace(built_baseline, dataset=optimized.dataset, plan=optimized)
+                   if numerics else None)
+        sides = [built_baseline, *([without] if without else []), built]
+        side_by_side = _measured_side_by_side(sides, **evidence)
+        if without is not None:
+            ratio = side_by_side.ratio(len(sides) - 1, 1)
+            built = _kept_if_faster(built, without, numerics, ratio)
+        after_index = len(sides) - 1 if built is not without else 1
+        before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
+        spread = side_by_side.ratio(after_index, 0)
+        if evidence["profile"]:
+            before_profile, after_profile = (_profiled(side, name, **evidence)
+                                             for side, name in ((built_baseline, "before"), (built, "after")))
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
-                       after_profile=after_profile, tuning=tuning)
+                       after_profile=after_profile, tuning=tuning, speedup_spread=spread)
 
 
-def _evidence(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
-              logdir: str | None) -> tuple[Measurement, capture.Profile | None]:
-    """Measures one side ("before" or "after"); with `profile`, under the TF Profiler too."""
+def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
+    """The default recipes that change how the model computes, which must measure faster to be kept."""
+    changed = []
+    if optimized.dtype_policy != baseline.dtype_policy:
+        changed.append("mixed_precision")
+    if optimized.jit_compile and not baseline.jit_compile:
+        changed.append("xla")
+    return changed
+
+
+def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratio: tuple[float, float, float]) -> Any:
+    """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
+    median, low, high = ratio
+    measured = (f"measured {median:.2f}x [{low:.2f}-{high:.2f}] against the same setup without "
+                f"{' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})")
+    if low > 1.0:
+        plan = built.plan
+        for name in recipes:
+            plan = plan.amend(name, f"kept: {measured}")
+        return dataclasses.replace(built, plan=plan)
+    why = "slower" if high < 1.0 else "within noise"
+    plan = without.plan
+    kept = [step for step in plan.applied if step.recipe not in recipes]
+    plan = plan.replace(applied=tuple(kept))
+    for name in recipes:
+        plan = plan.record(name, f"left out: {measured}: {why}", skipped=True)
+        _log.info("%s: left out: %s: %s", name, measured, why)
+    return dataclasses.replace(without, plan=plan)
+
+
+def _measured_side_by_side(sides: list[Any], *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
+                           logdir: str | None) -> Any:
+    """Measures the setups in alternating rounds, each under its own TF32 setting."""
+    from tfopt.profiling.measurement import Side, measure_side_by_side
+
+    _log.info("measuring %d setups side by side (%d warm-up + %d steps each)", len(sides), warmup_steps, steps)
+    put_tf32_in_force(sides[-1].plan.tf32)
+    return measure_side_by_side([Side(side.model, side.dataset, side.plan.batch_size) for side in sides],
+                                steps=steps, warmup_steps=warmup_steps, hardware=hardware)
+
+
+def _profiled(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
+              logdir: str | None) -> capture.Profile:
+    """A TF Profiler capture of one side ("before" or "after"), analysed and diagnosed."""
     put_tf32_in_force(built.plan.tf32)  # trials built since this model was may have switched TF32
-    if profile:
-        _log.info("profiling %s (%d warm-up + %d steps, three runs)", side, warmup_steps, steps)
-        result = capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
-                                 hardware=hardware, logdir=f"{logdir}/{side}" if logdir else None)
-        return result.measurement, result
-    _log.info("measuring %s (%d warm-up + %d steps, twice)", side, warmup_steps, steps)
-    return measure(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps,
-                   batch_size=built.plan.batch_size, hardware=hardware), None
+    _log.info("profiling %s (%d warm-up + %d steps, three runs)", side, warmup_steps, steps)
+    return capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, hardware=hardware,
+                           logdir=f"{logdir}/{side}" if logdir else None)
 
 
 def _is_source(dataset: Any) -> bool:

@@ -69,7 +69,6 @@ class Plan:
     Example:
         >>> import keras, tensorflow as tf
         >>> from tfopt.hardware import Hardware
-from tfopt.model_copy import copy_model
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         >>> model.compile(optimizer="sgd", loss="mse")
         >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((8, 4)), tf.zeros((8, 2)))).batch(4)

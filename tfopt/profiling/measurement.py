@@ -10,14 +10,16 @@ TensorFlow's own cost analysis of the step's graph.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tfopt.errors import MeasurementError
 from tfopt.hardware import Hardware
-from tfopt.profiling.timing import (StepTimes, check_step_counts, time_training_steps, training_state_restored,
+from tfopt.profiling.timing import (WINDOWS, StepTimes, check_step_counts, time_training_steps, training_state_restored,
                                     window_layout)
 
 
@@ -237,9 +239,7 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
             hardware: Hardware | None = None) -> Measurement:
     """Times real training and the on-device ceiling, counts the step's FLOPs, then restores the model.
 
-    The two are measured in alternating rounds (real, ceiling, real, ceiling) when there are at least 4
-    steps, so a change in the machine's load during the measurement hits both sides alike instead of
-    biasing their ratio. The model's weights and optimizer variables are put back as they were.
+    One side of `measure_side_by_side`; see there.
 
     Args:
         model: A compiled Keras model.
@@ -252,34 +252,115 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     Returns:
         The real and ceiling step times, and what MFU needs.
     """
+    return measure_side_by_side([Side(model, dataset, batch_size)], steps=steps, warmup_steps=warmup_steps,
+                                hardware=hardware).measurements[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One training setup measured by `measure_side_by_side`.
+
+    Attributes:
+        model: A compiled Keras model.
+        dataset: Its batched training pipeline.
+        batch_size: Examples per step.
+        ceiling: Whether its on-device ceiling is timed too (input efficiency); comparisons need only real steps.
+    """
+
+    model: Any
+    dataset: Any
+    batch_size: int
+    ceiling: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SideBySide:
+    """Setups measured in alternating rounds.
+
+    Attributes:
+        measurements: One per side, in order (a side without its ceiling has its real steps as ceiling).
+        rounds: Per side, the examples/s of each round (the median of the round's windows).
+    """
+
+    measurements: tuple[Measurement, ...]
+    rounds: tuple[tuple[float, ...], ...]
+
+    def ratio(self, faster: int, slower: int) -> tuple[float, float, float]:
+        """Examples/s of side `faster` over side `slower`: the median over rounds, its lowest and highest.
+
+        Each round's ratio compares the two sides measured moments apart, so a change of load on the machine
+        falls on both; the range over rounds is the comparison's noise.
+        """
+        ratios = [a / b for a, b in zip(self.rounds[faster], self.rounds[slower])]
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
+                         hardware: Hardware | None = None) -> SideBySide:
+    """Times several setups in alternating rounds (A, B, A, B, ...), then restores every model.
+
+    On a shared machine a change of load between "before" and "after" reads as a recipe's effect when the two
+    are measured one after the other. Here every round times each side in turn (its real training, then its
+    on-device ceiling), so load changes hit all sides alike, and the spread of the per-round ratios says how
+    much of a difference is noise. Each side's weights and optimizer variables are put back as they were.
+
+    Args:
+        sides: The setups, each timed `steps` steps over the rounds.
+        steps: Steps timed on each side; split into `timing.WINDOWS` windows of one round each.
+        warmup_steps: Untimed steps before each side's first round (later rounds warm up one step).
+        hardware: The machine; on accelerators the step's FLOPs are counted for MFU. Detected by default.
+
+    Returns:
+        Each side's measurement and its examples/s per round.
+    """
     from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
 
     if hardware is None:
         from tfopt.hardware import detect
 
         hardware = detect()
-    per_call = check_step_counts(model, steps, warmup_steps)
-    windows, window_steps = window_layout(steps, steps_per_call=per_call)
-    rounds = [windows - windows // 2, windows // 2] if windows >= 2 and steps >= 4 else [windows]
-    real: list[float] = []
-    ceiling: list[float] = []
-    timing = dict(batch_size=batch_size, window_steps=window_steps)
-    with training_state_restored(model):
-        prepared = prepare_ceiling(model, dataset)
-        for index, round_windows in enumerate(rounds):
-            warmup = warmup_steps if index == 0 else 1
-            round_steps = round_windows * window_steps
-            real.extend(time_training_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
-                                            **timing).seconds)
-            ceiling.extend(time_ceiling_steps(model, dataset, steps=round_steps, warmup_steps=warmup,
-                                              prepared=prepared, **timing).seconds)
-    flops = peak = precision = None
-    if hardware.accelerator != "cpu":
-        precision = precision_in_use(model, hardware)
-        peak = peak_flops_per_second(hardware, precision, devices=model.distribute_strategy.num_replicas_in_sync)
-        flops = train_step_flops(model, dataset, prepared=prepared)
-    return Measurement(real=StepTimes(tuple(real), **timing), ceiling=StepTimes(tuple(ceiling), **timing),
-                       flops_per_step=flops, peak_flops_per_second=peak, precision=precision)
+    layouts = []
+    for side in sides:
+        per_call = check_step_counts(side.model, steps, warmup_steps)
+        # A round times one window of at least 2 steps (a timed fit needs 2).
+        layouts.append((per_call, *window_layout(steps, steps_per_call=per_call,
+                                                 window_steps=max(2, steps // WINDOWS))))
+    rounds = max(windows for _, windows, _ in layouts)
+    real: list[list[float]] = [[] for _ in sides]
+    ceiling: list[list[float]] = [[] for _ in sides]
+    per_round: list[list[float]] = [[] for _ in sides]
+    with contextlib.ExitStack() as restored:
+        prepared = []
+        for side in sides:
+            restored.enter_context(training_state_restored(side.model))
+            prepared.append(prepare_ceiling(side.model, side.dataset) if side.ceiling else None)
+        for index in range(rounds):
+            for number, (side, (_, windows, window_steps)) in enumerate(zip(sides, layouts)):
+                if index >= windows:
+                    continue
+                warmup = warmup_steps if index == 0 else 1
+                timing = dict(batch_size=side.batch_size, window_steps=window_steps)
+                times = time_training_steps(side.model, side.dataset, steps=window_steps, warmup_steps=warmup,
+                                            **timing).seconds
+                real[number].extend(times)
+                per_round[number].append(side.batch_size / statistics.median(times))
+                if prepared[number] is not None:
+                    ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=window_steps,
+                                                              warmup_steps=warmup, prepared=prepared[number],
+                                                              **timing).seconds)
+    measurements = []
+    for number, (side, (_, _, window_steps)) in enumerate(zip(sides, layouts)):
+        flops = peak = precision = None
+        if hardware.accelerator != "cpu" and side.ceiling:
+            precision = precision_in_use(side.model, hardware)
+            peak = peak_flops_per_second(hardware, precision,
+                                         devices=side.model.distribute_strategy.num_replicas_in_sync)
+            flops = train_step_flops(side.model, side.dataset, prepared=prepared[number])
+        timing = dict(batch_size=side.batch_size, window_steps=window_steps)
+        measurements.append(Measurement(real=StepTimes(tuple(real[number]), **timing),
+                                        ceiling=StepTimes(tuple(ceiling[number] or real[number]), **timing),
+                                        flops_per_step=flops, peak_flops_per_second=peak, precision=precision))
+    return SideBySide(measurements=tuple(measurements), rounds=tuple(tuple(values) for values in per_round))
 
 
 def _read_to_host(value: Any) -> None:

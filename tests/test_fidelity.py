@@ -1,0 +1,131 @@
+"""What tfopt.apply gives back computes what the user's model computes: ids never rounded, a layer that fails
+in 16 bits kept float32, the user's class, loss and weights, every element structure fit takes, and mixed
+precision kept only where it measured faster."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfopt
+from tests import keras_examples
+from tfopt.builder import build
+from tfopt.fidelity import TOLERANCE, agreement, outcome
+from tfopt.optimize import _kept_if_faster
+from tfopt.plan import make_plan
+from tfopt.policies import set_dtype_policy
+
+BUILD_ONLY = dict(measure_speed=False)
+
+
+def test_ids_carried_by_a_float_input_reach_the_embedding_unrounded(cpu_hardware):
+    user, data = keras_examples.transformer_classifier(vocab_size=20000)
+    built = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    embedding = built.model.layers[1]
+    assert embedding.compute_dtype == "float32"
+    assert embedding.token_emb.compute_dtype == "float32"
+    assert built.model.layers[3].compute_dtype == "bfloat16"  # the rest computes in 16 bits
+    ids, _ = next(iter(data))
+    assert float(tf.reduce_max(ids)) > 256  # ids bfloat16 would round
+    np.testing.assert_array_equal(embedding(ids), user.layers[1](ids))  # the same rows, looked up exactly
+    assert "reading ids or raw features: 'token_and_position_embedding" in str(built.plan.applied[-1])
+
+
+def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardware):
+    user, data = keras_examples.transformer_classifier(vocab_size=20000)
+    batch = next(iter(data))
+    reference = outcome(user, batch)
+    rounded = build(make_plan(user, data, hardware=cpu_hardware))
+    for layer in rounded.model._flatten_layers(include_self=True):  # as a global policy would, outputs float32
+        if layer is not rounded.model.layers[-1]:
+            layer.dtype_policy = "mixed_bfloat16"
+    assert not agreement(reference, outcome(rounded.model, batch), "mixed_bfloat16").agrees
+
+    kept = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    checked = agreement(reference, outcome(kept.model, batch), "mixed_bfloat16")
+    assert checked.agrees and checked.predictions_error < TOLERANCE["mixed_bfloat16"]
+
+    cnn, images = keras_examples.lstm_forecaster()
+    lstm = build(make_plan(cnn, images, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert agreement(outcome(cnn, next(iter(images))), outcome(lstm.model, next(iter(images))),
+                     "mixed_bfloat16").agrees
+
+
+def test_vae_keeps_its_class_train_step_and_weights_and_its_failing_layer_in_float32(cpu_hardware):
+    user, images = keras_examples.vae()
+    weights = [weight.copy() for weight in user.get_weights()]
+    result = tfopt.apply(user, images, hardware=cpu_hardware, **BUILD_ONLY)
+    model = result.model
+    assert type(model) is keras_examples.VAE and model is not user
+    sampling = next(layer for layer in model._flatten_layers() if isinstance(layer, keras_examples.Sampling))
+    assert sampling.compute_dtype == "float32"
+    assert model.decoder.layers[-1].compute_dtype == "bfloat16"  # no call(): the outputs are not known
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert "kept float32, failing under mixed_bfloat16: 'sampling" in step.detail and "(Sampling: " in step.detail
+    for mine, theirs in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(mine, theirs)
+    history = model.fit(result.dataset, epochs=1, verbose=0).history
+    assert sorted(history) == ["kl_loss", "loss"] and np.isfinite(history["loss"][0])
+
+
+def test_loss_layer_model_on_dict_inputs_only(cpu_hardware):
+    user, data = keras_examples.loss_layer_model()
+    result = tfopt.apply(user, data, hardware=cpu_hardware, **BUILD_ONLY)
+    batch = next(iter(data))
+    assert type(result.model.get_layer("ctc_loss")) is keras_examples.CTCLayer
+    assert result.model.get_layer("ctc_loss").compute_dtype == "float32"  # it produces the output
+    assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+    assert outcome(user, batch).loss == pytest.approx(float(user.compute_loss(
+        x=batch, y_pred=user(batch, training=False), training=False)))
+
+
+def test_unregistered_custom_loss_is_the_users_own_and_gives_the_same_loss(cpu_hardware):
+    user, data = keras_examples.lstm_forecaster()
+    built = build(make_plan(user, data, hardware=cpu_hardware))
+    assert built.model.loss is keras_examples.my_loss
+    batch = next(iter(data))
+    assert outcome(built.model, batch).loss == outcome(user, batch).loss
+
+
+def test_kept_only_where_faster_beyond_noise(cpu_hardware):
+    user, data = keras_examples.lstm_forecaster()
+    plan = make_plan(user, data, hardware=cpu_hardware)
+    with_bf16 = build(plan.replace(dtype_policy="mixed_bfloat16").record("mixed_precision", "mixed_bfloat16"))
+    without = build(plan.record("data_pipeline", "tuned"))
+    slower = _kept_if_faster(with_bf16, without, ["mixed_precision"], (0.71, 0.65, 0.78))
+    assert slower.model is without.model and slower.plan.dtype_policy == "float32"
+    step = slower.plan.applied[-1]
+    assert step.skipped and "measured 0.71x [0.65-0.78]" in step.detail and step.detail.endswith("slower")
+    assert [s.recipe for s in slower.plan.applied] == ["data_pipeline", "mixed_precision"]
+    noisy = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.05, 0.97, 1.12))
+    assert noisy.model is without.model and noisy.plan.applied[-1].detail.endswith("within noise")
+    faster = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.3, 1.2, 1.4))
+    assert faster.model is with_bf16.model and "kept: measured 1.30x [1.20-1.40]" in str(faster.plan.applied[-1])
+
+
+def test_summary_gives_the_spread_and_says_within_noise(cpu_hardware):
+    user, data = keras_examples.lstm_forecaster()
+    result = tfopt.apply(user, data, hardware=cpu_hardware, steps=4, warmup_steps=1)
+    median, low, high = result.speedup_spread
+    assert low <= median <= high and result.speedup == median
+    assert f"({median:.2f}x [{low:.2f}-{high:.2f}]" in result.summary()
+    assert ("within noise" in result.summary()) == (low <= 1.0 <= high)
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert "measured" in step.detail  # kept or left out, with its ratio
+
+
+def test_set_dtype_policy_keeps_output_layers_of_a_subclassed_model_float32():
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(4, activation="relu")
+            self.head = keras.layers.Dense(2, activation="softmax")
+
+        def call(self, inputs):
+            return self.head(self.hidden(inputs))
+
+    model = Classifier()
+    model(np.zeros((1, 3), "float32"))
+    notes = set_dtype_policy(model, "mixed_bfloat16", np.zeros((2, 3), "float32"))
+    assert model.head.compute_dtype == "float32" and model.hidden.compute_dtype == "bfloat16"
+    assert notes == ["producing the outputs: 'dense_1' (Dense)"] or notes[0].startswith("producing the outputs")
