@@ -141,3 +141,20 @@ def test_sequential_without_input_that_was_never_called(cpu_hardware):
     built = build(make_plan(user_model, make_images(), hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
     assert built.model.layers[-1].compute_dtype == "float32"
     assert np.isfinite(built.model.fit(make_images(), epochs=1, verbose=0).history["loss"][0])
+
+
+def test_a_copy_that_fails_names_the_model_and_the_model_fn_fix(cpu_hardware, monkeypatch):
+    import tfopt.model_copy
+
+    user_model = make_cnn()
+    plan = make_plan(user_model, make_images(), hardware=cpu_hardware)
+
+    def broken(*_, **__):
+        raise TypeError("cannot copy this object")
+
+    monkeypatch.setattr(tfopt.model_copy, "_shells", broken)
+    with pytest.raises(IncompatibleModelError) as caught:
+        build(plan)
+    message = str(caught.value)
+    assert "could not copy your model 'tiny_cnn' (TypeError: cannot copy this object)" in message
+    assert "model_fn=" in message and "model_fn raised" not in message

@@ -16,13 +16,14 @@ nothing, and turning XLA off never costs the examples that static batches would 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError
 from tfopt.plan import Plan, put_tf32_in_force
-from tfopt.model_copy import copy_keras_object
+from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.policies import dtype_policy_scope, set_dtype_policy
 
 _log = logging.getLogger("tfopt")
@@ -103,6 +104,12 @@ def _create_model(plan: Plan) -> Any:
     except TfoptError:
         raise
     except Exception as error:
+        if isinstance(plan.model_fn, functools.partial) and plan.model_fn.func is copy_model:
+            raise IncompatibleModelError(
+                f"tfopt could not copy your model {getattr(plan.model_fn.args[0], 'name', '')!r} "
+                f"({type(error).__name__}: {error}). Pass model_fn=a function that creates it "
+                "(tfopt.apply(model, dataset, model_fn=make_model)): tfopt calls it under the plan's "
+                "settings and copies your model's weights into it.") from error
         raise IncompatibleModelError(f"model_fn raised {type(error).__name__}: {error}") from error
     if not isinstance(model, keras.Model):
         raise IncompatibleModelError(

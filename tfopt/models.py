@@ -72,8 +72,8 @@ def small_cnn(
 class TokenAndPositionEmbedding(layers.Layer):
     """Token embedding plus a learned position embedding, the input of a Transformer encoder.
 
-    A layer of its own (with `get_config`) rather than a Lambda, so the model can be cloned by tfopt's
-    build step and saved and loaded by Keras.
+    A layer of its own (with `get_config`) rather than a Lambda, so the model can be saved and loaded by
+    Keras.
     """
 
     def __init__(self, *, vocab_size: int, sequence_length: int, embed_dim: int, **kwargs: Any):

@@ -1,7 +1,8 @@
 """`tfopt.apply`: plan, apply the recipes, build once, and measure before and after.
 
-The user's model and dataset are only read: the baseline ("before") is a clone built from the same
-plan with no recipe applied, so both sides are measured the same way, over the same number of steps.
+The user's model and dataset are only read: the baseline ("before") is a copy built from the same
+plan with no recipe applied, so both sides are measured the same way, over the same number of steps, in
+alternating rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.metrics import Metrics, compared
-from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.measurement import Measurement, spread
 from tfopt.recipes.base import Recipe, chain
 
 _log = logging.getLogger("tfopt")
@@ -43,8 +44,8 @@ class ApplyResult:
         before_profile: The baseline's profile (trace, breakdown, diagnosis) with profile=True.
         after_profile: The optimized setup's profile with profile=True.
         tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
-        speedup_spread: The speedup measured side by side: its median over alternating rounds of before and
-            after, and the lowest and highest round.
+        speedup_rounds: The speedup of each round where before and after were measured side by side, in
+            alternating rounds (`speedup_spread` gives their median and range).
 
     Example:
         >>> import keras, tensorflow as tf
@@ -70,7 +71,7 @@ class ApplyResult:
     before_profile: capture.Profile | None = None
     after_profile: capture.Profile | None = None
     tuning: Any = None
-    speedup_spread: tuple[float, float, float] | None = None
+    speedup_rounds: tuple[float, ...] = ()
 
     def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
         """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
@@ -86,11 +87,16 @@ class ApplyResult:
                        price_per_hour=price_per_hour, steps_per_epoch=steps_per_epoch)
 
     @property
+    def speedup_spread(self) -> tuple[float, float, float] | None:
+        """The speedup's median over the side-by-side rounds, and its lowest and highest round."""
+        return spread(self.speedup_rounds) if self.speedup_rounds else None
+
+    @property
     def speedup(self) -> float | None:
         """Examples/s after divided by examples/s before (the batch may differ), or None if not measured: the
         median over rounds measured side by side where there are such rounds."""
-        if self.speedup_spread is not None:
-            return self.speedup_spread[0]
+        if self.speedup_rounds:
+            return spread(self.speedup_rounds)[0]
         if self.before is None or self.after is None:
             return None
         return self.after.real.examples_per_second / self.before.real.examples_per_second
@@ -108,7 +114,7 @@ class ApplyResult:
             "metrics": ({side: self._metrics(side).to_dict() for side in ("before", "after")}
                         if self.before and self.after else None),
             "speedup": self.speedup,
-            "speedup_spread": list(self.speedup_spread) if self.speedup_spread else None,
+            "speedup_rounds": list(self.speedup_rounds),
             "tuning": self.tuning.to_dict() if self.tuning else None,
         }
 
@@ -118,9 +124,12 @@ class ApplyResult:
         if self.before is None or self.after is None:
             return f"applied {len(self.plan.applied)} recipe steps (not measured)"
         ratio = f"{self.speedup:.2f}x"
-        if self.speedup_spread is not None:
-            _, low, high = self.speedup_spread
-            ratio += f" [{low:.2f}-{high:.2f}]" + (", within noise" if low <= 1.0 <= high else "")
+        if len(self.speedup_rounds) < 3:
+            ratio += f", {len(self.speedup_rounds) or 'no'} round(s) side by side: too few for a spread"
+        else:
+            _, low, high = spread(self.speedup_rounds)
+            ratio += f" [{low:.2f}-{high:.2f}]" + (", within noise: no measurable gain on this machine"
+                                                   if low <= 1.0 <= high else ", slower" if high < 1.0 else "")
         return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
                 f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}")
 
@@ -237,7 +246,7 @@ def apply(
     if recipe is not None:
         recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
     try:
-        return _applied(baseline, recipe, measuring=measure_speed or profile, verifying=recipes == "default",
+        return _applied(baseline, recipe, measuring=measure_speed or profile, verifying=_decided_by_hardware(recipe),
                         tune_budget_seconds=tune_budget_seconds,
                         on_tune_progress=on_tune_progress, profile=profile, steps=steps, warmup_steps=warmup_steps,
                         hardware=hardware, logdir=logdir)
@@ -246,7 +255,8 @@ def apply(
         raise
 
 
-def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifying: bool, tune_budget_seconds: float,
+def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifying: frozenset[str],
+             tune_budget_seconds: float,
              on_tune_progress: Callable[[Any], None] | None, **evidence: Any) -> ApplyResult:
     """`apply` from the baseline plan on: trials, builds, the first-batch check and measurements (recipe None:
     "auto"). The optimized setup runs the first batch before anything is measured, so a recipe that breaks
@@ -269,10 +279,14 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
         recipe, optimized = recipe.measured_and_applied(baseline)
     for step in optimized.applied:
         _log.info("%s", step)
-    before = after = before_profile = after_profile = spread = None
+    before = after = before_profile = after_profile = None
+    rounds: tuple[float, ...] = ()
     built = first_batch_checked(build(optimized), reference, batch, baseline_policy=baseline.dtype_policy)
     if measuring:
-        numerics = _numerics_changed(built_baseline.plan, built.plan) if verifying else []
+        numerics = _numerics_changed(built_baseline.plan, built.plan)
+        # Recipes the user set explicitly are kept as asked; the baseline's model is "without" only when
+        # every change of numerics is one to verify.
+        numerics = numerics if set(numerics) <= verifying else []
         # The same setup without the recipes that change how the model computes: the baseline's own model on
         # the optimized pipeline (no build), against which they must prove themselves.
         without = (dataclasses.replace(built_baseline, dataset=optimized.dataset, plan=optimized)
@@ -280,18 +294,29 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
         sides = [built_baseline, *([without] if without else []), built]
         side_by_side = _measured_side_by_side(sides, **evidence)
         if without is not None:
-            ratio = side_by_side.ratio(len(sides) - 1, 1)
-            built = _kept_if_faster(built, without, numerics, ratio)
+            built = _kept_if_faster(built, without, numerics, side_by_side.ratios(len(sides) - 1, 1))
         after_index = len(sides) - 1 if built is not without else 1
         before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
-        spread = side_by_side.ratio(after_index, 0)
+        rounds = side_by_side.ratios(after_index, 0)
         if evidence["profile"]:
-            before_profile, after_profile = (_profiled(side, name, **evidence)
-                                             for side, name in ((built_baseline, "before"), (built, "after")))
+            before_profile, after_profile = (_profiled(side, name, measured, **evidence) for side, name, measured
+                                             in ((built_baseline, "before", before), (built, "after", after)))
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
-                       after_profile=after_profile, tuning=tuning, speedup_spread=spread)
+                       after_profile=after_profile, tuning=tuning, speedup_rounds=rounds)
+
+
+def _decided_by_hardware(recipe: Recipe | None) -> frozenset[str]:
+    """The recipes whose choice was left to the hardware (`policy: auto`, `jit_compile: auto`): they are kept
+    only where they measure faster. An explicit setting is the user's and is kept as asked; "auto" mode
+    (recipe None) has decided by timing already."""
+    from tfopt.recipes import MixedPrecision, Xla
+
+    recipes = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
+    return frozenset(item.name for item in recipes
+                     if (isinstance(item, MixedPrecision) and item.policy == "auto")
+                     or (isinstance(item, Xla) and item.jit_compile == "auto"))
 
 
 def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
@@ -304,11 +329,11 @@ def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
     return changed
 
 
-def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratio: tuple[float, float, float]) -> Any:
+def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratios: tuple[float, ...]) -> Any:
     """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
-    median, low, high = ratio
-    measured = (f"measured {median:.2f}x [{low:.2f}-{high:.2f}] against the same setup without "
-                f"{' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})")
+    median, low, high = spread(ratios)
+    measured = (f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(ratios)} rounds against the same setup "
+                f"without {' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})")
     if low > 1.0:
         plan = built.plan
         for name in recipes:
@@ -335,13 +360,13 @@ def _measured_side_by_side(sides: list[Any], *, profile: bool, steps: int, warmu
                                 steps=steps, warmup_steps=warmup_steps, hardware=hardware)
 
 
-def _profiled(built: Any, side: str, *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
-              logdir: str | None) -> capture.Profile:
-    """A TF Profiler capture of one side ("before" or "after"), analysed and diagnosed."""
+def _profiled(built: Any, side: str, measurement: Measurement, *, profile: bool, steps: int, warmup_steps: int,
+              hardware: Hardware, logdir: str | None) -> capture.Profile:
+    """A TF Profiler capture of one side ("before" or "after"), analysed and diagnosed with its measurement."""
     put_tf32_in_force(built.plan.tf32)  # trials built since this model was may have switched TF32
-    _log.info("profiling %s (%d warm-up + %d steps, three runs)", side, warmup_steps, steps)
+    _log.info("profiling %s (%d warm-up + %d steps under the TF Profiler)", side, warmup_steps, steps)
     return capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, hardware=hardware,
-                           logdir=f"{logdir}/{side}" if logdir else None)
+                           logdir=f"{logdir}/{side}" if logdir else None, measurement=measurement)
 
 
 def _is_source(dataset: Any) -> bool:

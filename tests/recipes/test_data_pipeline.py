@@ -1,5 +1,6 @@
 """The tuned pipeline yields exactly the same elements; cache only where valid; options really set."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -93,6 +94,25 @@ def test_cache_refused_where_it_would_change_later_epochs(make, reason):
     plan = recorded(make())
     assert not has_cache(plan.dataset)
     assert f"no cache: the pipeline contains {reason}" in plan.applied[-1].detail or reason in plan.applied[-1].detail
+
+
+def test_lookup_tables_do_not_block_a_cache_and_the_users_own_cache_is_recognised():
+    """An adapted StringLookup in the pipeline (keras-io captcha OCR's char_to_num) reads a table filled once:
+    the same ids every epoch, so the decode before it is worth caching. A pipeline with its own cache() gets
+    no second one, and the reason says so (not 'stateful op HashTableV2')."""
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"])
+    words = tf.data.Dataset.from_tensor_slices((tf.constant([["a"], ["c"], ["b"], ["a"]]), tf.zeros(4)))
+    plan = recorded(words.map(lambda x, y: (lookup(x), y)).batch(2))
+    assert has_cache(plan.dataset) and "cached in memory" in plan.applied[-1].detail
+    assert [list(x.numpy().ravel()) for x, _ in plan.dataset] == [[1, 3], [2, 1]]
+    own = recorded(make_images().cache())
+    detail = own.applied[-1].detail
+    assert "no cache added: the pipeline has your own cache()" in detail and "stateful" not in detail
+
+
+def test_refusal_names_the_fix_for_what_it_found():
+    detail = recorded(make_images().unbatch().shuffle(16).batch(8)).applied[-1].detail
+    assert "put your .cache() before .shuffle()" in detail and "augmentation" not in detail
 
 
 def test_cache_refused_for_infinite_pipeline():

@@ -128,7 +128,8 @@ class Profile:
 
 
 def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5, logdir: str | Path | None = None,
-            hardware: Hardware | None = None, monitor_interval_seconds: float = 0.2) -> Profile:
+            hardware: Hardware | None = None, monitor_interval_seconds: float = 0.2,
+            measurement: Measurement | None = None) -> Profile:
     """Measures, captures and diagnoses training `model` on `dataset`; the model's state is kept.
 
     Runs three short trainings: real data and the compute-only ceiling without the profiler, then real
@@ -142,6 +143,8 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
         logdir: Where the capture goes (TensorBoard's --logdir); a new temporary directory by default.
         hardware: The machine's description; detected by default.
         monitor_interval_seconds: Time between utilization samples.
+        measurement: The setup's measurement without the profiler where it was made already (`tfopt.apply`
+            measures before and after side by side); measured here by default.
 
     Returns:
         The Profile.
@@ -161,8 +164,9 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
         from tfopt.hardware import detect
 
         hardware = detect()
-    measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
-                          hardware=hardware)
+    if measurement is None:
+        measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
+                              hardware=hardware)
     with training_state_restored(model):
         captured = capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
                            logdir=logdir, monitor_interval_seconds=monitor_interval_seconds,

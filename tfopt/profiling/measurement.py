@@ -285,14 +285,23 @@ class SideBySide:
     measurements: tuple[Measurement, ...]
     rounds: tuple[tuple[float, ...], ...]
 
-    def ratio(self, faster: int, slower: int) -> tuple[float, float, float]:
-        """Examples/s of side `faster` over side `slower`: the median over rounds, its lowest and highest.
+    def ratios(self, side: int, other: int) -> tuple[float, ...]:
+        """Examples/s of `side` over `other`, round by round.
 
         Each round's ratio compares the two sides measured moments apart, so a change of load on the machine
-        falls on both; the range over rounds is the comparison's noise.
+        falls on both; the range over rounds is the comparison's noise (`spread`).
         """
-        ratios = [a / b for a, b in zip(self.rounds[faster], self.rounds[slower])]
-        return statistics.median(ratios), min(ratios), max(ratios)
+        return tuple(a / b for a, b in zip(self.rounds[side], self.rounds[other]))
+
+
+def spread(ratios: tuple[float, ...]) -> tuple[float, float, float]:
+    """The median of per-round ratios, and their lowest and highest.
+
+    Example:
+        >>> spread((1.2, 0.9, 1.1))
+        (1.1, 0.9, 1.2)
+    """
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,

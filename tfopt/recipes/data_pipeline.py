@@ -32,7 +32,17 @@ from tfopt.recipes.base import Recipe, Stage
 
 CACHE_CHOICES = ("auto", "memory", "none")
 # Op-name fragments that make a pipeline's output differ between epochs, or that hide what it does.
-_NOT_CACHEABLE = {"Random": "random op", "Shuffle": "shuffle", "PyFunc": "py_function", "Cache": "cache"}
+# What makes a pipeline's output differ between epochs, so that a cache of it would freeze one epoch, and
+# what the user can do instead.
+_NOT_CACHEABLE = {"Random": ("random op", "cache before the random maps yourself"),
+                  "Shuffle": ("shuffle", "put your .cache() before .shuffle()"),
+                  "PyFunc": ("py_function", "cache before it yourself if its function always returns the same")}
+# Registered as stateful, yet they return the same for the same input every epoch: lookup tables that are
+# created and filled once (adapted StringLookup, TextVectorization, IntegerLookup) and read.
+_DETERMINISTIC_STATEFUL_OPS = frozenset({
+    "HashTableV2", "AnonymousHashTable", "InitializeTableV2", "InitializeTableFromTextFileV2",
+    "LookupTableFindV2", "LookupTableSizeV2", "LookupTableImportV2", "Assert", "NoOp",
+})
 
 
 def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = True,
@@ -189,11 +199,14 @@ def _cache_where_valid(dataset: Any, graph: Any, cache: str, ram_budget_bytes: i
     if graph is None:
         return dataset, "no cache: tfopt cannot read the pipeline's graph to check it"
     ops = pipeline_graph.pipeline_ops(graph)
-    blockers = sorted({label for fragment, label in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)}
-                      | {f"stateful op {op}" for op in _stateful_ops(ops)})
-    if blockers:
-        return dataset, f"no cache: the pipeline contains {', '.join(blockers)}, so caching its output would " \
-                        "change what later epochs see (cache before augmentation yourself, or use a tfopt.data source)"
+    if any("CacheDataset" in op for op in ops):
+        return dataset, "no cache added: the pipeline has your own cache()"
+    found = [(label, fix) for fragment, (label, fix) in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)]
+    found += [(f"stateful op {op}", "cache before it yourself where it returns the same each epoch")
+              for op in sorted(_stateful_ops(ops))]
+    if found:
+        return dataset, (f"no cache: the pipeline contains {', '.join(label for label, _ in found)}, so caching its "
+                         f"output would change what later epochs see ({'; '.join(dict.fromkeys(f for _, f in found))})")
     count = int(dataset.cardinality())
     if count == tf.data.INFINITE_CARDINALITY:
         return dataset, "no cache: the pipeline repeats forever (put .repeat() after the cache)"
@@ -222,4 +235,5 @@ def _stateful_ops(ops: set[str]) -> set[str]:
     from tensorflow.python.framework import op_def_registry
 
     return {op for op in ops if "Dataset" not in op and op not in ("_Arg", "_Retval")
+            and op not in _DETERMINISTIC_STATEFUL_OPS and not any(fragment in op for fragment in _NOT_CACHEABLE)
             and (definition := op_def_registry.get(op)) is not None and definition.is_stateful}
