@@ -106,9 +106,10 @@ def test_kept_only_where_faster_beyond_noise(cpu_hardware):
 def test_summary_gives_the_spread_and_says_within_noise(cpu_hardware):
     user, data = keras_examples.lstm_forecaster()
     result = tfopt.apply(user, data, hardware=cpu_hardware, steps=6, warmup_steps=1)  # 3 rounds of 2 steps
-    median, low, high = result.speedup_spread
-    assert low <= median <= high and result.speedup == median
-    assert f"({median:.2f}x [{low:.2f}-{high:.2f}]" in result.summary()
+    low, high = result.speedup_range
+    assert len(result.speedup_rounds) == 3 and (low, high) == (min(result.speedup_rounds), max(result.speedup_rounds))
+    speedup = result.after.real.examples_per_second / result.before.real.examples_per_second
+    assert result.speedup == speedup and f"({speedup:.2f}x [{low:.2f}-{high:.2f}]" in result.summary()
     assert ("within noise" in result.summary()) == (low <= 1.0 <= high)
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert "measured" in step.detail  # kept or left out, with its ratio
@@ -129,3 +130,13 @@ def test_set_dtype_policy_keeps_output_layers_of_a_subclassed_model_float32():
     notes = set_dtype_policy(model, "mixed_bfloat16", np.zeros((2, 3), "float32"))
     assert model.head.compute_dtype == "float32" and model.hidden.compute_dtype == "bfloat16"
     assert notes == ["producing the outputs: 'dense_1' (Dense)"] or notes[0].startswith("producing the outputs")
+
+
+def test_nan_weights_are_refused_before_anything_is_measured(cpu_hardware):
+    user, data = keras_examples.lstm_forecaster()
+    weights = user.get_weights()
+    weights[-1] = np.full_like(weights[-1], np.nan)
+    user.set_weights(weights)
+    with pytest.raises(tfopt.IncompatibleModelError, match=r"predictions and loss on the first batch of your data "
+                                                           r"are not finite \(NaN or inf\)"):
+        tfopt.apply(user, data, hardware=cpu_hardware)

@@ -101,7 +101,7 @@ def test_quickstart(executed):
     notebook, workdir, _ = executed("quickstart.ipynb")
     text = "\n".join(text_of(notebook))
     assert "local Jupyter: nothing installed" in text
-    summary = re.search(r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x\); .*input efficiency \S+ -> \S+", text)
+    summary = re.search(r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x[^)]*\); .*input efficiency \S+ -> \S+", text)
     assert summary, "tfopt.apply's summary line is missing"
     before, after, speedup = (float(value) for value in summary.groups()[:3])
     assert before > 0 and after > 0 and speedup == pytest.approx(after / before, rel=0.01)

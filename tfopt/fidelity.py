@@ -64,8 +64,8 @@ class Agreement:
         return all(error is None or error <= self.tolerance for error in (self.predictions_error, self.loss_error))
 
     def __str__(self) -> str:
-        parts = [f"{what} differ by {error:.1%}" for what, error in
-                 (("predictions", self.predictions_error), ("loss", self.loss_error)) if error is not None]
+        parts = [f"{what} by {error:.1%}" for what, error in
+                 (("predictions differ", self.predictions_error), ("the loss", self.loss_error)) if error is not None]
         return (f"{self.policy} against your model on the first batch: {', '.join(parts) or 'nothing to compare'} "
                 f"(tolerance {self.tolerance:.0%})")
 
@@ -117,7 +117,7 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
         >>> import numpy as np
         >>> user = Outcome(np.array([1.0, 2.0]), 0.5)
         >>> str(agreement(user, Outcome(np.array([1.0, 2.01]), 0.501), "mixed_bfloat16"))
-        'mixed_bfloat16 against your model on the first batch: predictions differ by 1.4%, loss differ by 0.2% (tolerance 10%)'
+        'mixed_bfloat16 against your model on the first batch: predictions differ by 1.4%, the loss by 0.2% (tolerance 10%)'
     """
     import numpy as np
 
@@ -140,15 +140,26 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
     """The user's setup on the first batch; a failure there is the model's or the data's, said as such.
 
     Raises:
-        IncompatibleModelError: Keras' own training step fails on the batch, before any recipe.
+        IncompatibleModelError: Keras' own training step fails on the batch, before any recipe, or the model's
+            predictions or loss there are not finite (NaN or infinite weights or inputs).
     """
+    import numpy as np
+
     try:
-        return outcome(model, batch)
+        result = outcome(model, batch)
     except Exception as error:
         raise IncompatibleModelError(
-            f"Your model fails on the first batch of your data, before any recipe: {type(error).__name__}: "
-            f"{_first_line(error)}. Check that model.fit(dataset) trains as it is; tfopt optimizes a training "
-            "that runs.") from error
+            f"Your model fails on the first batch of your data, before any recipe: {describe_error(error)}. "
+            "Check that model.fit(dataset) trains as it is; tfopt optimizes a training that runs.") from error
+    broken = [what for what, values in (("predictions", result.predictions), ("loss", result.loss))
+              if values is not None and not np.all(np.isfinite(values))]
+    if broken:
+        raise IncompatibleModelError(
+            f"Your model's {' and '.join(broken)} on the first batch of your data are not finite (NaN or inf), "
+            "before any recipe: its weights or that batch hold NaN or infinite values. Check "
+            "np.isfinite(w).all() for w in model.get_weights() and the data; a speedup of a training that "
+            "computes NaN means nothing.")
+    return result
 
 
 def failing_layer(error: BaseException, model: Any) -> Any:

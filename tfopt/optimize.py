@@ -19,8 +19,8 @@ from tfopt.fidelity import first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
-from tfopt.profiling.metrics import Metrics, compared
-from tfopt.profiling.measurement import Measurement, spread
+from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
+from tfopt.profiling.measurement import Measurement
 from tfopt.recipes.base import Recipe, chain
 
 _log = logging.getLogger("tfopt")
@@ -45,7 +45,7 @@ class ApplyResult:
         after_profile: The optimized setup's profile with profile=True.
         tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
         speedup_rounds: The speedup of each round where before and after were measured side by side, in
-            alternating rounds (`speedup_spread` gives their median and range).
+            alternating rounds (`speedup_range` gives their range).
 
     Example:
         >>> import keras, tensorflow as tf
@@ -84,19 +84,17 @@ class ApplyResult:
         if self.before_profile is None or self.after_profile is None:
             raise MeasurementError("No profiles to report: call tfopt.apply(..., profile=True).")
         return compare(self.before_profile, self.after_profile, applied=self.plan.applied,
-                       price_per_hour=price_per_hour, steps_per_epoch=steps_per_epoch)
+                       price_per_hour=price_per_hour, steps_per_epoch=steps_per_epoch,
+                       speedup_rounds=self.speedup_rounds)
 
     @property
-    def speedup_spread(self) -> tuple[float, float, float] | None:
-        """The speedup's median over the side-by-side rounds, and its lowest and highest round."""
-        return spread(self.speedup_rounds) if self.speedup_rounds else None
+    def speedup_range(self) -> tuple[float, float] | None:
+        """The lowest and highest speedup of the rounds measured side by side: the speedup's noise."""
+        return spread(self.speedup_rounds)[1:] if self.speedup_rounds else None
 
     @property
     def speedup(self) -> float | None:
-        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured: the
-        median over rounds measured side by side where there are such rounds."""
-        if self.speedup_rounds:
-            return spread(self.speedup_rounds)[0]
+        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured."""
         if self.before is None or self.after is None:
             return None
         return self.after.real.examples_per_second / self.before.real.examples_per_second
@@ -123,13 +121,7 @@ class ApplyResult:
         efficiency where measured (busy % and input wait need profile=True)."""
         if self.before is None or self.after is None:
             return f"applied {len(self.plan.applied)} recipe steps (not measured)"
-        ratio = f"{self.speedup:.2f}x"
-        if len(self.speedup_rounds) < 3:
-            ratio += f", {len(self.speedup_rounds) or 'no'} round(s) side by side: too few for a spread"
-        else:
-            _, low, high = spread(self.speedup_rounds)
-            ratio += f" [{low:.2f}-{high:.2f}]" + (", within noise: no measurable gain on this machine"
-                                                   if low <= 1.0 <= high else ", slower" if high < 1.0 else "")
+        ratio = f"{self.speedup:.2f}x" + (describe_rounds(self.speedup_rounds) if self.speedup_rounds else "")
         return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
                 f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}")
 

@@ -374,3 +374,14 @@ def test_compare_accepts_plans_and_names_and_checks_numbers(make_fake_profile):
         compare(before, after, price_per_hour=math.nan)
     with pytest.raises(ValueError, match="steps_per_epoch must be >= 1; received 0"):
         compare(before, after, steps_per_epoch=0)
+
+
+def test_the_speedup_says_its_range_over_side_by_side_rounds(make_fake_profile):
+    report = compare(make_fake_profile(), make_fake_profile(input_ms=1.0), speedup_rounds=(1.2, 0.9, 1.1))
+    data = report.to_dict()
+    assert data["speedup_rounds"] == [1.2, 0.9, 1.1]
+    assert data["speedup_noise"] == "[0.90-1.20], within noise: no measurable gain on this machine"
+    expected = "3 rounds side by side: [0.90-1.20], within noise: no measurable gain on this machine)."
+    assert expected in report.to_markdown() and expected in report.to_html()
+    plain = compare(make_fake_profile(), make_fake_profile(input_ms=1.0)).to_dict()
+    assert plain["speedup_rounds"] == [] and plain["speedup_noise"] is None

@@ -19,7 +19,7 @@ from typing import Any
 
 from tfopt.errors import MeasurementError
 from tfopt.hardware import Hardware
-from tfopt.profiling.timing import (WINDOWS, StepTimes, check_step_counts, time_training_steps, training_state_restored,
+from tfopt.profiling.timing import (StepTimes, check_step_counts, time_training_steps, training_state_restored,
                                     window_layout)
 
 
@@ -289,19 +289,9 @@ class SideBySide:
         """Examples/s of `side` over `other`, round by round.
 
         Each round's ratio compares the two sides measured moments apart, so a change of load on the machine
-        falls on both; the range over rounds is the comparison's noise (`spread`).
+        falls on both; the range over rounds is the comparison's noise (`tfopt.profiling.metrics.spread`).
         """
         return tuple(a / b for a, b in zip(self.rounds[side], self.rounds[other]))
-
-
-def spread(ratios: tuple[float, ...]) -> tuple[float, float, float]:
-    """The median of per-round ratios, and their lowest and highest.
-
-    Example:
-        >>> spread((1.2, 0.9, 1.1))
-        (1.1, 0.9, 1.2)
-    """
-    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
@@ -315,7 +305,8 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
 
     Args:
         sides: The setups, each timed `steps` steps over the rounds.
-        steps: Steps timed on each side; split into `timing.WINDOWS` windows of one round each.
+        steps: Steps timed on each side, in windows as `window_layout` splits them; a round holds one window,
+            or two where windows are of one step.
         warmup_steps: Untimed steps before each side's first round (later rounds warm up one step).
         hardware: The machine; on accelerators the step's FLOPs are counted for MFU. Detected by default.
 
@@ -331,10 +322,11 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
     layouts = []
     for side in sides:
         per_call = check_step_counts(side.model, steps, warmup_steps)
-        # A round times one window of at least 2 steps (a timed fit needs 2).
-        layouts.append((per_call, *window_layout(steps, steps_per_call=per_call,
-                                                 window_steps=max(2, steps // WINDOWS))))
-    rounds = max(windows for _, windows, _ in layouts)
+        windows, window_steps = window_layout(steps, steps_per_call=per_call)
+        # A round times whole windows, at least 2 steps (a timed fit needs 2): one window of 5 steps, two of 1.
+        per_round = -(-2 // window_steps)
+        layouts.append((per_round, -(-windows // per_round), window_steps))
+    rounds = max(count for _, count, _ in layouts)
     real: list[list[float]] = [[] for _ in sides]
     ceiling: list[list[float]] = [[] for _ in sides]
     per_round: list[list[float]] = [[] for _ in sides]
@@ -344,17 +336,18 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
             restored.enter_context(training_state_restored(side.model))
             prepared.append(prepare_ceiling(side.model, side.dataset) if side.ceiling else None)
         for index in range(rounds):
-            for number, (side, (_, windows, window_steps)) in enumerate(zip(sides, layouts)):
-                if index >= windows:
+            for number, (side, (windows_per_round, count, window_steps)) in enumerate(zip(sides, layouts)):
+                if index >= count:
                     continue
                 warmup = warmup_steps if index == 0 else 1
                 timing = dict(batch_size=side.batch_size, window_steps=window_steps)
-                times = time_training_steps(side.model, side.dataset, steps=window_steps, warmup_steps=warmup,
+                round_steps = windows_per_round * window_steps
+                times = time_training_steps(side.model, side.dataset, steps=round_steps, warmup_steps=warmup,
                                             **timing).seconds
                 real[number].extend(times)
                 per_round[number].append(side.batch_size / statistics.median(times))
                 if prepared[number] is not None:
-                    ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=window_steps,
+                    ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=round_steps,
                                                               warmup_steps=warmup, prepared=prepared[number],
                                                               **timing).seconds)
     measurements = []

@@ -14,6 +14,7 @@ On a CPU-only machine busy % and MFU do not apply: input efficiency and input wa
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,3 +101,28 @@ def _percent(value: float | None) -> str:
     if value is None:
         return "n/a"
     return f"{value:.1f}%" if value < 10 else f"{value:.0f}%"
+
+
+def spread(ratios: tuple[float, ...]) -> tuple[float, float, float]:
+    """The median of per-round ratios, and their lowest and highest.
+
+    Example:
+        >>> spread((1.2, 0.9, 1.1))
+        (1.1, 0.9, 1.2)
+    """
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def describe_rounds(ratios: tuple[float, ...] | list[float]) -> str:
+    """What the per-round ratios say of a speedup, to follow "1.05x": their range, and whether it is noise.
+
+    Example:
+        >>> describe_rounds((1.2, 0.9, 1.1)), describe_rounds((1.3,))
+        (' [0.90-1.20], within noise: no measurable gain on this machine', ', 1 round side by side: too few for a spread')
+    """
+    if len(ratios) < 3:
+        return f", {len(ratios)} round{'' if len(ratios) == 1 else 's'} side by side: too few for a spread"
+    _, low, high = spread(tuple(ratios))
+    verdict = (", within noise: no measurable gain on this machine" if low <= 1.0 <= high
+               else ", slower" if high < 1.0 else "")
+    return f" [{low:.2f}-{high:.2f}]{verdict}"

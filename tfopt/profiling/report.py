@@ -25,7 +25,7 @@ from typing import Any
 from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared
+from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds
 from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64, training_figure
 
 REPORT_VERSION = 1
@@ -63,6 +63,8 @@ class Report:
         created: When the report was made (UTC, ISO 8601).
         training: The `tfopt.Monitor` window records of the training that followed the measurements
             (`tfopt-recipe run` adds them once it has trained), plotted and summed up in their own section.
+        speedup_rounds: The speedup of each round where the runs were measured side by side (`tfopt.apply`
+            alternates before and after), whose range is the speedup's noise; empty where they were not.
 
     Example:
         >>> report = tfopt.compare(before=tfopt.profile(model, slow), after=tfopt.profile(model, fast))  # doctest: +SKIP
@@ -77,6 +79,7 @@ class Report:
     created: str = dataclasses.field(default_factory=lambda: datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"))
     training: tuple[Mapping[str, Any], ...] = ()
+    speedup_rounds: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Every number in the report, rounded to 4 significant digits (the JSON format)."""
@@ -91,6 +94,8 @@ class Report:
             "hardware": first.hardware.describe(),
             "note": CPU_NOTE if first.hardware.accelerator == "cpu" else None,
             "speedup": speedup,
+            "speedup_rounds": [_round(ratio) for ratio in self.speedup_rounds],
+            "speedup_noise": describe_rounds(self.speedup_rounds).lstrip(" ,") if self.speedup_rounds else None,
             "steps_per_epoch": self._steps_per_epoch(),
             "price_per_hour": self.price_per_hour,
             "currency": self.currency,
@@ -116,7 +121,8 @@ class Report:
         lines = ["# tfopt report", "", f"{data['hardware']}", ""]
         lines += [f"_{data['note']}._", ""] if data["note"] else []
         if data["speedup"] is not None:
-            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}).", ""]
+            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}"
+                      f"{_noise(data)}).", ""]
         lines += [f"**{_headline(data)}**", ""] if _headline(data) else []
         lines += _table(["", *names], _summary_rows(data))
         lines += ["", "## Step-time breakdown (ms per step)", ""]
@@ -156,7 +162,7 @@ class Report:
         parts += [f"<p><i>{html.escape(data['note'])}.</i></p>"] if data["note"] else []
         if data["speedup"] is not None:
             parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
-                         f"({html.escape(names[-1])} vs {html.escape(names[0])}).</p>")
+                         f"({html.escape(names[-1])} vs {html.escape(names[0])}{html.escape(_noise(data))}).</p>")
         if _headline(data):
             parts.append(f'<p class="speedup">{html.escape(_headline(data))}</p>')
         parts.append(_html_table(["", *names], _summary_rows(data), table_id="summary"))
@@ -239,7 +245,8 @@ class Report:
 
 
 def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = (), price_per_hour: float | None = None,
-            currency: str = "USD", steps_per_epoch: int | None = None) -> Report:
+            currency: str = "USD", steps_per_epoch: int | None = None,
+            speedup_rounds: Iterable[float] = ()) -> Report:
     """Puts two profiles side by side.
 
     Args:
@@ -249,6 +256,7 @@ def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = ()
         price_per_hour: Price of one accelerator-hour, for the cost line.
         currency: The price's currency.
         steps_per_epoch: Steps per epoch for the cost line; the dataset's length by default.
+        speedup_rounds: The speedup of each round where before and after were measured side by side.
 
     Returns:
         The Report (save it with `.save("report.html")`; notebooks display it directly).
@@ -268,7 +276,14 @@ def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = ()
     steps = tuple(step if isinstance(step, Step) else Step(str(step), "") for step in applied)
     profiles = {"before": before, "after": after} if after is not None else {"profile": before}
     return Report(profiles=profiles, applied=steps, price_per_hour=price_per_hour, currency=currency,
-                  steps_per_epoch=steps_per_epoch)
+                  steps_per_epoch=steps_per_epoch, speedup_rounds=tuple(speedup_rounds))
+
+
+def _noise(data: Mapping[str, Any]) -> str:
+    """"; range over N rounds measured side by side: ..." where the runs were, else nothing."""
+    if not data.get("speedup_rounds"):
+        return ""
+    return f"; {len(data['speedup_rounds'])} rounds side by side: {data['speedup_noise']}"
 
 
 def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

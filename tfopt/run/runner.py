@@ -35,7 +35,7 @@ from tfopt.run.model import build_model, compile_arguments, create_model, prepar
 from tfopt._atomic import write_atomic
 from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir
 from tfopt.errors import TfoptError
-from tfopt.profiling.metrics import Metrics, compared
+from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
 
 _log = logging.getLogger("tfopt")
@@ -89,7 +89,8 @@ class RunOutcome:
         path = next((self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
                     self.run_dir)
         return (f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
-                f"({self.report['speedup']:.2f}x); {compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
+                f"({self.report['speedup']:.2f}x{describe_rounds(self.report['speedup_rounds']) if self.report.get('speedup_rounds') else ''}); "
+                f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
                 f"{trained}; report: {path}")
 
     def to_dict(self) -> dict[str, Any]:
