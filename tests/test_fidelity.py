@@ -140,3 +140,19 @@ def test_nan_weights_are_refused_before_anything_is_measured(cpu_hardware):
     with pytest.raises(tfopt.IncompatibleModelError, match=r"predictions and loss on the first batch of your data "
                                                            r"are not finite \(NaN or inf\)"):
         tfopt.apply(user, data, hardware=cpu_hardware)
+
+
+def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware, monkeypatch):
+    """Whatever the timing says, the result is the setup that was measured: forced slower here."""
+    import tfopt.optimize
+
+    measured = tfopt.optimize._kept_if_faster
+    monkeypatch.setattr(tfopt.optimize, "_kept_if_faster", lambda built, without, recipes, ratios: measured(
+        built, without, recipes, tuple(0.5 for _ in ratios)))
+    user, data = keras_examples.lstm_forecaster()
+    result = tfopt.apply(user, data, hardware=cpu_hardware, steps=6, warmup_steps=1)
+    assert result.plan.dtype_policy == "float32" and not result.plan.jit_compile
+    assert all(layer.compute_dtype == "float32" for layer in result.model._flatten_layers())
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert step.skipped and "measured 0.50x [0.50-0.50] over 3 rounds" in step.detail
+    assert len(result.speedup_rounds) == 3 and result.dataset is not data  # the tuned pipeline stays

@@ -7,10 +7,12 @@ batch forward and through one training step (on its own state, put back afterwar
 measured: a layer that fails under 16 bits is kept at float32 and named, and predictions and loss that
 disagree with the user's model beyond the policy's tolerance revert mixed precision, with the numbers.
 
-The tolerances are relative errors from each policy's rounding: for the predictions, the L2 norm of the
-difference over the spread of the user's predictions around their mean (an untrained classifier's
-probabilities all sit near 1/classes, so a plain relative error hides even ids looked up under other
-rows); for the loss, the difference over the user's loss. Rounding sets the scale: bfloat16 keeps 8 bits of mantissa, float16 11, float32 24 (but TF32 matmuls 11 on
+The tolerances are relative errors: for the predictions, the L2 norm of the difference over the spread of
+the user's predictions around their mean (an untrained classifier's probabilities all sit near 1/classes,
+so a plain relative error hides even ids looked up under other rows); for the loss, the difference over
+the user's loss. Ids looked up under other rows move predictions by about their whole spread; rounding
+moves an untrained model's little-varying outputs by a good part of it too (a bfloat16 LSTM up to 13%:
+benchmarks/verification.py), so the bfloat16 tolerance sits between. Rounding sets the scale: bfloat16 keeps 8 bits of mantissa, float16 11, float32 24 (but TF32 matmuls 11 on
 Ampere+ GPUs and XLA reorders sums). The forward pass and the step run eagerly, so XLA's own compilation
 is not part of this check.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from tfopt.errors import IncompatibleModelError
 
-TOLERANCE = {"mixed_bfloat16": 0.1, "mixed_float16": 0.02, "float32": 0.01}
+TOLERANCE = {"mixed_bfloat16": 0.3, "mixed_float16": 0.05, "float32": 0.02}
 # A model with more layers than this failing under 16 bits is not worth keeping in mixed precision.
 _MOST_LAYERS_KEPT = 8
 
@@ -117,7 +119,7 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
         >>> import numpy as np
         >>> user = Outcome(np.array([1.0, 2.0]), 0.5)
         >>> str(agreement(user, Outcome(np.array([1.0, 2.01]), 0.501), "mixed_bfloat16"))
-        'mixed_bfloat16 against your model on the first batch: predictions differ by 1.4%, the loss by 0.2% (tolerance 10%)'
+        'mixed_bfloat16 against your model on the first batch: predictions differ by 1.4%, the loss by 0.2% (tolerance 30%)'
     """
     import numpy as np
 

@@ -281,13 +281,16 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
         numerics = numerics if set(numerics) <= verifying else []
         # The same setup without the recipes that change how the model computes: the baseline's own model on
         # the optimized pipeline (no build), against which they must prove themselves.
-        without = (dataclasses.replace(built_baseline, dataset=optimized.dataset, plan=optimized)
-                   if numerics else None)
+        without = None
+        if numerics:
+            plan = optimized.with_compile(jit_compile=built_baseline.plan.jit_compile).replace(
+                dtype_policy=built_baseline.plan.dtype_policy, tf32=built_baseline.plan.tf32)
+            without = dataclasses.replace(built_baseline, dataset=optimized.dataset, plan=plan)
         sides = [built_baseline, *([without] if without else []), built]
         side_by_side = _measured_side_by_side(sides, **evidence)
         if without is not None:
             built = _kept_if_faster(built, without, numerics, side_by_side.ratios(len(sides) - 1, 1))
-        after_index = len(sides) - 1 if built is not without else 1
+        after_index = 1 if without is not None and built.model is without.model else len(sides) - 1
         before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
         rounds = side_by_side.ratios(after_index, 0)
         if evidence["profile"]:

@@ -36,9 +36,10 @@ def dtype_policy_scope(policy: str) -> Iterator[None]:
 
 # Layers that read integers (ids, indices, categories, strings) or raw features: under a mixed policy Keras
 # casts a layer's floating inputs to 16 bits before `call`, which rounds ids above 256 in bfloat16.
-_READS_IDS_OR_RAW_FEATURES = ("Embedding", "StringLookup", "IntegerLookup", "CategoryEncoding", "Hashing",
-                              "HashedCrossing", "Discretization", "Normalization", "TextVectorization",
-                              "FeatureSpace")
+_READS_IDS_OR_RAW_FEATURES = ("layers.Embedding", "layers.StringLookup", "layers.IntegerLookup",
+                              "layers.CategoryEncoding", "layers.Hashing", "layers.HashedCrossing",
+                              "layers.Discretization", "layers.Normalization", "layers.TextVectorization",
+                              "utils.FeatureSpace")
 
 
 def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
@@ -95,12 +96,16 @@ def _describe(layer: Any) -> str:
 
 
 def _holding_id_readers(model: Any) -> set[int]:
-    """The ids of the layers that read ids or raw features, and of every layer that holds one."""
+    """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
+    import keras
+
+    readers = tuple(getattr(getattr(keras, module), name)
+                    for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES))
     holding: set[int] = set()
 
     def visit(layer: Any) -> bool:
         inner = [visit(child) for child in layer._flatten_layers(include_self=False, recursive=False)]
-        if any(inner) or type(layer).__name__ in _READS_IDS_OR_RAW_FEATURES:
+        if any(inner) or isinstance(layer, readers):
             holding.add(id(layer))
             return True
         return False
