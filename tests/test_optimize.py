@@ -82,7 +82,7 @@ def test_resnet50_small(cpu_hardware):
     model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=3)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     result = tfopt.apply(model, make_images(count=8, image_size=32, batch_size=4), recipes=BF16_AS_ASKED,
-                         hardware=cpu_hardware, **FAST)
+                         hardware=cpu_hardware, measure_speed=False)  # what is built is checked, not its speed
     assert result.plan.dtype_policy == "mixed_bfloat16"
     assert result.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
     assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=1, verbose=0).history["loss"][0])
