@@ -20,10 +20,14 @@ is not part of this check.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import Any
 
+from tfopt.builder import Built, build
 from tfopt.errors import IncompatibleModelError
+
+_log = logging.getLogger("tfopt")
 
 TOLERANCE = {"mixed_bfloat16": 0.3, "mixed_float16": 0.05, "float32": 0.02}
 # A model with more layers than this failing under 16 bits is not worth keeping in mixed precision.
@@ -183,7 +187,7 @@ def failing_layer(error: BaseException, model: Any) -> Any:
     return None
 
 
-def first_batch_checked(built: Any, reference: Outcome, batch: Any, *, baseline_policy: str) -> Any:
+def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline_policy: str) -> Built:
     """The optimized setup once it has run the first batch and agreed with the user's model.
 
     A layer that fails under the mixed policy is kept at float32 (named in the plan) and the batch runs
@@ -191,7 +195,7 @@ def first_batch_checked(built: Any, reference: Outcome, batch: Any, *, baseline_
     than a few fail, or the outcome disagrees beyond the policy's tolerance.
 
     Args:
-        built: The optimized setup (`tfopt.builder.Built`).
+        built: The optimized setup.
         reference: The user's setup's outcome on `batch` (`reference_outcome`).
         batch: The first element of the user's dataset.
         baseline_policy: The dtype policy of the user's setup.
@@ -233,12 +237,8 @@ def first_batch_checked(built: Any, reference: Outcome, batch: Any, *, baseline_
         return dataclasses.replace(built, plan=plan)
 
 
-def _without_mixed_precision(built: Any, baseline_policy: str, why: str) -> Any:
-    import logging
-
-    from tfopt.builder import build
-
-    logging.getLogger("tfopt").warning("mixed_precision: left out: %s", why)
+def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Built:
+    _log.warning("mixed_precision: left out: %s", why)
     plan = built.plan
     steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
     return build(plan.replace(dtype_policy=baseline_policy, applied=steps).record(
