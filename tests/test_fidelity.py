@@ -156,3 +156,26 @@ def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert step.skipped and "measured 0.50x [0.50-0.50] over 3 rounds" in step.detail
     assert len(result.speedup_rounds) == 3 and result.dataset is not data  # the tuned pipeline stays
+
+
+@pytest.mark.parametrize("make", [keras_examples.lstm_forecaster, keras_examples.vae,
+                                  keras_examples.transformer_classifier],
+                         ids=["lstm_custom_loss", "vae_own_train_step", "float_ids_custom_layer"])
+def test_training_the_result_learns_what_plain_keras_learns(make):
+    """Two epochs of the model tfopt gives back (float32 here, where the hardware has no 16-bit units) end at
+    the weights two epochs of plain Keras reach from the same start: the same train_step, loss, optimizer
+    settings, data and order."""
+    from tests.conftest import FAKE_HARDWARE
+
+    user, data = make()
+    # Measured too: the first-batch check and the timed steps both train the model, and must put back all of
+    # it (weights, optimizer, the seed generators' state).
+    result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1)
+    assert result.plan.dtype_policy == "float32"
+    tfopt_history = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
+    plain_history = user.fit(data, epochs=2, verbose=0, shuffle=False).history
+    assert sorted(tfopt_history) == sorted(plain_history)
+    for name in plain_history:
+        np.testing.assert_allclose(tfopt_history[name], plain_history[name], rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(result.model.get_weights(), user.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)

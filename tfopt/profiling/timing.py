@@ -194,7 +194,8 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
 
 
 def training_state_snapshot(model: Any) -> Callable[[], None]:
-    """Saves the model's weights and optimizer variables; the returned function puts them back.
+    """Saves the model's variables (weights, seed-generator states) and the optimizer's; the returned function
+    puts them back.
 
     Measuring trains the model for a few steps; a model handed back to the user must not carry them, and
     every auto-mode trial must start where the others did. The optimizer is built (when it is not yet)
@@ -205,7 +206,9 @@ def training_state_snapshot(model: Any) -> Callable[[], None]:
     with model.distribute_strategy.scope():
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        state = [*model.weights, *optimizer.variables]
+        # model.variables, not model.weights: the states of its seed generators too (dropout, a VAE's
+        # sampling), so that training after a measurement draws the numbers it would have drawn.
+        state = [*model.variables, *optimizer.variables]
         saved = [variable.numpy() for variable in state]
 
     def restore() -> None:
