@@ -264,13 +264,11 @@ class Side:
         model: A compiled Keras model.
         dataset: Its batched training pipeline.
         batch_size: Examples per step.
-        ceiling: Whether its on-device ceiling is timed too (input efficiency); comparisons need only real steps.
     """
 
     model: Any
     dataset: Any
     batch_size: int
-    ceiling: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +276,7 @@ class SideBySide:
     """Setups measured in alternating rounds.
 
     Attributes:
-        measurements: One per side, in order (a side without its ceiling has its real steps as ceiling).
+        measurements: One per side, in order.
         rounds: Per side, the examples/s of each round (the median of the round's windows).
     """
 
@@ -301,7 +299,7 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
     On a shared machine a change of load between "before" and "after" reads as a recipe's effect when the two
     are measured one after the other. Here every round times each side in turn (its real training, then its
     on-device ceiling), so load changes hit all sides alike, and the spread of the per-round ratios says how
-    much of a difference is noise. Each side's weights and optimizer variables are put back as they were.
+    much of a difference is noise. Each model's variables and its optimizer's are put back as they were.
 
     Args:
         sides: The setups, each timed `steps` steps over the rounds.
@@ -331,10 +329,14 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
     ceiling: list[list[float]] = [[] for _ in sides]
     per_round: list[list[float]] = [[] for _ in sides]
     with contextlib.ExitStack() as restored:
-        prepared = []
+        # Sides may share a model (the baseline's model on two pipelines): its state is saved, and its ceiling
+        # step traced, once.
+        by_model: dict[int, CeilingStep] = {}
         for side in sides:
-            restored.enter_context(training_state_restored(side.model))
-            prepared.append(prepare_ceiling(side.model, side.dataset) if side.ceiling else None)
+            if id(side.model) not in by_model:
+                restored.enter_context(training_state_restored(side.model))
+                by_model[id(side.model)] = prepare_ceiling(side.model, side.dataset)
+        prepared = [by_model[id(side.model)] for side in sides]
         for index in range(rounds):
             for number, (side, (windows_per_round, count, window_steps)) in enumerate(zip(sides, layouts)):
                 if index >= count:
@@ -346,21 +348,20 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
                                             **timing).seconds
                 real[number].extend(times)
                 per_round[number].append(side.batch_size / statistics.median(times))
-                if prepared[number] is not None:
-                    ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=round_steps,
-                                                              warmup_steps=warmup, prepared=prepared[number],
-                                                              **timing).seconds)
+                ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=round_steps,
+                                                          warmup_steps=warmup, prepared=prepared[number],
+                                                          **timing).seconds)
     measurements = []
     for number, (side, (_, _, window_steps)) in enumerate(zip(sides, layouts)):
         flops = peak = precision = None
-        if hardware.accelerator != "cpu" and side.ceiling:
+        if hardware.accelerator != "cpu":
             precision = precision_in_use(side.model, hardware)
             peak = peak_flops_per_second(hardware, precision,
                                          devices=side.model.distribute_strategy.num_replicas_in_sync)
             flops = train_step_flops(side.model, side.dataset, prepared=prepared[number])
         timing = dict(batch_size=side.batch_size, window_steps=window_steps)
         measurements.append(Measurement(real=StepTimes(tuple(real[number]), **timing),
-                                        ceiling=StepTimes(tuple(ceiling[number] or real[number]), **timing),
+                                        ceiling=StepTimes(tuple(ceiling[number]), **timing),
                                         flops_per_step=flops, peak_flops_per_second=peak, precision=precision))
     return SideBySide(measurements=tuple(measurements), rounds=tuple(tuple(values) for values in per_round))
 
