@@ -8,6 +8,7 @@ alternating rounds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -296,6 +297,7 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
         if evidence["profile"]:
             before_profile, after_profile = (_profiled(side, name, measured, **evidence) for side, name, measured
                                              in ((built_baseline, "before", before), (built, "after", after)))
+        put_tf32_in_force(built.plan.tf32)  # the model handed back trains under its own setting
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
@@ -350,9 +352,10 @@ def _measured_side_by_side(sides: list[Any], *, profile: bool, steps: int, warmu
     from tfopt.profiling.measurement import Side, measure_side_by_side
 
     _log.info("measuring %d setups side by side (%d warm-up + %d steps each)", len(sides), warmup_steps, steps)
-    put_tf32_in_force(sides[-1].plan.tf32)
-    return measure_side_by_side([Side(side.model, side.dataset, side.plan.batch_size) for side in sides],
-                                steps=steps, warmup_steps=warmup_steps, hardware=hardware)
+    return measure_side_by_side(
+        [Side(side.model, side.dataset, side.plan.batch_size,
+              before_round=functools.partial(put_tf32_in_force, side.plan.tf32)) for side in sides],
+        steps=steps, warmup_steps=warmup_steps, hardware=hardware)
 
 
 def _profiled(built: Any, side: str, measurement: Measurement, *, profile: bool, steps: int, warmup_steps: int,

@@ -134,3 +134,24 @@ def test_the_ceiling_runs_as_many_steps_per_call_as_fit():
     before = int(model.optimizer.iterations)
     prepare_ceiling(model, make_images()).step(device_batch(model, make_images()))
     assert int(model.optimizer.iterations) == before + 4  # one call, four optimizer steps
+
+
+def test_side_by_side_alternates_rounds_and_shares_what_one_model_needs_once():
+    """Two sides on one model (the baseline's model on two pipelines) and a third: every round visits each side
+    in order, each side's `before_round` runs before its round, and the shared model is put back once."""
+    from tfopt.profiling.measurement import Side, measure_side_by_side
+
+    shared, other = make_cnn(), make_cnn()
+    weights = [weight.copy() for weight in shared.get_weights()]
+    visits = []
+    sides = [Side(shared, make_images(), 8, before_round=lambda: visits.append("a")),
+             Side(shared, make_images().prefetch(2), 8, before_round=lambda: visits.append("b")),
+             Side(other, make_images(), 8, before_round=lambda: visits.append("c"))]
+    result = measure_side_by_side(sides, steps=6, warmup_steps=1, hardware=FAKE_HARDWARE["cpu_plain"])
+    assert visits == ["a", "b", "c"] * 3  # 6 steps: windows of one step, two per round
+    assert [len(rounds) for rounds in result.rounds] == [3, 3, 3]
+    assert all(len(measurement.real.seconds) == 6 == len(measurement.ceiling.seconds)
+               for measurement in result.measurements)
+    assert len(result.ratios(2, 0)) == 3
+    for mine, theirs in zip(shared.get_weights(), weights):
+        np.testing.assert_array_equal(mine, theirs)

@@ -264,11 +264,14 @@ class Side:
         model: A compiled Keras model.
         dataset: Its batched training pipeline.
         batch_size: Examples per step.
+        before_round: Called before each of its rounds: puts in force a process setting the side runs under
+            (TensorFlow's TF32 switch, read when kernels run), or None.
     """
 
     model: Any
     dataset: Any
     batch_size: int
+    before_round: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +346,8 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
                     continue
                 warmup = warmup_steps if index == 0 else 1
                 timing = dict(batch_size=side.batch_size, window_steps=window_steps)
+                if side.before_round is not None:
+                    side.before_round()
                 round_steps = windows_per_round * window_steps
                 times = time_training_steps(side.model, side.dataset, steps=round_steps, warmup_steps=warmup,
                                             **timing).seconds
