@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from tfopt.data.batches import describe_dropped, static_batches
-from tfopt.errors import IncompatibleModelError, TfoptError
+from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.policies import dtype_policy_scope, set_dtype_policy
@@ -148,8 +148,7 @@ def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
     try:
         forward.experimental_get_compiler_ir(sample_inputs)(stage="hlo")
     except Exception as error:  # XLA reports unsupported ops as several different error types
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return [f"XLA could not compile the forward pass: {first_line}"]
+        return [f"XLA could not compile the forward pass: {describe_error(error)}"]
     return []
 
 

@@ -8,6 +8,8 @@ what was expected and how to fix it. The subclasses that stand for a bad value a
 
 from __future__ import annotations
 
+import re
+
 
 class TfoptError(Exception):
     """Base class of every error tfopt raises about its input or environment.
@@ -96,3 +98,20 @@ class NonFiniteLossError(TfoptError, FloatingPointError):
                  "train() resumes from it when started again with the same checkpoint_dir."
                  if path else " No checkpoint had been written yet.")
         return NonFiniteLossError(f"{self}{where}", step=self.step, last_good_checkpoint=path)
+
+
+def describe_error(error: BaseException) -> str:
+    """An error's type and its own words in one line: without terminal escape codes, Keras' "Exception
+    encountered when calling ..." frame, or TensorFlow's '{{function_node ...}}' prefix and '[Op:...]' suffix.
+
+    Example:
+        >>> describe_error(ValueError("{{function_node __wrapped__X}} Bad input [Op:X] name: "))
+        'ValueError: Bad input'
+        >>> describe_error(TypeError("Exception encountered when calling Sampling.call().\\n\\n\\x1b[1mBad dtype\\x1b[0m"))
+        'TypeError: Bad dtype'
+    """
+    message = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "message", None) or str(error))
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    own = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "\u2022"))]
+    text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", (own or lines or [""])[0])[:300]
+    return f"{type(error).__name__}: {text or 'no message'}"

@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from tfopt.builder import Built, build
-from tfopt.errors import IncompatibleModelError
+from tfopt.errors import IncompatibleModelError, describe_error
 
 _log = logging.getLogger("tfopt")
 
@@ -247,15 +247,3 @@ def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Bu
 
 def _recipes(plan: Any) -> str:
     return ", ".join(sorted({step.recipe for step in plan.applied if not step.skipped and step.recipe != "baseline"}))
-
-
-def _first_line(error: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    meaningful = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "•"))]
-    return (meaningful or lines or [type(error).__name__])[0][:300]
-
-
-def describe_error(error: BaseException) -> str:
-    """The error's type and its first meaningful line, without Keras' terminal escape codes."""
-    return f"{type(error).__name__}: {_first_line(error)}"

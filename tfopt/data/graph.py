@@ -35,6 +35,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfopt.errors import describe_error
+
 PYTHON = "python"
 RANDOM = "random"
 OTHER = "other"
@@ -90,7 +92,7 @@ def read(dataset: Any) -> tuple[Any, str | None]:
     except GraphTooLarge as error:
         return None, str(error)
     except Exception as error:  # an OpError, a protobuf DecodeError: the caller leaves the pipeline as it is
-        return None, f"its graph cannot be serialized ({first_line(error)})"
+        return None, f"its graph cannot be serialized ({describe_error(error)})"
 
 
 def serialize(dataset: Any) -> Any:
@@ -168,19 +170,6 @@ def _private_list(dataset: Any, method: str) -> list:
         return list(getattr(dataset, method)())
     except Exception:  # a TensorFlow without this private method: find less, never fail
         return []
-
-
-def first_line(error: BaseException) -> str:
-    """An error's own words, without TF's '{{function_node ...}}' prefix and '[Op:...]' suffix.
-
-    Example:
-        >>> first_line(ValueError("{{function_node __wrapped__X}} Bad input [Op:X] name: "))
-        'ValueError: Bad input'
-    """
-    message = getattr(error, "message", None) or str(error)
-    lines = message.strip().splitlines()
-    text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", lines[0] if lines else "")
-    return f"{type(error).__name__}: {text or 'no message'}"
 
 
 def output_chain(graph: Any) -> Iterator[Any]:

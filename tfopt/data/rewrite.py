@@ -41,6 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfopt.data import graph as pipeline_graph
+from tfopt.errors import describe_error
 
 logger = logging.getLogger("tfopt")
 
@@ -125,7 +126,7 @@ def _rewritten(dataset: Any, *, prefetch_batches: int | None, parallel_random_ma
             final.input[1] = _int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
     except Exception as error:  # a graph tfopt misreads: never a crash
         logger.debug("graph rewrite failed", exc_info=True)
-        return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({pipeline_graph.first_line(error)})"]
+        return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({describe_error(error)})"]
     if batches:
         notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel (order kept)")
     if autotuned_prefetch:
@@ -250,7 +251,7 @@ def _rebuild(original: Any, graph: Any) -> Any:
         rebuilt = _RewrittenDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)
         cardinality, expected = int(rebuilt.cardinality()), int(original.cardinality())
     except Exception as error:  # an OpError, a protobuf error, a structure tf.data refuses: never a crash
-        return f"its rewritten graph could not be rebuilt ({pipeline_graph.first_line(error)})"
+        return f"its rewritten graph could not be rebuilt ({describe_error(error)})"
     if cardinality != expected:
         return f"the rewritten graph has cardinality {cardinality}, the original {expected}"
     return rebuilt
