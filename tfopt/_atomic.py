@@ -2,7 +2,8 @@
 
 Reports, resolved recipes, training records and TFRecord manifests all promise that a failed run leaves
 earlier outputs as they were: each is written to a temporary file in the same directory, flushed to
-disk, renamed over the target, and the directory synced so the rename itself survives a crash.
+disk, renamed over the target, and the directory synced so the rename itself survives a crash. The file
+gets the mode a plain `open()` would give it (0666 less the umask): `mkstemp` makes it 0600.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
+            os.fchmod(file.fileno(), 0o666 & ~_umask())
             file.write(text)
             file.flush()
             os.fsync(file.fileno())
@@ -35,6 +37,13 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         raise
     _fsync_directory(path.parent)
     return path
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it; it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: Path) -> None:

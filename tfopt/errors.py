@@ -100,6 +100,22 @@ class NonFiniteLossError(TfoptError, FloatingPointError):
         return NonFiniteLossError(f"{self}{where}", step=self.step, last_good_checkpoint=path)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A run was stopped by a signal: Ctrl-C's SIGINT, or the SIGTERM or SIGHUP that `kill`, a closed
+    terminal or a scheduler sends. A `KeyboardInterrupt`, so code that cleans up after Ctrl-C does so for
+    all three.
+
+    Attributes:
+        signal_name: The signal, e.g. "SIGTERM".
+        run_dir: The directory of the run that was stopped (continued with `--resume`), or None.
+    """
+
+    def __init__(self, signal_name: str = "SIGINT", run_dir: str | None = None):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.run_dir = run_dir
+
+
 def describe_error(error: BaseException) -> str:
     """An error's type and its own words in one line: without terminal escape codes, Keras' "Exception
     encountered when calling ..." frame, or TensorFlow's '{{function_node ...}}' prefix and '[Op:...]' suffix.

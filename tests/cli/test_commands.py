@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from tfopt.cli import main
 from tfopt.data import generate_shapes
 from tfopt.hardware import detect
 from tfopt.recipe_file import load_recipe
+from tests.processes import alive, processes_with
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -251,7 +254,19 @@ def test_convert_writes_the_recipe_data_as_tfrecord_files(tmp_path, capsys):
     exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records", "--quiet")
     assert exit_code == 0, err
     assert f"wrote TFRecord files to {tmp_path / 'records'}" in out
-    assert list((tmp_path / "records").glob("*.tfrecord*"))
+    shards = sorted((tmp_path / "records").glob("*.tfrecord*"))
+    whole = shards[3].read_bytes()
+    shards[3].write_bytes(whole[:40] + bytes(byte ^ 0xFF for byte in whole[40:104]) + whole[104:])
+    exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records")
+    assert exit_code == 0 and shards[3].read_bytes() == whole, err  # the damaged shard is written again
+    assert f"{shards[3].name} is corrupted" in err and "writing the conversion again" in err
+    exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records",
+                                  "--overwrite", "--quiet")
+    assert exit_code == 0 and shards[3].read_bytes() == whole, err
+    (tmp_path / "a-file").write_text("mine\n")
+    exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "a-file")
+    assert exit_code == 2 and "a-file is a file, not a directory" in err
+    assert (tmp_path / "a-file").read_text() == "mine\n"
 
 
 @pytest.fixture(scope="module")
@@ -426,6 +441,45 @@ def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir,
 
 @pytest.mark.slow
 @pytest.mark.multi_worker
+def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_second_run(tmp_path):
+    """What a scheduler or `kill PID` does to `run --workers 2` while the workers train."""
+    from tfopt.errors import TfoptError
+    from tfopt.run.directory import LOCK_NAME, run_dir_lock
+
+    (tmp_path / "recipe.yaml").write_text(GOOD.replace("examples: 16", "examples: 4000") + "train: {epochs: 100}\n"
+                                          "recipes: [{distribution: {strategy: auto}}]\n"
+                                          "profile: {steps: 2, warmup_steps: 1}\n")
+    run_dir = tmp_path / "run"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    launcher = subprocess.Popen([sys.executable, "-m", "tfopt.cli", "run", str(tmp_path / "recipe.yaml"), "--workers",
+                                 "2", "--out", str(run_dir), "--quiet"], stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                env=environment)
+    workers = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (len(workers) == 2 and (run_dir / "checkpoints").exists()):  # both started, the chief trains
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()[-3000:]
+            time.sleep(0.2)
+            workers = processes_with(os.fspath(run_dir), "--resume")
+        with pytest.raises(TfoptError, match=f"{run_dir} is in use by another tfopt run"):
+            with run_dir_lock(run_dir):
+                pass
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 143
+        err = launcher.stderr.read()
+        assert f"tfopt-recipe: interrupted (SIGTERM). Its 2 workers were stopped. The outputs so far are in {run_dir}" \
+            in err and "--workers 2` continues the run" in err
+        assert not [pid for pid in workers if alive(pid)] and not (run_dir / LOCK_NAME).exists()
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
 def test_a_failing_worker_exits_1_naming_the_worker(tmp_path, capsys):
     (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [{distribution: {strategy: auto}}]\n"
                                           "train: {steps_per_epoch: 2}\nprofile: {steps: 2, warmup_steps: 1}\n")
@@ -434,6 +488,41 @@ def test_a_failing_worker_exits_1_naming_the_worker(tmp_path, capsys):
     assert exit_code == 1 and out == ""
     message = err.strip().splitlines()[-1]
     assert message.startswith("tfopt-recipe: error: Worker ") and "(first failure)" in message
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(tmp_path, capsys, monkeypatch, signal_name,
+                                                                       code):
+    from tfopt.errors import RunInterrupted
+    from tfopt.run import runner
+
+    def measured_then_interrupted(run_dir, *args, **kwargs):
+        (run_dir / "report.json").write_text("{}")
+        raise KeyboardInterrupt if signal_name == "SIGINT" else RunInterrupted(signal_name)
+
+    monkeypatch.setattr(runner, "_run_in", measured_then_interrupted)
+    (tmp_path / "recipe.yaml").write_text(GOOD)
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet",
+                                  "--set", "train.epochs=2")
+    assert exit_code == code and out == ""
+    assert err.strip() == (f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {tmp_path / 'run'}; "
+                           f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 --out {tmp_path / 'run'} "
+                           "--resume` continues the run.")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["recipe.yaml", "report.json"]
+
+
+@pytest.mark.parametrize("number, words", [(28, "the disk is full"), (30, "the file system is read-only")])
+def test_a_full_or_read_only_disk_is_said_plainly_and_not_called_a_bug(tmp_path, capsys, monkeypatch, number, words):
+    from tfopt.run import runner
+
+    def no_space(run_dir, *args, **kwargs):
+        raise OSError(number, os.strerror(number), str(run_dir / "report.html"))
+
+    monkeypatch.setattr(runner, "_run_in", no_space)
+    (tmp_path / "recipe.yaml").write_text(GOOD)
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
+    assert exit_code == 1
+    assert f"{words} writing {tmp_path / 'run' / 'report.html'}" in err and "bug" not in err
 
 
 def test_diagnose_reads_an_existing_gpu_trace_without_running_anything(tmp_path, capsys):

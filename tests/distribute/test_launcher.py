@@ -1,13 +1,20 @@
 """The local launcher with tiny Python workers (no TensorFlow): prefixes, TF_CONFIG, failures, no hangs."""
 
+import contextlib
 import json
+import os
+import pathlib
+import signal
+import subprocess
 import sys
 
 import pytest
 
 from tfopt.distribute.launcher import free_ports, launch_local_workers
 from tfopt.errors import DistributionError
+from tests.processes import alive, wait_gone
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PRINT_TASK = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task']['index'])"
 
 
@@ -43,3 +50,29 @@ def test_timeout_stops_everything():
 def test_rejects_no_workers():
     with pytest.raises(ValueError, match="at least 1, received 0"):
         launch_local_workers([sys.executable], 0)
+
+
+LAUNCH_SLEEPERS = """
+import sys
+from tfopt.distribute.launcher import launch_local_workers
+launch_local_workers([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"], 2,
+                     output=lambda line: print(line, flush=True))
+"""
+
+
+def test_workers_of_a_launcher_killed_outright_are_stopped_too():
+    """SIGKILL leaves the launcher no time to clean up: the kernel sends its workers SIGTERM (PDEATHSIG)."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH_SLEEPERS], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    pids = []
+    try:
+        pids += [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+        assert all(alive(pid) for pid in pids)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert wait_gone(pids) == [], "a worker outlived its launcher"
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.profiling import monitor as monitor_module
 from tfopt.profiling.alerts import AlertRules
@@ -368,7 +369,7 @@ def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_
     ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"), ({"on_alert": "chat"}, "not callable"),
 ])
 def test_bad_arguments_name_the_value(kwargs, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(RecipeConfigError, match=words):
         Monitor(**kwargs)
 
 

@@ -5,8 +5,10 @@ what the user sees (progress on stderr, the result on stdout). Only the standard
 light modules are imported at start, so `--help` and `--version` answer at once; TensorFlow is imported
 by the commands that need it.
 
-Exit codes: 0 success; 2 a bad recipe file or command line; 1 the run failed; 130 interrupted. A tfopt
-error is printed as one paragraph, never as a traceback (`--traceback` shows it for bug reports).
+Exit codes: 0 success; 2 a bad recipe file or command line; 1 the run failed; 128 + the signal's number
+when stopped by SIGINT (130, Ctrl-C), SIGTERM (143) or SIGHUP (129), which all stop a run the same clean
+way (workers stopped, outputs so far kept, `--resume` continues). A tfopt error is printed as one
+paragraph, never as a traceback (`--traceback` shows it for bug reports).
 
 Example:
     $ tfopt-recipe run recipes/resnet.yaml
@@ -19,18 +21,26 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import json
 import os
+import pathlib
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tfopt.cli import options
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt._version import __version__
-from tfopt.errors import RecipeFileError, TfoptError
+from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
+
+# Errors of the machine, not of tfopt or the model: said as they are, without "this may be a bug".
+_STORAGE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
 
 class _UsageError(Exception):
     """A command-line mistake found after parsing (exit code 2, like argparse's own)."""
@@ -56,17 +66,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        return args.handler(args)
+        with _signals_interrupt():
+            return args.handler(args)
     except (RecipeFileError, _UsageError) as error:
         return _report_error(error, 2, args)
     except TfoptError as error:
         return _report_error(error, 1, args)
-    except KeyboardInterrupt:
-        print(f"{PROGRAM}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        return _report_interrupt(interrupt, args)
+    except OSError as error:
+        if error.errno not in _STORAGE_ERRNOS:
+            return _report_error(error, 1, args, hint=_BUG_HINT)
+        where = f" writing {error.filename}" if error.filename else ""
+        return _report_error(TfoptError(f"{_STORAGE_ERRNOS[error.errno]}{where} ({error.strerror}). Free space or "
+                                        "choose a writable --out, then run again (--resume continues a run)."), 1, args)
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
-        return _report_error(error, 1, args, hint=" This may be a bug in tfopt or in your model code: rerun "
-                                                   "with --traceback to see where it happened.")
+        return _report_error(error, 1, args, hint=_BUG_HINT)
+
+
+_BUG_HINT = (" This may be a bug in tfopt or in your model code: rerun with --traceback to see where it "
+             "happened.")
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop a command as Ctrl-C does (a `RunInterrupted` raised in the main thread), so
+    its cleanup runs: workers are stopped, locks released, nothing half-written is kept. Python's default
+    for SIGTERM ends the process at once, leaving the workers of `run --workers N` training on."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise RunInterrupted(signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _report_interrupt(interrupt: KeyboardInterrupt, args: argparse.Namespace) -> int:
+    name = getattr(interrupt, "signal_name", "SIGINT")
+    run_dir = getattr(interrupt, "run_dir", None)
+    command = " ".join([PROGRAM, "run", args.file, *options.worker_arguments(args), "--out", run_dir or "",
+                        "--resume"] + (["--workers", str(args.workers)] if getattr(args, "workers", None) else []))
+    workers = f" Its {args.workers} workers were stopped." if getattr(args, "workers", None) else ""
+    resume = (f" The outputs so far are in {run_dir}; `{command}` continues the run." if run_dir else "")
+    print(f"{PROGRAM}: interrupted ({name}).{workers}{resume}", file=sys.stderr)
+    return 128 + signal.Signals[name].value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert = commands.add_parser("convert", parents=[recipe_options],
                                   help="write the recipe's data as TFRecord files")
     convert.add_argument("--out", metavar="DIR", required=True, help="directory for the TFRecord files")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="write the conversion again even where DIR holds a complete one (of this data or "
+                              "other data); without it, a complete conversion of this data is verified and kept, "
+                              "and a damaged one written again")
     convert.set_defaults(handler=_convert)
     commands.add_parser("list", parents=[common], help="list recipes, models and data sources") \
         .set_defaults(handler=_list)
@@ -182,15 +232,23 @@ def _run_workers(args: argparse.Namespace) -> int:
         return _dry_run(recipe, args)
     from tfopt.distribute import launch_local_workers
     from tfopt.run import runner
-    from tfopt.run.directory import training_record
+    from tfopt.run.directory import LOCK_HELD_ENV, run_dir_lock, training_record
 
     with terminal_progress(args) as progress:
         measured = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume, train=False)
         progress.phase(f"training with {args.workers} workers on 127.0.0.1")
-        # The workers print little (--quiet): their error paragraphs and summary lines, shown as they come.
-        launch_local_workers([sys.executable, "-m", "tfopt.cli", "run", args.file, *options.worker_arguments(args),
-                              "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
-                             output=options.worker_line)
+        # The workers inherit the run directory's lock: it stays held while any of them lives.
+        with run_dir_lock(measured.run_dir) as lock:
+            try:
+                # The workers print little (--quiet): their error paragraphs and summary lines, as they come.
+                launch_local_workers(
+                    [sys.executable, "-m", "tfopt.cli", "run", args.file, *options.worker_arguments(args),
+                     "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
+                    env={**os.environ, LOCK_HELD_ENV: os.path.realpath(measured.run_dir)}, pass_fds=(lock,),
+                    output=options.worker_line)
+            except KeyboardInterrupt as interrupt:  # the launcher stopped the workers before this line
+                raise RunInterrupted(getattr(interrupt, "signal_name", "SIGINT"), os.fspath(measured.run_dir)) \
+                    from interrupt
     _print_outcome(dataclasses.replace(measured, training=training_record(measured.run_dir)), args)
     return 0
 
@@ -289,11 +347,19 @@ def _print_diagnosis(diagnosis: Any) -> None:
 
 def _convert(args: argparse.Namespace) -> int:
     from tfopt.data import to_tfrecord
+    from tfopt.run.directory import check_writable
 
+    out = pathlib.Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {out} is a file, not a directory. Give a directory for the TFRecord files.")
+    try:
+        check_writable(out, "--out")
+    except TfoptError as error:
+        raise _UsageError(str(error)) from error
     recipe = _load(args)
     with terminal_progress(args) as progress:
         progress.phase(f"writing {recipe.data.source} data as TFRecord files to {args.out}")
-        written = to_tfrecord(recipe.data.source_object, args.out)
+        written = to_tfrecord(recipe.data.source_object, args.out, overwrite=args.overwrite)
     if args.json:
         _print_json({"out": os.fspath(args.out), "written": os.fspath(written) if written else None})
     else:

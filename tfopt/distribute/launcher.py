@@ -5,10 +5,16 @@ prefixed with "[worker i]". The launcher never hangs on a dead worker: when one 
 the others get `failure_grace_seconds` to fail by themselves (tfopt's collective timeout makes them
 raise a clear DistributionError), then they are stopped, and the launcher raises naming the worker that
 failed first.
+
+No worker outlives the launcher. Whatever ends the wait (an error, Ctrl-C, or a SIGTERM that the
+caller turned into an exception, as `tfopt-recipe` does) stops every worker's process group: SIGTERM,
+then SIGKILL. A launcher killed outright (SIGKILL) cannot clean up, so on Linux each worker asks the
+kernel for a SIGTERM when its launcher dies (`PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from tfopt.errors import DistributionError
 
@@ -62,7 +68,7 @@ def local_tf_configs(num_workers: int) -> list[str]:
 
 def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[str, str] | None = None,
                          output: Callable[[str], None] | None = None, failure_grace_seconds: float = 60.0,
-                         timeout_seconds: float | None = None) -> LaunchResult:
+                         timeout_seconds: float | None = None, pass_fds: Collection[int] = ()) -> LaunchResult:
     """Starts `num_workers` copies of `argv` as one multi-worker cluster on this machine and waits.
 
     Args:
@@ -74,6 +80,7 @@ def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[
         failure_grace_seconds: After one worker fails, how long the others may take to fail (or finish)
             by themselves before they are stopped.
         timeout_seconds: Stops all workers and raises after this long; None waits as long as they run.
+        pass_fds: File descriptors the workers inherit (e.g. a lock they hold while any of them lives).
 
     Returns:
         A `LaunchResult` when every worker exited with code 0.
@@ -100,17 +107,19 @@ def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[
     lock = threading.Lock()
     workers, readers = [], []
     try:
-        for index, config in enumerate(configs):
-            process = subprocess.Popen(list(argv), env={**base_env, "TF_CONFIG": config}, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True, errors="replace",
-                                       start_new_session=True)
-            workers.append(process)
+        for config in configs:  # all started before any reader thread: no thread runs while one forks
+            workers.append(subprocess.Popen(
+                list(argv), env={**base_env, "TF_CONFIG": config}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, errors="replace", start_new_session=True, pass_fds=tuple(pass_fds),
+                preexec_fn=_terminate_with_parent(os.getpid())))
+        for index, process in enumerate(workers):
             reader = threading.Thread(target=_forward, args=(process, index, output, lock), daemon=True)
             reader.start()
             readers.append(reader)
         failure = _wait(workers, failure_grace_seconds, timeout_seconds)
     finally:
-        _stop(workers)
+        with _signals_deferred():  # a second Ctrl-C or SIGTERM must not cut the stopping short
+            _stop(workers)
         for reader in readers:
             reader.join(timeout=_TERMINATE_SECONDS)
     if failure:
@@ -164,6 +173,39 @@ def _stop(workers: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             _signal_group(process, signal.SIGKILL)
             process.wait()
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Holds SIGINT, SIGTERM and SIGHUP back while the block runs (in the main thread; elsewhere Python
+    delivers no signals anyway); they arrive, and their handlers run, when it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _terminate_with_parent(parent: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel send the worker SIGTERM when the launcher dies (Linux only; it
+    runs in the child between fork and exec, so it calls only prctl and getppid)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from tfopt.errors import RecipeConfigError
 from tfopt.profiling.diagnose import INPUT_BOUND_HIGH_PERCENT
 
 INPUT_FIX = ("Fix: the data_pipeline recipe (parallel maps, autotune, prefetch; TFRecord for slow storage); "
@@ -58,9 +59,9 @@ class AlertRules:
 
     def __post_init__(self) -> None:
         if not isinstance(self.alert_windows, int) or self.alert_windows < 1:
-            raise ValueError(f"Monitor: alert_windows={self.alert_windows!r} must be a whole number >= 1 (e.g. 3).")
+            raise RecipeConfigError(f"Monitor: alert_windows={self.alert_windows!r} must be a whole number >= 1 (e.g. 3).")
         if not 0 < self.mfu_drop_fraction < 1:
-            raise ValueError(f"Monitor: mfu_drop_fraction={self.mfu_drop_fraction!r} must be between 0 and 1 "
+            raise RecipeConfigError(f"Monitor: mfu_drop_fraction={self.mfu_drop_fraction!r} must be between 0 and 1 "
                              "(0.3 alerts when MFU falls 30% below the run's median).")
 
     def check(self, windows: Sequence[dict[str, Any]]) -> list[Alert]:

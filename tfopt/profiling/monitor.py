@@ -44,6 +44,7 @@ from typing import Any
 
 import keras
 
+from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.profiling.alerts import Alert, AlertRules
 from tfopt.profiling.metrics import CPU_NOTE
@@ -96,12 +97,12 @@ class Monitor(keras.callbacks.Callback):
                  sync: Callable[[Mapping[str, Any] | None], None] = read_loss):
         super().__init__()
         if not window_seconds > 0:
-            raise ValueError(f"Monitor: window_seconds={window_seconds!r} must be > 0 (e.g. 30.0).")
+            raise RecipeConfigError(f"Monitor: window_seconds={window_seconds!r} must be > 0 (e.g. 30.0).")
         for name, value in (("every_steps", every_steps), ("profile_every", profile_every)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"Monitor: {name}={value!r} must be a whole number >= 1, or None.")
+                raise RecipeConfigError(f"Monitor: {name}={value!r} must be a whole number >= 1, or None.")
         if on_alert is not None and not callable(on_alert):
-            raise ValueError(f"Monitor: on_alert={on_alert!r} is not callable; pass a function taking an Alert.")
+            raise RecipeConfigError(f"Monitor: on_alert={on_alert!r} is not callable; pass a function taking an Alert.")
         self.logdir = Path(logdir) if logdir is not None else None
         self.window_seconds = window_seconds
         self.every_steps = every_steps

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,8 +34,8 @@ from typing import Any
 from tfopt.recipe_file.schema import REPORT_SUFFIXES
 from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 from tfopt._atomic import write_atomic
-from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir
-from tfopt.errors import TfoptError
+from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
+from tfopt.errors import RunInterrupted, TfoptError
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
 
@@ -142,39 +143,51 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         run_dir = new_run_dir(recipe.name, out_dir, runs_root)
     else:  # the chief makes the directory; a worker only needs its name (for temporary checkpoint copies)
         run_dir = pathlib.Path(out_dir or ".")
-    if cluster.is_chief and not resume:
-        save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
-    try:
-        report = _earlier_report(run_dir) if resume else None
-        report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
-                        if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
-        written = None  # the Report object this process wrote, re-rendered with the training's windows
-        if report is None and cluster.num_workers == 1:
-            progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
-            built, written, report_paths = _measure(recipe, run_dir, progress)
-            report = written.to_dict()
-        else:
-            progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
-            built = _build(recipe, progress)
-        training = None
-        if train and recipe.train.epochs:
-            from tfopt.run.training import train_model
-
-            progress.phase(f"training {recipe.train.epochs} epoch(s)")
-            training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
-                                   chief=cluster.is_chief)
-            if written is not None and training.get("monitor"):
-                report = _with_training(written, training["monitor"], report_paths) or report
-        if resume and cluster.is_chief:  # it may have raised train.epochs: saved once those epochs trained
+    with run_dir_lock(run_dir) if cluster.is_chief else contextlib.nullcontext():
+        if cluster.is_chief and not resume:
             save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
-    except BaseException as error:
-        if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
+        try:
+            report, report_paths, built, training = _run_in(run_dir, recipe, progress, cluster, resume=resume,
+                                                            train=train)
+        except BaseException as error:
+            if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
+                raise
+            if isinstance(error, KeyboardInterrupt):
+                raise RunInterrupted(getattr(error, "signal_name", "SIGINT"), os.fspath(run_dir)) from error
+            if isinstance(error, TfoptError):
+                error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
             raise
-        if isinstance(error, TfoptError):
-            error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
-        raise
     return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
                       applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
+
+
+def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, cluster: Any, *, resume: bool,
+            train: bool) -> tuple[dict[str, Any] | None, dict[str, pathlib.Path], Any, dict[str, Any] | None]:
+    """`run`'s work inside its directory: the report (measured now or kept from the first attempt), the
+    built model, and training."""
+    report = _earlier_report(run_dir) if resume else None
+    report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
+                    if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
+    written = None  # the Report object this process wrote, re-rendered with the training's windows
+    if report is None and cluster.num_workers == 1:
+        progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
+        built, written, report_paths = _measure(recipe, run_dir, progress)
+        report = written.to_dict()
+    else:
+        progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
+        built = _build(recipe, progress)
+    training = None
+    if train and recipe.train.epochs:
+        from tfopt.run.training import train_model
+
+        progress.phase(f"training {recipe.train.epochs} epoch(s)")
+        training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
+                               chief=cluster.is_chief)
+        if written is not None and training.get("monitor"):
+            report = _with_training(written, training["monitor"], report_paths) or report
+    if resume and cluster.is_chief:  # it may have raised train.epochs: saved once those epochs trained
+        save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
+    return report, report_paths, built, training
 
 
 def describe(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, workers: int | None = None) -> list[str]:

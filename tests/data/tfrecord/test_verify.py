@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 
 from tfopt.data.image_folder import ImageFolderSource
@@ -11,7 +14,7 @@ from tfopt.errors import DataError
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
-def test_verify_names_a_damaged_shard(shapes_dir, tmp_path, damage):
+def test_verify_names_a_damaged_shard_and_converting_again_repairs_it(shapes_dir, tmp_path, damage, caplog):
     out = to_tfrecord(ImageFolderSource(shapes_dir), tmp_path / "out", compression=None)
     assert verify(out) == {
         "num_examples": 60,
@@ -19,7 +22,8 @@ def test_verify_names_a_damaged_shard(shapes_dir, tmp_path, damage):
         "bytes": sum(p.stat().st_size for p in out.glob("part-*")),
     }
     shard = out / "part-00003.tfrecord"
-    data = bytearray(shard.read_bytes())
+    whole = shard.read_bytes()
+    data = bytearray(whole)
     if damage == "truncate":
         shard.write_bytes(bytes(data[: len(data) // 2]))
         message = "part-00003.tfrecord has .* bytes, the manifest says"
@@ -32,6 +36,24 @@ def test_verify_names_a_damaged_shard(shapes_dir, tmp_path, damage):
         message = "part-00003.tfrecord is missing"
     with pytest.raises(DataError, match=message):
         verify(out)
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        to_tfrecord(ImageFolderSource(shapes_dir), out, compression=None)  # converting again repairs it
+    assert "writing the conversion again" in caplog.text and "part-00003.tfrecord" in caplog.text
+    assert shard.read_bytes() == whole and verify(out)["num_examples"] == 60
+
+
+def test_overwrite_writes_a_whole_conversion_of_the_same_input_again(shapes_dir, tmp_path):
+    out = to_tfrecord(ImageFolderSource(shapes_dir), tmp_path / "out")
+    kept = tmp_path / "kept"  # hard links keep the first shards' inodes alive, so none is reused
+    kept.mkdir()
+    for path in out.glob("part-*"):
+        os.link(path, kept / path.name)
+    to_tfrecord(ImageFolderSource(shapes_dir), out)
+    assert all(os.path.samefile(path, out / path.name) for path in kept.iterdir())
+    to_tfrecord(ImageFolderSource(shapes_dir), out, overwrite=True)
+    assert sorted(path.name for path in out.glob("part-*")) == sorted(path.name for path in kept.iterdir())
+    for path in kept.iterdir():
+        assert not os.path.samefile(path, out / path.name) and path.read_bytes() == (out / path.name).read_bytes()
 
 
 def test_verify_detects_damage_inside_a_gzip_shard(shapes_dir, tmp_path):

@@ -7,7 +7,8 @@ Safety rules, because a conversion can take hours and is often killed (preemptio
   with random access (image folder, arrays) resumes where it stopped; other inputs are redone;
 * the manifest is written last and atomically, and readers require it, so a directory is either a
   complete conversion or unusable, never half-used (`tfopt.data.verify` re-checks every byte);
-* converting the same input with the same options again is a no-op.
+* converting the same input with the same options again is a no-op once `verify` finds every shard
+  whole; a damaged conversion is written again (and `overwrite=True` always writes it again).
 
 Shards are written in parallel with tfopt's own TensorFlow-free writer (`codec`):
 `tf.io.TFRecordWriter` holds the GIL, so nothing runs beside it (measured). Image files are converted
@@ -32,8 +33,9 @@ from collections.abc import Iterator
 from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.inputs import ConversionInput, conversion_input
 from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from tfopt.data.tfrecord.verify import verify
 from tfopt.data.tfrecord.workers import ShardWriterPool, write_shard
-from tfopt.errors import DataError
+from tfopt.errors import DataError, describe_error
 
 logger = logging.getLogger("tfopt")
 
@@ -71,7 +73,8 @@ def to_tfrecord(
         compression: None, "GZIP" or "ZLIB".
         num_workers: Shards written at the same time (default: the number of CPUs); by worker processes
             for an image folder, by threads otherwise.
-        overwrite: Replace a complete conversion of a different input found in `out_dir`.
+        overwrite: Write the conversion again even where `out_dir` holds a complete one, of this input or
+            of another.
 
     Returns:
         `out_dir` as a `pathlib.Path`.
@@ -96,8 +99,14 @@ def to_tfrecord(
         raise DataError(f"to_tfrecord: {conversion.description} holds zero examples; there is nothing to convert.")
     options = {"compression": compression, "shard_bytes": shard_bytes, "records_per_shard": records_per_shard}
     if (out_dir / MANIFEST_NAME).exists() and _is_same_conversion(out_dir, conversion, options, overwrite):
-        logger.info("to_tfrecord: %s already holds this conversion; nothing to do", out_dir)
-        return out_dir
+        try:
+            verify(out_dir, num_workers=num_workers)
+        except DataError as damage:
+            logger.warning("to_tfrecord: %s; writing the conversion again", describe_error(damage))
+            _remove_own_files(out_dir)
+        else:
+            logger.info("to_tfrecord: %s already holds this conversion (verified); nothing to do", out_dir)
+            return out_dir
     _refuse_foreign_files(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = num_workers or os.cpu_count() or 1
@@ -141,21 +150,20 @@ def _check_options(compression, shard_bytes, records_per_shard, num_workers) -> 
 
 
 def _is_same_conversion(out_dir, conversion: ConversionInput, options: dict, overwrite: bool) -> bool:
-    """True when `out_dir` already holds this conversion; raises when it holds another one."""
+    """True when `out_dir` already holds this conversion and may keep it; raises when it holds another one."""
+    if overwrite:
+        return False
     try:
         manifest = read_manifest(out_dir)
-    except DataError:
-        if overwrite:
-            return False
-        raise
+    except DataError as error:
+        raise DataError(f"{error} To replace it, pass overwrite=True (tfopt-recipe convert --overwrite).") from error
     fingerprint = conversion.fingerprint or _content_sha256(conversion.stream())
     if manifest.get("fingerprint") == fingerprint:
         return manifest.get("options") == options  # same input, other options: redo it
-    if overwrite:
-        return False
     raise DataError(
         f"to_tfrecord: {out_dir} already holds a conversion of another input ({manifest.get('source')!r}); "
-        f"this input is {conversion.description!r}. Pass another out_dir, or overwrite=True to replace it."
+        f"this input is {conversion.description!r}. Pass another out_dir, or overwrite=True (tfopt-recipe convert "
+        "--overwrite) to replace it."
     )
 
 

@@ -48,7 +48,8 @@ def verify(out_dir: str | os.PathLike, *, num_workers: int | None = None) -> dic
     if problems:
         raise DataError(
             f"tfrecord: {out_dir} is damaged: " + "; ".join(problems) + ". Convert the dataset again with "
-            "tfopt.data.to_tfrecord(source, out_dir, overwrite=True)."
+            "tfopt.data.to_tfrecord(source, out_dir) (it writes a damaged conversion again) or "
+            "`tfopt-recipe convert RECIPE --out DIR`."
         )
     return {
         "num_examples": manifest["num_examples"],

@@ -1,0 +1,37 @@
+"""Looking at this machine's processes from tests that start and stop them (Linux /proc)."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its parent to reap it counts as gone)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], seconds: float = 30.0) -> list[int]:
+    """Waits up to `seconds` for the processes to end; returns those still alive."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def processes_with(*words: str) -> list[int]:
+    """The live processes whose command line holds every word as one of its arguments."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit() and alive(int(entry.name)):
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(word.encode() in command for word in words):
+                found.append(int(entry.name))
+    return found
