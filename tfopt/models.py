@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
+import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -153,30 +156,37 @@ def text_transformer(
 MODELS: dict[str, Callable[..., keras.Model]] = {"small_cnn": small_cnn, "text_transformer": text_transformer}
 
 
-def resolve_model(name: str, *, search_paths: Sequence[str | os.PathLike] = ()) -> Callable[..., Any]:
+def resolve_model(name: str, *, search_paths: Sequence[str | os.PathLike] = (),
+                  import_code: bool = True) -> Callable[..., Any] | None:
     """Finds the function that builds the model a recipe file names.
 
     Looked up in this order: an import path `package.module:function` (the only way a recipe file runs
     code of its own, and only the code it names), a tfopt built-in from `MODELS`, then a
-    `keras.applications` function such as `ResNet50`.
+    `keras.applications` function such as `ResNet50`. An import path runs its module's code when
+    imported, as a script would: `import_code=False` (`tfopt-recipe validate`, `--dry-run`) only finds the
+    module's file. Modules of Python's standard library and functions that are not Python functions or
+    classes (`os:system`) are refused before anything is called: they build no model.
 
     Args:
         name: The model name as written in the recipe.
         search_paths: Directories tried first when importing an import path's module, typically the
             recipe file's directory and the working directory (a console script does not put the
             working directory on `sys.path`).
+        import_code: Whether an import path's module may be imported.
 
     Returns:
-        A callable that takes the model's keyword arguments and returns a `keras.Model`.
+        A callable that takes the model's keyword arguments and returns a `keras.Model`; None for an
+        import path that was found but, with `import_code=False`, not imported.
 
     Raises:
         ValueError: The name is not a built-in, not a `keras.applications` model, or its import path
-            cannot be imported or does not name a callable. The message names the closest valid name.
+            cannot be found or imported, or does not name a model function. The message names the closest
+            valid name.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"A model name must be a non-empty string; received {name!r}.")
     if ":" in name:
-        return _import_callable(name, search_paths)
+        return _import_callable(name, search_paths) if import_code else _find_module(name, search_paths)
     if name in MODELS:
         return MODELS[name]
     applications = _application_names()
@@ -200,11 +210,37 @@ def _application_names() -> list[str]:
                   if name[:1].isupper() and callable(getattr(keras.applications, name)))
 
 
-def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Callable[..., Any]:
+def _checked_module_name(path: str) -> str:
+    """The module of an import path, refused where it is malformed or Python's standard library."""
     if not _IMPORT_PATH.match(path):
         raise ValueError(f"{path!r} is not an import path: expected 'package.module:function' (dotted "
                          "Python names, one colon), e.g. 'my_project.models:build_model'.")
-    module_name, attribute_path = path.split(":")
+    module_name = path.split(":")[0]
+    if module_name.split(".")[0] in sys.stdlib_module_names:
+        raise ValueError(f"Model {path!r} names Python's standard library module {module_name!r}, which builds no "
+                         "model; name the function of your own module that returns a keras.Model.")
+    return module_name
+
+
+def _find_module(path: str, search_paths: Sequence[str | os.PathLike]) -> None:
+    """Checks that an import path's module can be found, without importing it (or its packages)."""
+    module_name = _checked_module_name(path)
+    locations: list[str] | None = [os.fspath(location) for location in search_paths] + sys.path
+    for depth, part in enumerate(module_name.split(".")):
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None and depth == 0:
+            spec = importlib.util.find_spec(part)  # a top-level name: found without importing anything
+        if spec is None:
+            raise ValueError(
+                f"Cannot find module {module_name!r} of model {path!r}. The module must be installed, or live "
+                "next to the recipe file or in the working directory.")
+        locations = list(spec.submodule_search_locations or [])
+    return None
+
+
+def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Callable[..., Any]:
+    module_name = _checked_module_name(path)
+    attribute_path = path.split(":")[1]
     with _prepended_to_sys_path(search_paths):
         try:
             module = importlib.import_module(module_name)
@@ -230,6 +266,10 @@ def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Ca
     if not callable(target):
         raise ValueError(f"Model {path!r} names a {type(target).__name__}, not a function: expected a "
                          "function (or class) that returns a keras.Model.")
+    defined_in = str(getattr(target, "__module__", None) or "")
+    if inspect.isbuiltin(target) or defined_in.split(".")[0] in sys.stdlib_module_names:
+        raise ValueError(f"Model {path!r} is {defined_in or 'a built-in'}.{getattr(target, '__name__', part)}, "
+                         "which builds no model; name the function of your own module that returns a keras.Model.")
     return target
 
 

@@ -40,6 +40,9 @@ def shapes_dir(tmp_path_factory):
 def model_modules(tmp_path):
     """A module of model functions next to the recipe files, some of which fail."""
     (tmp_path / "cli_test_models.py").write_text(textwrap.dedent("""
+        from os import system
+        from shutil import rmtree
+
         def raises_runtime_error(**kwargs):
             raise RuntimeError("boom: no such layer on this machine")
 
@@ -91,6 +94,12 @@ MALFORMED = [
      ["has no attribute 'biuld'", "line 1"]),
     ("import-path-module-raises", "model: {name: 'cli_test_broken:build'}\n" + TINY_DATA, [], 2,
      ["raised ModuleNotFoundError", "definitely_not_installed_package", "line 1"]),
+    ("import-path-standard-library", "model: {name: 'os:system', command: 'touch X'}\n" + TINY_DATA, [], 2,
+     ["Python's standard library module 'os', which builds no model", "line 1"]),
+    ("import-path-builtin-reexported", "model: {name: 'cli_test_models:system', command: 'touch X'}\n" + TINY_DATA, [],
+     2, ["is posix.system, which builds no model", "line 1"]),
+    ("import-path-stdlib-reexported", "model: {name: 'cli_test_models:rmtree', path: '.'}\n" + TINY_DATA, [], 2,
+     ["is shutil.rmtree, which builds no model", "line 1"]),
     ("model-raises-runtime-error", "model: {name: 'cli_test_models:raises_runtime_error'}\n" + TINY_DATA, [], 1,
      ["raised RuntimeError: boom: no such layer on this machine", "line 1"]),
     ("model-rejects-arguments", "model: {name: 'cli_test_models:raises_value_error'}\n" + TINY_DATA, [], 2,
@@ -133,6 +142,7 @@ def test_malformed_recipes_fail_with_a_one_paragraph_message(tmp_path, model_mod
         assert fragment in message
     assert out == ""
     assert not (tmp_path / "run").exists()  # every check runs before the run directory is made
+    assert not (tmp_path / "X").exists()
 
 
 def test_there_are_at_least_25_malformed_cases():
@@ -159,6 +169,45 @@ def test_validate_prints_a_summary_and_json(tmp_path, capsys):
     exit_code, out, _ = run_cli(capsys, "validate", tmp_path / "recipe.yaml", "--json", "--set", "train.epochs=4")
     document = json.loads(out)
     assert document["valid"] is True and document["resolved"]["train"]["epochs"] == 4
+
+
+def test_validate_and_dry_run_find_a_model_module_without_running_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "side_effect_models.py").write_text(textwrap.dedent("""
+        import pathlib
+        pathlib.Path("IMPORTED").write_text("the module's top-level code ran")
+
+        def build(input_shape, classes, units=3):
+            pathlib.Path("CALLED").write_text("the model function ran")
+    """))
+    (tmp_path / "recipe.yaml").write_text("model: {name: 'side_effect_models:build', units: 5}\n" + TINY_DATA)
+    exit_code, out, err = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
+    assert exit_code == 0, err
+    assert "model side_effect_models:build: the module was found, not imported" in out
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--dry-run", "--json")
+    assert exit_code == 0, err
+    assert json.loads(out)["resolved"]["model"] == {"name": "side_effect_models:build", "units": 5}
+    (tmp_path / "recipe.yaml").write_text("model: {name: 'side_effect_modles:build'}\n" + TINY_DATA)
+    exit_code, out, err = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
+    assert exit_code == 2 and "Cannot find module 'side_effect_modles'" in err and "line 1" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recipe.yaml", "side_effect_models.py"]
+
+
+def test_validate_fetches_no_data_and_an_offline_run_says_so_at_the_download_line(tmp_path, capsys, monkeypatch):
+    import socket
+
+    def no_network(address, timeout):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    (tmp_path / "recipe.yaml").write_text("model: {name: small_cnn}\ndata:\n  source: tfds\n  name: mnist\n"
+                                          f"  data_dir: {tmp_path / 'tfds'}\n  download: true\n")
+    exit_code, out, err = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
+    assert exit_code == 0, err
+    assert "data: the tfds dataset is not prepared yet; `run` downloads it (download: true), validate does not" in out
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run")
+    assert exit_code == 2 and "this machine has no network access" in err and "line 6" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_dry_run_prints_the_resolved_recipe_and_plan_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -79,3 +79,30 @@ def test_unknown_name_suggests_the_closest(tmp_path):
 def test_unknown_split_lists_the_splits(tfds_dir):
     with pytest.raises(DataError, match="no split 'validation'.*'test', 'train'"):
         TfdsSource("tfopt_tiny_patches", split="validation", data_dir=tfds_dir)
+
+
+def test_a_download_without_network_fails_within_seconds_and_says_so(tmp_path, monkeypatch):
+    import socket
+
+    import tensorflow_datasets as tfds
+
+    tried = []
+
+    def unreachable(address, timeout):
+        tried.append((address, timeout))
+        raise OSError(101, "Network is unreachable")
+
+    def never(*args, **kwargs):
+        raise AssertionError("download_and_prepare must not start without network access")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", never)
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    with pytest.raises(DataError, match=r"cannot download 'mnist': this machine has no network access to "
+                                        r"storage.googleapis.com:443 .*tfds build mnist --data_dir") as caught:
+        TfdsSource("mnist", data_dir=tmp_path, download=True)
+    assert tried == [(("storage.googleapis.com", 443), 5.0)] and caught.value.setting == "download"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    with pytest.raises(DataError, match="no network access to proxy.internal:3128"):
+        TfdsSource("mnist", data_dir=tmp_path, download=True)

@@ -157,8 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "the recipes need a distribution item); measured on one process first")
     run.add_argument("--dry-run", action="store_true", help="print the resolved recipe and plan, run nothing")
     run.set_defaults(handler=_run)
-    commands.add_parser("validate", parents=[recipe_options], help="check a recipe file, run nothing") \
-        .set_defaults(handler=_validate)
+    commands.add_parser(
+        "validate", parents=[recipe_options], help="check a recipe file, run nothing",
+        description="Check a recipe file without running or fetching anything it names. A recipe that names "
+                    "a model by import path (package.module:function) is code, like a script: `run` imports "
+                    "that module and calls the function; validate only finds the module's file, so it checks "
+                    "the model's arguments when it runs. Standard-library modules and functions that are not "
+                    "Python functions or classes are refused as models.").set_defaults(handler=_validate)
     diagnose = commands.add_parser("diagnose", parents=[overrides],
                                    help="measure the baseline (or read an existing trace), change nothing")
     diagnose.add_argument("file", metavar="FILE", nargs="?", help="a YAML recipe file, e.g. recipes/resnet.yaml")
@@ -179,9 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
+def _load(args: argparse.Namespace, *, start: bool = False, dry: bool = False) -> Any:
     """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup (GPU
-    memory settings, joining a multi-worker cluster)."""
+    memory settings, joining a multi-worker cluster); with `dry`, runs and fetches nothing the file names
+    (`load_recipe(..., dry=True)`)."""
     from tfopt.recipe_file import load_recipe, read_recipe
 
     document = read_recipe(args.file, options.overrides(args))  # parsed once for the whole run
@@ -189,7 +195,7 @@ def _load(args: argparse.Namespace, *, start: bool = False) -> Any:
         from tfopt.run.process import start_process
 
         start_process(document)
-    return load_recipe(document)
+    return load_recipe(document, dry=dry)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -202,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.workers is not None:
         return _run_workers(args)
     if args.dry_run:
-        return _dry_run(_load(args), args)
+        return _dry_run(_load(args, dry=True), args)
     recipe = _load(args, start=True)
     from tfopt.run import runner
 
@@ -223,7 +229,8 @@ def _run_workers(args: argparse.Namespace) -> int:
     if args.workers < 2:
         raise _UsageError(f"--workers {args.workers}: expected 2 or more worker processes; for one process, "
                           "run without --workers.")
-    recipe = _load(args, start=not args.dry_run)  # its runtime: settings hold here too (workers share the GPUs)
+    # Its runtime: settings hold here too (workers share the GPUs).
+    recipe = _load(args, start=not args.dry_run, dry=args.dry_run)
     if isinstance(recipe.recipes, str) or "distribution" not in {item.name for item in recipe.recipes}:
         raise _UsageError(f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
                           "would train a model of its own. Add `- distribution: {strategy: auto}` under recipes: "
@@ -263,7 +270,8 @@ def _print_outcome(outcome: Any, args: argparse.Namespace) -> None:
 def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
     from tfopt.run import runner
 
-    recipe = runner.prepare(recipe)
+    if recipe.model.builder is not None and recipe.data.source_object is not None:
+        recipe = runner.prepare(recipe)  # the arguments the data decides; else decided when the run starts
     plan = runner.describe(recipe, out_dir=args.out, workers=getattr(args, "workers", None))
     if args.json:
         _print_json({"resolved": recipe.to_dict(), "plan": plan})
@@ -278,14 +286,30 @@ def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    recipe = _load(args)
+    recipe = _load(args, dry=True)
+    notes = _unchecked(recipe)
     if args.json:
-        _print_json({"valid": True, "resolved": recipe.to_dict()})
+        _print_json({"valid": True, "resolved": recipe.to_dict(), "checked_when_run": notes})
         return 0
     recipes = recipe.recipes if isinstance(recipe.recipes, str) else ", ".join(r.name for r in recipe.recipes)
     print(f"{args.file}: valid. model {recipe.model.name}, data {recipe.data.source} (batch "
           f"{recipe.data.batch_size}), recipes: {recipes or '(none)'}.")
+    for note in notes:
+        print(f"  note: {note}")
     return 0
+
+
+def _unchecked(recipe: Any) -> list[str]:
+    """What a dry load leaves for `run` to check, in words."""
+    notes = []
+    if recipe.model.builder is None:
+        notes.append(f"model {recipe.model.name}: the module was found, not imported (validate runs none of the "
+                     "recipe's code); `run` imports it, running its code as a script would, and checks the "
+                     "model's arguments then.")
+    if recipe.data.source_object is None:
+        notes.append(f"data: the {recipe.data.source} dataset is not prepared yet; `run` downloads it "
+                     "(download: true), validate does not.")
+    return notes
 
 
 def _diagnose(args: argparse.Namespace) -> int:

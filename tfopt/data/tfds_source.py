@@ -4,7 +4,9 @@ tfopt never downloads at run time by default (`download=False`): training machin
 or firewalled, and a download that starts in the middle of a benchmark would be timed. A dataset that is
 not prepared in `data_dir` is a `DataError` that says how to prepare it. Note that
 `tfds.load(download=False)` reports a missing dataset with a bare `AssertionError`; the builder's
-`is_prepared()` check used here is immediate and never touches the network.
+`is_prepared()` check used here is immediate and never touches the network. With `download=True` on a
+machine without network access, tfds retries each URL for minutes; a catalog dataset is therefore
+downloaded only after a connection to tfds' download host opened within seconds.
 
 The optimized pipeline reads image features with `tfds.decode.SkipDecoding()` and decodes them in a
 parallel map after the read, so decoding is no longer serialized inside the file reader, then caches
@@ -189,6 +191,7 @@ def _prepared_builder(name: str, data_dir: str | None, download: bool):
             f"{where}` and copy the directory here, or set download: true.",
             setting="data_dir",
         )
+    _check_network(builder, name, where)
     try:
         builder.download_and_prepare()
     except Exception as error:  # tfds raises many kinds (network, checksum, manual download needed)
@@ -197,6 +200,34 @@ def _prepared_builder(name: str, data_dir: str | None, download: bool):
             f"prepare it elsewhere with `tfds build {name} --data_dir {where}` and copy the directory."
         ) from error
     return builder
+
+
+# Where the catalog's prepared datasets and many of its sources are served from.
+_DOWNLOAD_HOST = ("storage.googleapis.com", 443)
+_NETWORK_TIMEOUT_SECONDS = 5.0
+
+
+def _check_network(builder, name: str, where: str) -> None:
+    """Refuses at once to download a tfds catalog dataset on a machine that cannot reach the download host
+    (or the HTTPS proxy it is told to use). A builder of the user's own, which may generate its data
+    locally, is left to try."""
+    import socket
+    import urllib.parse
+
+    if not type(builder).__module__.startswith("tensorflow_datasets."):
+        return
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    parsed = urllib.parse.urlsplit(proxy) if proxy else None
+    host = (parsed.hostname, parsed.port or 80) if parsed and parsed.hostname else _DOWNLOAD_HOST
+    try:
+        socket.create_connection(host, timeout=_NETWORK_TIMEOUT_SECONDS).close()
+    except OSError as error:
+        raise DataError(
+            f"tfds: cannot download {name!r}: this machine has no network access to {host[0]}:{host[1]} ({error}). "
+            f"Prepare it where there is network access with `tfds build {name} --data_dir {where}` and copy the "
+            "directory here, or point data_dir at a prepared copy.",
+            setting="download",
+        ) from error
 
 
 def _is_image_feature(feature) -> bool:

@@ -122,7 +122,8 @@ def read_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recip
     return RecipeDocument(raw, locations, pathlib.Path(path))
 
 
-def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[str] = ()) -> RecipeFile:
+def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[str] = (), *,
+                dry: bool = False) -> RecipeFile:
     """Reads, checks and resolves a recipe file.
 
     Relative paths inside the file (`data.path`, `data.data_dir`, `profile.logdir`) are relative to the
@@ -135,6 +136,11 @@ def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[st
         overrides: `key.path=value` strings applied on top of the file before checking (the CLI's
             `--set`); values are parsed as YAML, so `train.epochs=2` is an integer and
             `data.image_size=[32, 32]` a list. List items are addressed by index: `recipes.0.xla.jit_compile=true`.
+        dry: Check the file without running or fetching anything it names (`tfopt-recipe validate`,
+            `--dry-run`): a model's import path is found but its module not imported (a recipe naming
+            one runs that module's code when it runs, as a script does), so the model's arguments are
+            checked by `run`; a tfds dataset with `download: true` that is not prepared yet is not
+            downloaded. The model's `builder` or the data's `source_object` is then None.
 
     Returns:
         The resolved recipe.
@@ -150,7 +156,7 @@ def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[st
     document = path if isinstance(path, RecipeDocument) else read_recipe(path, overrides)
     if overrides and isinstance(path, RecipeDocument):
         raise ValueError("load_recipe: the overrides of a RecipeDocument are applied by read_recipe; pass none here.")
-    return _resolve(document.raw, document.locations, document.path)
+    return _resolve(document.raw, document.locations, document.path, dry=dry)
 
 
 def runtime_settings(document: RecipeDocument) -> RuntimeSection:
@@ -239,7 +245,7 @@ def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
     return write_atomic(path, header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None))
 
 
-def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> RecipeFile:
+def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path, *, dry: bool) -> RecipeFile:
     reject_unknown(raw, _SECTIONS, (), locations, "section")
     for section in _REQUIRED:
         if section not in raw:
@@ -256,10 +262,10 @@ def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path) -> Recipe
     train = check_section(TrainSection, raw.get("train"), ("train",), locations, bases)
     profile = check_section(ProfileSection, raw.get("profile"), ("profile",), locations, bases)
     report = check_section(ReportSection, raw.get("report"), ("report",), locations, bases)
-    model = resolve_model(raw["model"], locations, bases)
+    model = resolve_model(raw["model"], locations, bases, import_code=not dry)
     check_training_names(train, locations)
     recipes = resolve_recipes(raw.get("recipes", "default"), locations)
-    data = resolve_data(raw["data"], train, locations, bases)
+    data = resolve_data(raw["data"], train, locations, bases, fetch=not dry)
     return RecipeFile(
         path=file_path,
         name=name,

@@ -76,7 +76,7 @@ def _setting_path(path: tuple, written: dict, error: Exception) -> tuple:
     return (*path, setting) if setting is not None and setting in written else path
 
 
-def resolve_model(raw: Any, locations: Locations, bases: dict) -> ModelSection:
+def resolve_model(raw: Any, locations: Locations, bases: dict, *, import_code: bool = True) -> ModelSection:
     from tfopt import models
 
     if isinstance(raw, str):
@@ -86,10 +86,12 @@ def resolve_model(raw: Any, locations: Locations, bases: dict) -> ModelSection:
                                            f"{SECTION_HELP['model']}")
     name = raw["name"]
     try:
-        builder = models.resolve_model(name, search_paths=[bases["file"], bases["option"]])
+        builder = models.resolve_model(name, search_paths=[bases["file"], bases["option"]], import_code=import_code)
     except ValueError as error:
         raise fail(locations, ("model", "name"), f"model.name: {error}") from None
     kwargs = {key: value for key, value in raw.items() if key != "name"}
+    if builder is None:  # an import path found but not imported: its arguments are checked when it runs
+        return ModelSection(name=name, kwargs=kwargs, given=frozenset(kwargs), builder=None)
     parameters, takes_any = _parameters(builder)
     if not takes_any:
         reject_unknown(kwargs, [key for key in parameters if key != "name"], ("model",), locations,
@@ -108,7 +110,8 @@ def resolve_model(raw: Any, locations: Locations, bases: dict) -> ModelSection:
                         builder=builder)
 
 
-def resolve_data(raw: Any, train: TrainSection, locations: Locations, bases: dict) -> DataSection:
+def resolve_data(raw: Any, train: TrainSection, locations: Locations, bases: dict, *,
+                 fetch: bool = True) -> DataSection:
     import tfopt.data
 
     if not isinstance(raw, dict) or "source" not in raw:
@@ -133,11 +136,14 @@ def resolve_data(raw: Any, train: TrainSection, locations: Locations, bases: dic
         kwargs["path"] = os.fspath(tfopt.data.default_dataset_dir())
     kwargs = _fill_defaults(kwargs, parameters, skip=("batch_size",))
     extra = {"batch_size": batch_size} if "batch_size" in parameters else {}
+    later = not fetch and kwargs.get("download") is True  # a download is checked for, not made
     try:
         # The class itself, not make_source(name, **kwargs): the tfds source's own `name` argument would
         # collide with make_source's first parameter.
-        source_object = tfopt.data.SOURCES[source](**kwargs, **extra)
+        source_object = tfopt.data.SOURCES[source](**{**kwargs, **({"download": False} if later else {})}, **extra)
     except (TfoptError, ValueError, TypeError) as error:
+        if later and getattr(error, "setting", None) == "data_dir":  # not prepared yet: `run` downloads it
+            return DataSection(source=source, batch_size=batch_size, kwargs=kwargs, source_object=None)
         message = str(error) if str(error).startswith(source) else f"data ({source}): {error}"
         raise fail(locations, _setting_path(("data",), raw, error), message) from None
     return DataSection(source=source, batch_size=batch_size, kwargs=kwargs, source_object=source_object)

@@ -94,7 +94,8 @@ class ModelSection:
         kwargs: The builder's keyword arguments, defaults filled in.
         given: The keyword arguments the file wrote; `input_shape` and `classes` are taken from the
             data when not given.
-        builder: The function that builds the model.
+        builder: The function that builds the model; None for an import path found but not imported
+            when the recipe was loaded without running its code (`load_recipe(..., dry=True)`).
     """
 
     name: str
@@ -111,7 +112,9 @@ class DataSection:
         source: A name from `tfopt.data.SOURCES`.
         batch_size: Examples per training step.
         kwargs: The source's keyword arguments, defaults filled in.
-        source_object: The constructed source (constructing it is how its arguments are checked).
+        source_object: The constructed source (constructing it is how its arguments are checked); None
+            for a dataset still to be downloaded when the recipe was loaded without fetching anything
+            (`load_recipe(..., dry=True)`).
     """
 
     source: str
