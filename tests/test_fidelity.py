@@ -137,9 +137,17 @@ def test_nan_weights_are_refused_before_anything_is_measured(cpu_hardware):
     weights = user.get_weights()
     weights[-1] = np.full_like(weights[-1], np.nan)
     user.set_weights(weights)
+    with pytest.raises(tfopt.IncompatibleModelError, match=rf"weights hold NaN or Inf before any recipe "
+                                                           rf"\({user.weights[-1].path}\)"):
+        tfopt.apply(user, data, hardware=cpu_hardware)
+
+
+def test_nan_inputs_are_refused_before_anything_is_measured(cpu_hardware):
+    user, data = keras_examples.lstm_forecaster()
+    poisoned = data.map(lambda x, y: (x * np.nan, y))
     with pytest.raises(tfopt.IncompatibleModelError, match=r"predictions and loss on the first batch of your data "
                                                            r"are not finite \(NaN or inf\)"):
-        tfopt.apply(user, data, hardware=cpu_hardware)
+        tfopt.apply(user, poisoned, hardware=cpu_hardware)
 
 
 def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware, monkeypatch):

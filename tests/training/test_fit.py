@@ -196,3 +196,46 @@ def test_sigkill_mid_epoch_then_restart_finishes_all_steps(tmp_path):
     assert resumed_from in (10, 15)
     assert global_step == 3 * STEPS_PER_EPOCH == resumed_from + steps_run
     assert epochs_logged == 2  # the rest of epoch 2, then epoch 3: no epoch lost, none repeated
+
+
+def _classifier_built(nan_weights=False, nan_feature=False):
+    """Three classes, cross-entropy on softmax outputs, after a layer that masks NaN activations as 0 (as
+    scripts do for missing values): the loss stays finite while NaN gradients reach the first layer."""
+    import tensorflow as tf
+
+    from tfopt.builder import Built
+    from tfopt.hardware import Hardware
+    from tfopt.plan import make_plan
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype("float32")
+    if nan_feature:
+        x[:, 1] = np.nan
+    y = np.arange(40) % 3
+    nan_to_zero = keras.layers.Lambda(lambda t: keras.ops.where(keras.ops.isnan(t), 0.0, t), name="nan_to_zero")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, name="hidden"), nan_to_zero,
+                              keras.layers.Dense(3, activation="softmax", name="probabilities")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    if nan_weights:
+        model.layers[0].kernel.assign(np.full((3, 8), np.nan, "float32"))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    return Built(model=model, dataset=dataset, strategy=tf.distribute.get_strategy(),
+                 plan=make_plan(model, dataset, hardware=Hardware()))
+
+
+def test_nan_weights_stop_training_before_the_first_step_without_a_checkpoint_dir():
+    built = _classifier_built(nan_weights=True)
+    with pytest.raises(NonFiniteLossError, match=r"did not start: the model's weights hold NaN or Inf before the "
+                                                 r"first step \(sequential\w*/hidden/kernel\)") as error:
+        train(built, epochs=2)
+    assert error.value.step == 0 and int(built.model.optimizer.iterations) == 0
+
+
+def test_a_nan_feature_that_keeps_the_loss_finite_stops_training_at_the_epoch_end():
+    built = _classifier_built(nan_feature=True)
+    losses = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: losses.append(logs["loss"]))
+    with pytest.raises(NonFiniteLossError, match=r"step 10: the model's weights hold NaN or Inf "
+                                                 r"\(sequential\w*/hidden/kernel\), though the loss"):
+        train(built, epochs=3, callbacks=[record])
+    assert len(losses) == 10 and all(np.isfinite(losses))  # the loss alone never said a word

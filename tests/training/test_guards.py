@@ -4,7 +4,7 @@ import pytest
 
 from tfopt.errors import TfoptError
 from tfopt.errors import NonFiniteLossError
-from tfopt.training.guards import check_finite_loss, loss_scale_state, weights_are_finite
+from tfopt.training.guards import check_finite_loss, loss_scale_state, non_finite_weights
 
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), -float("inf")])
@@ -26,12 +26,14 @@ def test_message_names_the_loss_scale_under_float16():
     assert loss_scale_state(keras.optimizers.Adam()) is None
 
 
-def test_weights_are_finite_spots_one_nan():
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
-    assert weights_are_finite(model)
+def test_non_finite_weights_names_the_variable_holding_one_nan_or_inf():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, name="first"), keras.layers.Dense(1)])
+    assert non_finite_weights(model) == []
     kernel = model.layers[0].kernel
     kernel.assign(np.where(np.eye(2, 3) == 1, np.nan, kernel.numpy()))
-    assert not weights_are_finite(model)
+    model.layers[1].bias.assign([np.inf])
+    assert non_finite_weights(model) == [kernel.path, model.layers[1].bias.path]
+    assert kernel.path.endswith("first/kernel")
 
 
 def test_with_checkpoint_names_the_path():

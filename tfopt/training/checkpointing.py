@@ -22,8 +22,7 @@ from typing import Any
 import keras
 
 from tfopt.errors import DataError, IncompatibleModelError
-from tfopt.errors import NonFiniteLossError
-from tfopt.training.guards import weights_are_finite
+from tfopt.training.guards import check_finite_weights
 
 _log = logging.getLogger("tfopt")
 
@@ -135,11 +134,7 @@ class TrainingCheckpoint:
         """
         if global_step == self._last_saved_step:
             return
-        if not weights_are_finite(self.model):
-            raise NonFiniteLossError(
-                f"Training stopped at step {global_step}: the model's weights contain NaN or Inf, so no "
-                "checkpoint was written from them. Lower the learning rate or check the inputs for NaN/Inf.",
-                step=global_step)
+        check_finite_weights(self.model, step=global_step)  # nothing is written from broken weights
         self._global_step.assign(global_step)
         self._manager.save(checkpoint_number=global_step, options=self._options)
         self._last_saved_step = global_step

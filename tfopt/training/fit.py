@@ -3,8 +3,9 @@
 Used by `tfopt.apply(..., train=...)` and `tfopt-recipe run`. With a `checkpoint_dir`, the run is
 saved every `checkpoint_every_steps` steps; started again with the same directory, it restores the
 newest checkpoint and skips the batches already trained on, so it ends after exactly the steps an
-uninterrupted run takes. Whatever happens, a NaN or Inf loss raises `NonFiniteLossError` and no
-checkpoint is ever written from the weights that produced it.
+uninterrupted run takes. With or without checkpoints, a NaN or Inf loss (checked every step) or weight
+(checked before the first step, at every epoch end and before every checkpoint) raises
+`NonFiniteLossError`, and no checkpoint is ever written from weights that hold one.
 
 Two data modes keep the position in the data exact:
 

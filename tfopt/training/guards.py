@@ -1,8 +1,14 @@
-"""Stop training at the first NaN or Inf loss, with a message that says where and what to do.
+"""Stop training at the first NaN or Inf loss or weight, with a message that says where and what to do.
 
 Keras' own `TerminateOnNaN` only sets `stop_training` and prints a line, so `fit()` returns normally and a
 script goes on to save and evaluate a broken model. This guard raises instead, naming the step, the
 loss, and (under float16) the loss-scale state, because a collapsing loss scale is the usual fp16 story.
+
+The loss alone does not catch every NaN: behind a layer that masks NaN activations (or a loss that clips
+its inputs), a model whose weights or input features are NaN keeps a finite loss while every update writes
+NaN into the weights. The
+guard therefore also checks the weights before the first step and at every epoch end (one reduction
+over all variables, read once).
 """
 
 from __future__ import annotations
@@ -56,18 +62,51 @@ def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
         + (f" The {scale}." if scale else ""), step=step)
 
 
-def weights_are_finite(model: Any) -> bool:
-    """Whether every variable of `model` holds only finite values (checked before writing a checkpoint)."""
+def non_finite_weights(model: Any) -> list[str]:
+    """The paths of `model`'s float variables that hold a NaN or Inf (empty when all are finite).
+
+    Example:
+        >>> import keras
+        >>> non_finite_weights(keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)]))
+        []
+    """
     import tensorflow as tf
 
     variables = [v for v in model.variables if keras.backend.is_float_dtype(v.dtype)]
     if not variables:
-        return True
-    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables]))
+        return []
+    finite = tf.stack([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables]).numpy()
+    return [variable.path for variable, ok in zip(variables, finite) if not ok]
+
+
+def check_finite_weights(model: Any, *, step: int, before_training: bool = False) -> None:
+    """Raises `NonFiniteLossError` naming the variables of `model` that hold a NaN or Inf.
+
+    Args:
+        model: The model being trained.
+        step: The global step the weights are at, for the message.
+        before_training: The check runs before the first step (the weights came in broken).
+
+    Raises:
+        NonFiniteLossError: A float variable holds a NaN or Inf.
+    """
+    broken = non_finite_weights(model)
+    if not broken:
+        return
+    names = ", ".join(broken[:5]) + (f" and {len(broken) - 5} more" if len(broken) > 5 else "")
+    if before_training:
+        raise NonFiniteLossError(
+            f"Training did not start: the model's weights hold NaN or Inf before the first step ({names}). "
+            "Load or initialise the weights again; training would only spread the NaN.", step=step)
+    raise NonFiniteLossError(
+        f"Training stopped at step {step}: the model's weights hold NaN or Inf ({names}), though the loss may "
+        "look finite (a layer that masks NaN, or a loss that clips, hides it). Common causes: NaN/Inf in the inputs (check the "
+        "dataset's features), a learning rate too high, or float16 overflow.", step=step)
 
 
 class NonFiniteLossGuard(keras.callbacks.Callback):
-    """A callback that raises `NonFiniteLossError` at the first step whose loss is NaN or Inf.
+    """A callback that raises `NonFiniteLossError` at the first step whose loss is NaN or Inf, and where
+    the weights hold a NaN or Inf before training or at an epoch end.
 
     `logs["loss"]` in Keras 3 is the running mean over the epoch, so it turns non-finite at the first bad
     step and stays so: checking it at every batch end finds that step. Put it before any callback that
@@ -86,6 +125,9 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
         self._epoch_base = steps_done
         self._step = steps_done
 
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        check_finite_weights(self.model, step=self._step, before_training=True)
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # `batch` is the index within the epoch of the last step run (steps_per_execution may run several).
         self._step = self._epoch_base + batch + 1
@@ -94,3 +136,4 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch_base = self._step
+        check_finite_weights(self.model, step=self._step)
