@@ -131,3 +131,26 @@ def describe_error(error: BaseException) -> str:
     own = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "\u2022"))]
     text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", (own or lines or [""])[0])[:300]
     return f"{type(error).__name__}: {text or 'no message'}"
+
+
+def chained_messages(error: BaseException | None) -> list[str]:
+    """The messages of an error and of the errors it was raised from or while handling, outermost first
+    (a tfopt error that wraps TensorFlow's keeps it as its cause).
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise OSError("disk")
+        ...     except OSError as cause:
+        ...         raise TfoptError("Training failed") from cause
+        ... except TfoptError as error:
+        ...     chained_messages(error)
+        ['Training failed', 'disk']
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found.append(str(error))
+        error = error.__cause__ or error.__context__
+    return found

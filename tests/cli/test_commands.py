@@ -318,6 +318,28 @@ def test_convert_writes_the_recipe_data_as_tfrecord_files(tmp_path, capsys):
     assert (tmp_path / "a-file").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("damage", ["truncated_jpeg", "damaged_shard"])
+def test_a_damaged_file_met_while_running_is_named(tmp_path, capsys, damage):
+    folder = generate_shapes(tmp_path / "shapes", images_per_class=4, image_size=16)
+    data = f"data: {{source: image_folder, path: {folder}, image_size: [16, 16], batch_size: 4}}\n"
+    if damage == "truncated_jpeg":
+        broken = sorted(folder.rglob("*.jpg"))[2]
+        broken.write_bytes(broken.read_bytes()[:-64])
+        words = f"{broken} is a JPEG cut short"
+    else:
+        (tmp_path / "convert.yaml").write_text("model: {name: small_cnn, filters: [4]}\n" + data)
+        assert run_cli(capsys, "convert", tmp_path / "convert.yaml", "--out", tmp_path / "records", "--quiet")[0] == 0
+        broken = sorted((tmp_path / "records").glob("part-*"))[0]
+        whole = broken.read_bytes()
+        broken.write_bytes(whole[:40] + bytes(byte ^ 0xFF for byte in whole[40:104]) + whole[104:])
+        data = f"data: {{source: tfrecord, path: {tmp_path / 'records'}, image_size: [16, 16], batch_size: 4}}\n"
+        words = f"{broken.name} is corrupted"
+    (tmp_path / "recipe.yaml").write_text("model: {name: small_cnn, filters: [4]}\n" + data +
+                                          "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n")
+    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
+    assert exit_code == 1 and words in err, err
+
+
 @pytest.fixture(scope="module")
 def starved_recipe(tmp_path_factory):
     """A recipe whose input is the bottleneck: 512x512 JPEGs decoded and resized to 16x16 one at a time,
@@ -450,7 +472,9 @@ def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, ca
     run_dir = tmp_path / "run"
     killed = _subprocess_script(tmp_path / "child.py", tmp_path / "recipe.yaml", run_dir, "7")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert not (run_dir / "training.json").exists()
+    partial = json.loads((run_dir / "training.json").read_text())  # written at the end of epoch 1 (step 4)
+    assert (partial["complete"], partial["epochs_done"], partial["global_step"]) == (False, 1, 4)
+    assert len(partial["history"]["loss"]) == 1
     report = (run_dir / "report.json").read_text()  # written before training: the kill does not lose it
     exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", run_dir, "--resume", "--quiet")
     assert exit_code == 0, err
@@ -459,6 +483,8 @@ def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, ca
     # step 4 or 6 (the one of step 6 may still have been being written).
     assert training["resumed_from_step"] in (4, 6)
     assert training["global_step"] == 12 == training["resumed_from_step"] + training["steps_run"]
+    assert training["complete"] and len(training["history"]["loss"]) == 3  # epoch 1 from the killed attempt
+    assert training["history"]["loss"][0] == partial["history"]["loss"][0]
     assert (run_dir / "report.json").read_text() == report
     assert out.strip().endswith(f"trained to step 12; report: {run_dir / 'report.html'}")
 
@@ -598,3 +624,16 @@ def test_diagnose_needs_a_recipe_or_a_trace(capsys, tmp_path):
     assert exit_code == 1 and "No profiler capture" in err
     exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--steps", "4", "--quiet")
     assert exit_code == 2 and "runs nothing" in err
+
+
+def test_diagnose_trace_says_what_is_wrong_with_the_path(capsys, tmp_path):
+    (tmp_path / "broken").symlink_to(tmp_path / "gone")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "cut" / "plugins" / "profile" / "run").mkdir(parents=True)
+    (tmp_path / "cut" / "plugins" / "profile" / "run" / "host.xplane.pb").write_bytes(b"")
+    for path, words in ((tmp_path / "logz", f"{tmp_path / 'logz'} does not exist"),
+                        (tmp_path / "broken", f"is a broken symbolic link (to {tmp_path / 'gone'}, which does not exist)"),
+                        (tmp_path / "loop", "is a symbolic link that loops back on itself"),
+                        (tmp_path / "cut", "host.xplane.pb is an empty file (0 bytes)")):
+        exit_code, out, err = run_cli(capsys, "diagnose", "--trace", path, "--quiet")
+        assert exit_code == 1 and out == "" and words in err, err

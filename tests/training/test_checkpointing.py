@@ -27,6 +27,39 @@ def test_restore_brings_back_weights_optimizer_and_step(tmp_path):
         np.testing.assert_array_equal(saved, loaded)
 
 
+@pytest.mark.parametrize("damage", ["truncate_data", "truncate_index"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_path, caplog, damage):
+    import logging
+
+    source = make_built(seed=0)
+    checkpoint = TrainingCheckpoint(tmp_path, source.model, steps_per_epoch=STEPS_PER_EPOCH, async_write=False)
+    saved = {}
+    for step in (2, 4, 6):
+        source.model.fit(source.dataset, epochs=1, steps_per_epoch=2, verbose=0)
+        checkpoint.save(step)
+        saved[step] = state(source.model)
+    suffix = ".data-00000-of-00001" if damage == "truncate_data" else ".index"
+    newest = tmp_path / f"ckpt-6{suffix}"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+
+    target = make_built(seed=1)
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        restored = TrainingCheckpoint(tmp_path, target.model, steps_per_epoch=STEPS_PER_EPOCH).restore()
+    assert restored == 4
+    for expected, loaded in zip(saved[4], state(target.model), strict=True):
+        np.testing.assert_array_equal(expected, loaded)
+    assert f"The checkpoint {tmp_path / 'ckpt-6'} is damaged" in caplog.text
+    assert f"Resuming from {tmp_path / 'ckpt-4'}: the newer ckpt-6" in caplog.text
+
+
+def test_every_checkpoint_damaged_is_said(tmp_path, built):
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, async_write=False)
+    checkpoint.save(1)
+    (tmp_path / "ckpt-1.data-00000-of-00001").write_bytes(b"")
+    with pytest.raises(DataError, match=f"Every checkpoint in {tmp_path} is damaged: ckpt-1 "):
+        TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH).restore()
+
+
 def test_empty_directory_restores_nothing(tmp_path, built):
     assert TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH).restore() is None
 

@@ -108,6 +108,11 @@ class DataSource(abc.ABC):
     def get_config(self) -> dict[str, Any]:
         """Returns the constructor's keyword arguments, so `type(source)(**source.get_config())` round-trips."""
 
+    def explain_failure(self, error: BaseException) -> str | None:
+        """Why reading this source failed, where TensorFlow's error does not say (a damaged file, named),
+        or None. Called only after a failure, so it may read the source's files."""
+        return None
+
     def __repr__(self) -> str:
         arguments = ", ".join(f"{key}={value!r}" for key, value in self.get_config().items())
         return f"{type(self).__name__}({arguments})"

@@ -15,9 +15,11 @@ Two readings of the same `.xplane.pb`, combined:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
+import os
 import statistics
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -89,12 +91,30 @@ def with_xprof_details(breakdown: StepBreakdown, details: StepBreakdown) -> Step
 
 def find_xplane(path: str | Path) -> Path:
     """The one `.xplane.pb` at `path`: a file, or a directory holding one capture anywhere below it (a
-    tfopt logdir, Keras' TensorBoard logdir with `plugins/profile/<run>/`, a copied run folder)."""
+    tfopt logdir, Keras' TensorBoard logdir with `plugins/profile/<run>/`, a copied run folder).
+
+    Raises:
+        MeasurementError: The path does not exist, is a broken or looping link, is an empty file, or holds
+            no capture or several.
+    """
     path = Path(path)
-    if path.is_file():
-        return path
-    found = sorted(path.rglob("*.xplane.pb"))
+    if path.is_symlink() and not path.exists():
+        try:
+            path.resolve(strict=True)
+        except (RuntimeError, OSError) as error:  # Python < 3.13 raises RuntimeError for a loop
+            if isinstance(error, RuntimeError) or error.errno == errno.ELOOP:
+                raise MeasurementError(f"{path} is a symbolic link that loops back on itself; give the capture's "
+                                       "real directory or .xplane.pb file.") from None
+        raise MeasurementError(f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist); "
+                               "give the capture's real directory or .xplane.pb file.")
+    if not path.exists():
+        raise MeasurementError(f"{path} does not exist; give the capture's directory (a TensorBoard logdir) or "
+                               "its .xplane.pb file.")
+    found = [path] if path.is_file() else sorted(path.rglob("*.xplane.pb"))
     if len(found) == 1:
+        if found[0].stat().st_size == 0:
+            raise MeasurementError(f"{found[0]} is an empty file (0 bytes): the capture was cut short or not "
+                                   "written. Capture the profile again.")
         return found[0]
     if not found:
         raise MeasurementError(f"No profiler capture (*.xplane.pb) under {path}: expected a logdir written "

@@ -35,7 +35,7 @@ from tfopt.recipe_file.schema import REPORT_SUFFIXES
 from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 from tfopt._atomic import write_atomic
 from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
-from tfopt.errors import RunInterrupted, TfoptError
+from tfopt.errors import DataError, RunInterrupted, TfoptError
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
 
@@ -150,10 +150,16 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
             report, report_paths, built, training = _run_in(run_dir, recipe, progress, cluster, resume=resume,
                                                             train=train)
         except BaseException as error:
+            # TensorFlow names no file when one is damaged: the source finds it.
+            damage = recipe.data.source_object.explain_failure(error) if isinstance(error, Exception) else None
             if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
+                if damage:
+                    raise DataError(damage) from error
                 raise
             if isinstance(error, KeyboardInterrupt):
                 raise RunInterrupted(getattr(error, "signal_name", "SIGINT"), os.fspath(run_dir)) from error
+            if damage:
+                raise DataError(f"{damage} The partial outputs of this run are in {run_dir}.") from error
             if isinstance(error, TfoptError):
                 error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
             raise

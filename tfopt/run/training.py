@@ -11,7 +11,10 @@ Training in one process runs under `tfopt.Monitor`: about `WINDOWS_PER_RUN` wind
 window's scalars beside the epoch scalars with its record in `monitor.jsonl`, and all in `training.json`.
 
 Only the chief writes: TensorBoard scalars, `monitor.jsonl`, `training.json`, and the kept checkpoints (the
-other workers' copies go to temporary directories that `distribute.fit` removes).
+other workers' copies go to temporary directories that `distribute.fit` removes). In one process
+`training.json` is written at every epoch end too (`"complete": false` until training ends), so a run
+killed and resumed keeps the epochs of every attempt: the resumed record takes the earlier attempts'
+epochs and windows up to the checkpoint it resumed from, then its own.
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
             from tfopt.training import train as resumable_train
 
             monitor = _monitor(built, train, tensorboard_dir / "train" if chief else None)
+            if chief:
+                callbacks.append(_epoch_records(run_dir / TRAINING_NAME, monitor))
             result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                                      checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
                                      callbacks=[monitor, *callbacks])
-            windows = [{key: value for key, value in window.items() if key not in ("kind", "logs")}
-                       for window in monitor.records_of("window")]
-            record = {"engine": "tfopt.training.train", **result.to_dict(), "monitor": windows}
+            record = {"engine": "tfopt.training.train", **result.to_dict(), "monitor": _windows(monitor)}
     except TfoptError as error:
         error.args = (f"{error}{_windows_kept(monitor)}",)
         raise
@@ -93,15 +96,59 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
 
 
 def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
-    """A resumed run's record with the earlier attempts' history and Monitor windows in front, so
-    training.json keeps it all."""
-    if not record.get("resumed_from_step") or not path.is_file():
-        return record
+    """A resumed run's record with the earlier attempts' epochs and Monitor windows in front, up to the
+    checkpoint it resumed from (what came after it was trained again), so training.json keeps it all."""
+    start = record.get("resumed_from_step")
+    if not start or not path.is_file():
+        return {**record, "complete": True}
     before = json.loads(path.read_text(encoding="utf-8"))
-    earlier = before.get("history", {})
+    kept_epochs = start // record["steps_per_epoch"]
+    earlier = {key: values[:kept_epochs] for key, values in before.get("history", {}).items()}
     history = {key: [*earlier.get(key, []), *record.get("history", {}).get(key, [])]
                for key in dict.fromkeys([*earlier, *record.get("history", {})])}
-    return {**record, "history": history, "monitor": [*before.get("monitor", []), *record.get("monitor", [])]}
+    windows = [window for window in before.get("monitor", []) if window["step"] <= start]
+    return {**record, "history": history, "monitor": [*windows, *record.get("monitor", [])], "complete": True}
+
+
+def _windows(monitor: Any) -> list[dict[str, Any]]:
+    """The Monitor's window records as training.json keeps them."""
+    return [{key: value for key, value in window.items() if key not in ("kind", "logs")}
+            for window in monitor.records_of("window")]
+
+
+def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
+    """A Keras callback writing training.json at every epoch end (`"complete": false`), holding the earlier
+    attempts' epochs and windows up to where this attempt starts, so a killed run's record survives it."""
+    import keras
+
+    from tfopt._atomic import write_atomic
+
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    class EpochRecords(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.history: dict[str, list[float]] | None = None
+            self.windows: list[dict[str, Any]] | None = None
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            if self.windows is None:  # the first fit() of this attempt starts at the restored step
+                start = int(self.model.optimizer.iterations.numpy())
+                self.windows = [window for window in earlier.get("monitor", []) if window["step"] <= start]
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            if self.history is None:  # Keras numbers epochs from initial_epoch: the run's own count
+                self.history = {key: list(values[:epoch]) for key, values in earlier.get("history", {}).items()}
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            for key, value in (logs or {}).items():
+                self.history.setdefault(key, []).append(float(value))
+            record = {"engine": "tfopt.training.train", "complete": False, "epochs_done": epoch + 1,
+                      "global_step": int(self.model.optimizer.iterations.numpy()), "history": self.history,
+                      "monitor": [*self.windows, *_windows(monitor)]}
+            write_atomic(path, json.dumps(record, indent=2) + "\n")
+
+    return EpochRecords()
 
 
 def _monitor(built: Any, train: Any, logdir: pathlib.Path | None) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import keras
 
-from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.errors import DataError, IncompatibleModelError, describe_error
 from tfopt.training.guards import check_finite_weights
 
 _log = logging.getLogger("tfopt")
@@ -92,7 +92,11 @@ class TrainingCheckpoint:
         return self._manager.latest_checkpoint
 
     def restore(self) -> int | None:
-        """Loads the newest checkpoint into the model and optimizer.
+        """Loads the newest readable checkpoint into the model and optimizer.
+
+        A checkpoint whose files were damaged after it was written (a copy cut short, a full disk) is
+        skipped with a warning for the next newest one, so a run loses the steps since that one rather
+        than all of them.
 
         Returns:
             The global step it was written at, or None where the directory holds no checkpoint.
@@ -100,19 +104,31 @@ class TrainingCheckpoint:
         Raises:
             IncompatibleModelError: The checkpoint was written by a different model or optimizer.
             DataError: It was written with another number of steps per epoch, so the position in the
-                data cannot be recovered.
+                data cannot be recovered; or every checkpoint in the directory is damaged.
         """
-        path = self._manager.latest_checkpoint
-        if path is None:
+        damaged = []
+        for path in reversed(self._manager.checkpoints):  # newest first
+            try:
+                # A shape mismatch raises ValueError during restore; a missing variable fails the assertion.
+                self._checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+            except (AssertionError, ValueError) as error:
+                raise IncompatibleModelError(
+                    f"The checkpoint {path} does not match this model and optimizer ({error}). It was written by "
+                    "a different model: train with a new checkpoint_dir, or delete the old one to start over."
+                ) from error
+            except Exception as error:  # noqa: BLE001 - whatever a damaged file raises (DataLossError, IndexError)
+                damaged.append(f"{os.path.basename(path)} ({describe_error(error)})")
+                _log.warning("The checkpoint %s is damaged (%s); trying the one before it.", path,
+                             describe_error(error))
+                continue
+            if damaged:
+                _log.warning("Resuming from %s: the newer %s could not be read.", path, ", ".join(damaged))
+            break
+        else:
+            if damaged:
+                raise DataError(f"Every checkpoint in {self.directory} is damaged: {'; '.join(damaged)}. Delete "
+                                "them to train from the start, or restore the directory from a copy.")
             return None
-        try:
-            # A shape mismatch raises ValueError during restore; a missing variable fails the assertion.
-            self._checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
-        except (AssertionError, ValueError) as error:
-            raise IncompatibleModelError(
-                f"The checkpoint {path} does not match this model and optimizer ({error}). It was written by "
-                "a different model: train with a new checkpoint_dir, or delete the old one to start over."
-            ) from error
         saved_steps_per_epoch = int(self._steps_per_epoch.numpy())
         self._steps_per_epoch.assign(self.steps_per_epoch)
         if saved_steps_per_epoch != self.steps_per_epoch:

@@ -222,3 +222,14 @@ def test_a_directory_of_someone_elses_files_is_refused(tmp_path):
     with pytest.raises(DataError, match="named like tfopt.s shards .*part-00000.tfrecord"):
         to_tfrecord(NumpySource(np.zeros((4, 2), np.float32), np.arange(4)), tmp_path)
     assert (tmp_path / "part-00000.tfrecord").read_text() == "MY OWN SHARD DATA"
+
+
+@pytest.mark.parametrize("num_workers", [1, 2], ids=["in_process", "worker_processes"])
+def test_a_truncated_jpeg_is_named_and_nothing_is_packed(tmp_path, num_workers):
+    folder = tfopt.data.generate_shapes(tmp_path / "shapes", images_per_class=4, image_size=32)
+    cut = sorted(folder.rglob("*.jpg"))[6]
+    cut.write_bytes(cut.read_bytes()[:-64])
+    with pytest.raises(DataError, match=rf"{cut} is a JPEG cut short \(no end marker after its last scan\)\. "
+                                        "Replace or delete the file"):
+        to_tfrecord(ImageFolderSource(folder, image_size=32), tmp_path / "out", num_workers=num_workers)
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()

@@ -20,7 +20,8 @@ import tensorflow as tf
 from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
 from tfopt.data.tfrecord.manifest import read_manifest
-from tfopt.errors import DataError
+from tfopt.data.tfrecord.verify import verify
+from tfopt.errors import DataError, chained_messages
 
 _SHUFFLE_BUFFER = 10_000
 _MAX_CYCLE_LENGTH = 16
@@ -89,6 +90,17 @@ class TFRecordSource(DataSource):
     def files(self) -> list[pathlib.Path]:
         """The shard files, in record order."""
         return [self.path / shard["file"] for shard in self.manifest["shards"]]
+
+    def explain_failure(self, error: BaseException) -> str | None:
+        """Names the damaged shards behind a corrupted-record error (TensorFlow names none), by verifying
+        every shard against the manifest."""
+        if not any("corrupted record" in text or "DataLoss" in text for text in chained_messages(error)):
+            return None
+        try:
+            verify(self.path)
+        except DataError as damage:
+            return str(damage)
+        return None
 
     def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
         shards = self.manifest["shards"]

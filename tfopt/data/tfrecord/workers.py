@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 
+from tfopt.data import image_files
 from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.manifest import shard_file_name
 from tfopt.errors import DataError
@@ -58,11 +59,14 @@ def write_shard(out_dir: pathlib.Path, index: int, records: Iterable[bytes], com
 def task_records(task: dict) -> Iterator[bytes]:
     """The serialized records a conversion task describes (kind "image_files": the files' bytes).
 
+    Raises:
+        DataError: An image file is cut short or not an image (`tfopt.data.image_files`), naming it.
+
     Example:
         >>> import tempfile, tensorflow as tf
         >>> image = tempfile.NamedTemporaryFile(suffix=".jpg", delete=False).name
-        >>> with open(image, "wb") as file:
-        ...     _ = file.write(b"\\xff\\xd8 not really a JPEG")
+        >>> with open(image, "wb") as file:  # a JPEG's start, its last scan and its end marker
+        ...     _ = file.write(b"\\xff\\xd8\\xff\\xe0 header \\xff\\xda scan \\xff\\xd9")
         >>> (record,) = task_records({"kind": "image_files", "files": [image], "labels": [4]})
         >>> tf.train.Example.FromString(record).features.feature["y"].int64_list.value
         [4]
@@ -71,7 +75,11 @@ def task_records(task: dict) -> Iterator[bytes]:
         raise ValueError(f"unknown conversion task kind {task['kind']!r}")
     for path, label in zip(task["files"], task["labels"]):
         with open(path, "rb") as file:
-            yield codec.encode_example({"x": file.read(), "y": [label]})
+            data = file.read()
+        issue = image_files.problem(data)
+        if issue:  # packed, it would fail training mid-epoch without a word of which file it was
+            raise DataError(f"{path} is {issue}. Replace or delete the file, then convert again.")
+        yield codec.encode_example({"x": data, "y": [label]})
 
 
 class ShardWriterPool:
