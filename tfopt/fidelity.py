@@ -24,6 +24,7 @@ import logging
 import re
 from typing import Any
 
+from tfopt import data_mismatch
 from tfopt.builder import Built, build
 from tfopt.errors import IncompatibleModelError, describe_error
 
@@ -146,8 +147,10 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
     """The user's setup on the first batch; a failure there is the model's or the data's, said as such.
 
     Raises:
-        IncompatibleModelError: Keras' own training step fails on the batch, before any recipe, or the model's
-            predictions or loss there are not finite (NaN or infinite weights or inputs).
+        DataError: The batch does not fit the model (not batched, other input shapes, labels beyond its
+            classes; `tfopt.data_mismatch`).
+        IncompatibleModelError: Keras' own training step fails on the batch otherwise, before any recipe, or
+            the model's weights, predictions or loss there are not finite.
     """
     import numpy as np
 
@@ -162,6 +165,9 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
     try:
         result = outcome(model, batch)
     except Exception as error:
+        mismatch = data_mismatch.explain(model, batch)
+        if mismatch is not None:
+            raise mismatch from error
         raise IncompatibleModelError(
             f"Your model fails on the first batch of your data, before any recipe: {describe_error(error)}. "
             "Check that model.fit(dataset) trains as it is; tfopt optimizes a training that runs.") from error

@@ -35,7 +35,7 @@ from tfopt.recipe_file.schema import REPORT_SUFFIXES
 from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 from tfopt._atomic import write_atomic
 from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
-from tfopt.errors import DataError, RunInterrupted, TfoptError
+from tfopt.errors import DataError, RecipeFileError, RunInterrupted, TfoptError
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
 
@@ -150,21 +150,37 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
             report, report_paths, built, training = _run_in(run_dir, recipe, progress, cluster, resume=resume,
                                                             train=train)
         except BaseException as error:
-            # TensorFlow names no file when one is damaged: the source finds it.
-            damage = recipe.data.source_object.explain_failure(error) if isinstance(error, Exception) else None
+            said = _in_recipe_terms(recipe, error)
             if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
-                if damage:
-                    raise DataError(damage) from error
+                if said is not None:
+                    raise said from error
                 raise
             if isinstance(error, KeyboardInterrupt):
                 raise RunInterrupted(getattr(error, "signal_name", "SIGINT"), os.fspath(run_dir)) from error
-            if damage:
-                raise DataError(f"{damage} The partial outputs of this run are in {run_dir}.") from error
+            where = f" The partial outputs of this run are in {run_dir}."
+            if said is not None:
+                said.args = (f"{said}{where}",)
+                raise said from error
             if isinstance(error, TfoptError):
-                error.args = (f"{' '.join(str(error).split())} The partial outputs of this run are in {run_dir}.",)
+                error.args = (f"{' '.join(str(error).split())}{where}",)
             raise
     return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
                       applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
+
+
+def _in_recipe_terms(recipe: RecipeFile, error: BaseException) -> TfoptError | None:
+    """The error said in the recipe's terms where that says more: a damaged data file named (TensorFlow names
+    none), or data that does not fit the model pointed at the `model:` setting the file wrote, else None."""
+    if not isinstance(error, Exception):
+        return None
+    damage = recipe.data.source_object.explain_failure(error)
+    if damage:
+        return DataError(damage)
+    setting = getattr(error, "setting", None)
+    if isinstance(error, DataError) and setting in ("input_shape", "classes") and setting in recipe.model.given:
+        return RecipeFileError(f"{' '.join(str(error).split())} Fix model.{setting} "
+                               f"({recipe.where('model', setting)}), or leave it out: it follows the data.")
+    return None
 
 
 def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, cluster: Any, *, resume: bool,

@@ -1,0 +1,47 @@
+"""Data that does not fit the model is said in its own terms: not batched, both shapes, the label and the classes."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfopt
+from tfopt.errors import DataError
+
+
+def _classifier(features=8, classes=3):
+    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(classes, activation="softmax")])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy())
+    return model
+
+
+X = np.random.default_rng(0).random((64, 8)).astype("float32")
+Y = np.arange(64) % 3
+
+
+@pytest.mark.parametrize("dataset, setting, words", [
+    (tf.data.Dataset.from_tensor_slices((X, Y)), "batch_size",
+     "The dataset is not batched: its inputs have shape (8,) per element, and the model's input takes batches of "
+     "shape (None, 8). Add .batch(BATCH_SIZE)"),
+    (tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(8), "input_shape",
+     "The dataset's inputs have shape (8, 5) per batch, and the model's input takes (None, 8)"),
+    (tf.data.Dataset.from_tensor_slices((X, np.arange(64) % 7)).batch(8), "classes",
+     "The labels of the first batch hold 3, outside the model's 3 classes (0 to 2): 4 of 8 labels are."),
+], ids=["unbatched", "feature_width", "labels_beyond_classes"])
+def test_the_first_batch_that_does_not_fit_says_why(cpu_hardware, dataset, setting, words):
+    with pytest.raises(DataError) as caught:
+        tfopt.apply(_classifier(), dataset, recipes=[], hardware=cpu_hardware)
+    assert str(caught.value).startswith(words) and caught.value.setting == setting
+    assert "\x1b[" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_a_model_of_two_inputs_names_the_one_that_does_not_fit(cpu_hardware):
+    ids, amounts = keras.Input((4,), name="ids"), keras.Input((2,), name="amounts")
+    outputs = keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([ids, amounts]))
+    model = keras.Model([ids, amounts], outputs)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    data = tf.data.Dataset.from_tensor_slices(((X[:, :4], X[:, :3]), Y)).batch(8)
+    with pytest.raises(DataError, match=r"the model's input 'amounts' takes \(None, 2\)"):
+        tfopt.apply(model, data, recipes=[], hardware=cpu_hardware)
