@@ -95,8 +95,10 @@ def test_resolve_model_imports_from_the_search_paths(tmp_path):
     ("resnet50", "Did you mean 'ResNet50'?"),
     ("small_cn", "Did you mean 'small_cnn'?"),
     ("no_such_module_xyz:build", "Cannot import module 'no_such_module_xyz'"),
-    ("os.path:joinx", "has no attribute 'joinx' (model 'os.path:joinx'). Did you mean 'join'?"),
-    ("os:sep", "names a str, not a function"),
+    ("tfopt.models:small_cnx", "has no attribute 'small_cnx' (model 'tfopt.models:small_cnx'). Did you mean "
+                               "'small_cnn'?"),
+    ("tfopt.models:MODELS", "names a dict, not a function"),
+    ("os.path:join", "names Python's standard library module 'os.path', which builds no model"),
     ("bad path:x", "is not an import path"),
     ("", "must be a non-empty string"),
 ])

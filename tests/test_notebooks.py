@@ -15,7 +15,6 @@ import os
 import pathlib
 import re
 import sys
-import time
 
 import pytest
 
@@ -83,22 +82,20 @@ def test_committed_without_outputs_and_with_a_parameters_cell(path):
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """Each notebook executed once (lazily), with its run time, shared by the checks of its outputs."""
+    """Each notebook executed once (lazily), shared by the checks of its outputs."""
     runs = {}
 
     def run(name):
         if name not in runs:
             workdir = tmp_path_factory.mktemp(name.replace(".", "_"))
-            start = time.perf_counter()
-            notebook = execute(nbformat.read(NOTEBOOK_DIR / name, as_version=4), workdir)
-            runs[name] = (notebook, workdir, time.perf_counter() - start)
+            runs[name] = (execute(nbformat.read(NOTEBOOK_DIR / name, as_version=4), workdir), workdir)
         return runs[name]
 
     return run
 
 
 def test_quickstart(executed):
-    notebook, workdir, _ = executed("quickstart.ipynb")
+    notebook, workdir = executed("quickstart.ipynb")
     text = "\n".join(text_of(notebook))
     assert "local Jupyter: nothing installed" in text
     summary = re.search(r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x[^)]*\); .*input efficiency \S+ -> \S+", text)
@@ -126,7 +123,7 @@ def test_quickstart(executed):
 
 
 def test_data_pipeline(executed):
-    notebook, workdir, _ = executed("data_pipeline.ipynb")
+    notebook, workdir = executed("data_pipeline.ipynb")
     text = "\n".join(text_of(notebook))
     verified = json.loads(re.search(r"verified: (\{.*\})", text).group(1).replace("'", '"'))
     assert verified["num_examples"] == 5 * 16 and verified["num_shards"] == 8 and verified["bytes"] > 0
@@ -140,7 +137,7 @@ def test_data_pipeline(executed):
 
 
 def test_recipes(executed):
-    notebook, workdir, _ = executed("recipes.ipynb")
+    notebook, workdir = executed("recipes.ipynb")
     text = "\n".join(text_of(notebook))
     assert "my_cnn.yaml: valid." in text
     assert re.search(r"exit code 2: .*mixed_precison.*mixed_precision", text), "the typo was not reported"
@@ -154,11 +151,6 @@ def test_recipes(executed):
         assert float(speedup) == pytest.approx(float(after) / float(before), abs=0.01)
     assert len(outputs_with(notebook, "image/png")) == 1
 
-
-def test_all_notebooks_together_stay_quick(executed):
-    """CI runs them on every change: together they must stay well under the 3 minutes budgeted."""
-    seconds = {path.name: executed(path.name)[2] for path in NOTEBOOKS}
-    assert sum(seconds.values()) < 240, seconds
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

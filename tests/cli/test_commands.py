@@ -602,7 +602,8 @@ def test_a_full_or_read_only_disk_is_said_plainly_and_not_called_a_bug(tmp_path,
     (tmp_path / "recipe.yaml").write_text(GOOD)
     exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
     assert exit_code == 1
-    assert f"{words} writing {tmp_path / 'run' / 'report.html'}" in err and "bug" not in err
+    assert f"{words} writing {tmp_path / 'run' / 'report.html'} (in {tmp_path / 'run'}; " in err and "MiB free there" in err
+    assert "bug" not in err
 
 
 def test_diagnose_reads_an_existing_gpu_trace_without_running_anything(tmp_path, capsys):

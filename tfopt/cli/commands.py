@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import pathlib
+import shutil
 import signal
 import sys
 import traceback
@@ -77,15 +78,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         if error.errno not in _STORAGE_ERRNOS:
             return _report_error(error, 1, args, hint=_BUG_HINT)
-        where = f" writing {error.filename}" if error.filename else ""
-        return _report_error(TfoptError(f"{_STORAGE_ERRNOS[error.errno]}{where} ({error.strerror}). Free space or "
-                                        "choose a writable --out, then run again (--resume continues a run)."), 1, args)
+        return _report_error(TfoptError(_storage_problem(error)), 1, args)
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
         return _report_error(error, 1, args, hint=_BUG_HINT)
 
 
 _BUG_HINT = (" This may be a bug in tfopt or in your model code: rerun with --traceback to see where it "
              "happened.")
+
+
+def _storage_problem(error: OSError) -> str:
+    """A full, read-only or forbidden disk in words: the file, its directory's free space, what to do."""
+    where = ""
+    if error.filename:
+        directory = os.path.dirname(os.path.abspath(os.fsdecode(error.filename)))
+        existing = pathlib.Path(directory)
+        while not existing.exists() and existing != existing.parent:  # a run directory already taken back
+            existing = existing.parent
+        try:
+            free = f"; {shutil.disk_usage(existing).free / 2**20:.1f} MiB free there"
+        except OSError:
+            free = ""
+        where = f" writing {error.filename} (in {directory}{free})"
+    return (f"{_STORAGE_ERRNOS[error.errno]}{where}: {error.strerror}. Free space, or choose a writable --out, "
+            "then run again (--resume continues a run).")
 
 
 @contextlib.contextmanager
