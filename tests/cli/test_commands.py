@@ -490,7 +490,11 @@ def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, ca
     assert training["global_step"] == 12 == training["resumed_from_step"] + training["steps_run"]
     assert training["complete"] and len(training["history"]["loss"]) == 3  # epoch 1 from the killed attempt
     assert training["history"]["loss"][0] == partial["history"]["loss"][0]
-    assert (run_dir / "report.json").read_text() == report
+    resumed_report = json.loads((run_dir / "report.json").read_text())
+    assert {**resumed_report, "training": None} == {**json.loads(report), "training": None}  # measured once
+    assert [window["step"] for window in resumed_report["training"]["windows"]] == \
+        [window["step"] for window in training["monitor"]]
+    assert "## Training (tfopt.Monitor)" in (run_dir / "report.md").read_text()
     assert out.strip().endswith(f"trained to step 12; report: {run_dir / 'report.html'}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html.parser
+import dataclasses
 import json
 import math
 import shutil
@@ -15,7 +16,7 @@ import pytest
 
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.report import SUMMARY_ROWS, Report, compare
+from tfopt.profiling.report import SUMMARY_ROWS, Report, add_training, compare
 
 
 class _Tables(html.parser.HTMLParser):
@@ -385,3 +386,18 @@ def test_the_speedup_says_its_range_over_side_by_side_rounds(make_fake_profile):
     assert expected in report.to_markdown() and expected in report.to_html()
     plain = compare(make_fake_profile(), make_fake_profile(input_ms=1.0)).to_dict()
     assert plain["speedup_rounds"] == [] and plain["speedup_noise"] is None
+
+
+def test_a_training_section_added_to_saved_reports_equals_one_rendered_with_them(fake_report, tmp_path):
+    """What a resumed run does: its measurements were saved by the attempt that was killed."""
+    windows = [{"step": step, "steps": 10, "seconds": 1.0, "steps_per_second": 10.0 + step / 10,
+                "examples_per_second": 320.0 + step, "input_wait_percent": 5.0} for step in (10, 20, 30)]
+    trained = dataclasses.replace(fake_report, training=tuple(windows))
+    saved = [fake_report.save(tmp_path / f"report{suffix}") for suffix in (".json", ".md", ".html")]
+    data = add_training(saved, windows)
+    assert data == json.loads(trained.to_json()) == json.loads(saved[0].read_text())
+    assert saved[1].read_text() == trained.to_markdown()
+    assert saved[2].read_text() == trained.to_html()
+    assert add_training(saved, windows[:2])["training"]["windows"][-1]["step"] == 20  # a second resume replaces it
+    assert saved[1].read_text().count("## Training (tfopt.Monitor)") == 1
+    assert saved[2].read_text().count('alt="training chart"') == 1

@@ -137,8 +137,7 @@ class Report:
                       f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
             lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
-        if data["training"]:
-            lines += ["", "## Training (tfopt.Monitor)", "", _training_text(data["training"])]
+        lines += _training_markdown(data["training"])
         lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
                   _overhead_text(data), "", "## Traces", ""]
         lines += [f"- {name}: `tensorboard --logdir {run['logdir']}`" for name, run in data["runs"].items()]
@@ -156,8 +155,7 @@ class Report:
     def _html_fragment(self) -> str:
         data = self.to_dict()
         names = list(data["runs"])
-        figures = "".join(f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,'
-                          f'{png_base64(figure)}"></figure>' for name, figure in self.figures().items())
+        figures = "".join(_html_figure(name, figure) for name, figure in self.figures().items() if name != "training")
         parts = ['<div class="tfopt-report">', "<h1>tfopt report</h1>", f"<p>{html.escape(data['hardware'])}</p>"]
         parts += [f"<p><i>{html.escape(data['note'])}.</i></p>"] if data["note"] else []
         if data["speedup"] is not None:
@@ -183,8 +181,7 @@ class Report:
                 parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
             parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
             parts.append("</ul>")
-        if data["training"]:
-            parts += ["<h2>Training (tfopt.Monitor)</h2>", f"<p>{html.escape(_training_text(data['training']))}</p>"]
+        parts += _training_html(data["training"], self.training)
         parts += ["<h2>Cost</h2>", f"<p>{html.escape(self._cost_text(data))}</p>",
                   "<h2>Profiling overhead</h2>", f"<p>{html.escape(_overhead_text(data))}</p>",
                   "<h2>Traces</h2><ul>"]
@@ -294,6 +291,65 @@ def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
                             "device_memory_peak_bytes") if all(key in window for window in windows)]
     return {"windows": [{"step": window["step"], **{key: _round(window[key]) for key in keys}} for window in windows],
             "median": {key: _round(statistics.median(window[key] for window in windows)) for key in keys}}
+
+
+def _training_markdown(training: dict[str, Any] | None) -> list[str]:
+    """The Markdown report's Training section (none before training)."""
+    return ["", _MARKDOWN_TRAINING, "", _training_text(training)] if training else []
+
+
+def _training_html(training: dict[str, Any] | None, windows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The HTML report's Training section with its chart (none before training)."""
+    if not training:
+        return []
+    return [_HTML_TRAINING, f"<p>{html.escape(_training_text(training))}</p>",
+            _html_figure("training", training_figure(windows))]
+
+
+def _html_figure(name: str, figure: Any) -> str:
+    return (f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,{png_base64(figure)}">'
+            "</figure>")
+
+
+_MARKDOWN_TRAINING = "## Training (tfopt.Monitor)"
+_HTML_TRAINING = "<h2>Training (tfopt.Monitor)</h2>"
+
+
+def add_training(paths: Sequence[str | Path], windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Puts the Training section into reports already saved, in place of any earlier one: what a resumed
+    run does, whose measurements were saved by the attempt that was killed (this process holds no
+    `Report` of them). Each file is rewritten atomically; returns the JSON report's numbers, or None where
+    the report has no JSON file.
+
+    Raises:
+        ValueError: A file is not a tfopt report (no Cost section to put the Training section before).
+    """
+    training = _training_dict(windows)
+    data = None
+    for path in map(Path, paths):
+        text = path.read_text(encoding="utf-8")
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            data = {**json.loads(text), "training": training}
+            text = json.dumps(data, indent=2)
+        elif suffix in (".md", ".markdown"):
+            section = "\n".join(_training_markdown(training)[1:]) + "\n\n" if training else ""
+            text = _with_section(text, _MARKDOWN_TRAINING, "## Cost\n", section)
+        else:
+            text = _with_section(text, _HTML_TRAINING, "<h2>Cost</h2>",
+                                 "\n".join(_training_html(training, windows)) + "\n")
+        write_atomic(path, text)
+    return data
+
+
+def _with_section(text: str, heading: str, following: str, section: str) -> str:
+    """`text` with `section` just before the heading `following`, in place of the section that starts at
+    `heading` if there is one."""
+    end = text.find(following)
+    if end < 0:
+        raise ValueError(f"not a tfopt report: no {following.strip()!r} heading")
+    start = text.find(heading)
+    return text[:start if 0 <= start < end else end] + section + text[end:]
 
 
 def _training_text(training: dict[str, Any]) -> str:

@@ -205,7 +205,7 @@ def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, clust
         progress.phase(f"training {recipe.train.epochs} epoch(s)")
         training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
                                chief=cluster.is_chief)
-        if written is not None and training.get("monitor"):
+        if cluster.is_chief and training.get("monitor") and report_paths:
             report = _with_training(written, training["monitor"], report_paths) or report
     if resume and cluster.is_chief:  # it may have raised train.epochs: saved once those epochs trained
         save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
@@ -256,9 +256,17 @@ def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> t
 
 def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, pathlib.Path]) -> dict | None:
     """Writes the report again with the training's Monitor windows (its Training section and chart) and
-    returns its numbers; None, with a warning, where it cannot be rendered (the measured report stays)."""
-    report = dataclasses.replace(report, training=tuple(windows))
+    returns its numbers; None, with a warning, where it cannot be rendered (the measured report stays).
+
+    `report` is the `Report` this process measured, or None for a resumed run, whose measurements the
+    first attempt saved: the section then goes into the saved files (`report.add_training`).
+    """
+    from tfopt.profiling.report import add_training
+
     try:
+        if report is None:
+            return add_training(list(paths.values()), windows)
+        report = dataclasses.replace(report, training=tuple(windows))
         _save(report, paths.values())
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a run that trained
         _log.warning("The report keeps its measurements without the training section: rendering it failed "
