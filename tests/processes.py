@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import signal
+import subprocess
 import time
 
 
@@ -35,3 +39,12 @@ def processes_with(*words: str) -> list[int]:
             if all(word.encode() in command for word in words):
                 found.append(int(entry.name))
     return found
+
+
+def kill_all(process: subprocess.Popen, pids: list[int]) -> None:
+    """Leaves nothing a test started running: `process` and the other processes `pids` (SIGKILL)."""
+    process.kill()
+    process.wait(timeout=30)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -74,9 +74,9 @@ def _label_mismatch(model: Any, targets: Any) -> DataError | None:
     outside = labels[(labels < 0) | (labels >= classes)]
     if outside.size == 0:
         return None
-    return DataError(f"The labels of the first batch hold {outside.flat[0].item()!r}, outside the model's {classes} classes "
-                     f"(0 to {classes - 1}): {outside.size} of {labels.size} labels are. Give the model as many "
-                     "outputs as the data has classes, or map the labels to 0..classes-1.", setting="classes")
+    return DataError(f"The labels of the first batch hold {outside.flat[0].item()!r}, outside the model's {classes} "
+                     f"classes (0 to {classes - 1}): {outside.size} of {labels.size} labels are. Give the model as "
+                     "many outputs as the data has classes, or map the labels to 0..classes-1.", setting="classes")
 
 
 def _fits(data_shape: tuple, model_shape: tuple) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ from tfopt.cli import main
 from tfopt.data import generate_shapes
 from tfopt.hardware import detect
 from tfopt.recipe_file import load_recipe
-from tests.processes import alive, processes_with
+from tests.processes import alive, kill_all, processes_with
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -555,11 +554,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_sec
             in err and "--workers 2` continues the run" in err
         assert not [pid for pid in workers if alive(pid)] and not (run_dir / LOCK_NAME).exists()
     finally:
-        launcher.kill()
-        launcher.wait(timeout=30)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(launcher, workers)
 
 
 @pytest.mark.slow
@@ -590,7 +585,8 @@ def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(tmp_path,
                                   "--set", "train.epochs=2")
     assert exit_code == code and out == ""
     assert err.strip() == (f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {tmp_path / 'run'}; "
-                           f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 --out {tmp_path / 'run'} "
+                           f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 "
+                           f"--out {tmp_path / 'run'} "
                            "--resume` continues the run.")
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["recipe.yaml", "report.json"]
 
@@ -606,7 +602,8 @@ def test_a_full_or_read_only_disk_is_said_plainly_and_not_called_a_bug(tmp_path,
     (tmp_path / "recipe.yaml").write_text(GOOD)
     exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
     assert exit_code == 1
-    assert f"{words} writing {tmp_path / 'run' / 'report.html'} (in {tmp_path / 'run'}; " in err and "MiB free there" in err
+    assert f"{words} writing {tmp_path / 'run' / 'report.html'} (in {tmp_path / 'run'}; " in err
+    assert "MiB free there" in err
     assert "bug" not in err
 
 
@@ -642,7 +639,8 @@ def test_diagnose_trace_says_what_is_wrong_with_the_path(capsys, tmp_path):
     (tmp_path / "cut" / "plugins" / "profile" / "run").mkdir(parents=True)
     (tmp_path / "cut" / "plugins" / "profile" / "run" / "host.xplane.pb").write_bytes(b"")
     for path, words in ((tmp_path / "logz", f"{tmp_path / 'logz'} does not exist"),
-                        (tmp_path / "broken", f"is a broken symbolic link (to {tmp_path / 'gone'}, which does not exist)"),
+                        (tmp_path / "broken",
+                         f"is a broken symbolic link (to {tmp_path / 'gone'}, which does not exist)"),
                         (tmp_path / "loop", "is a symbolic link that loops back on itself"),
                         (tmp_path / "cut", "host.xplane.pb is an empty file (0 bytes)")):
         exit_code, out, err = run_cli(capsys, "diagnose", "--trace", path, "--quiet")

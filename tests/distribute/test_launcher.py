@@ -1,10 +1,7 @@
 """The local launcher with tiny Python workers (no TensorFlow): prefixes, TF_CONFIG, failures, no hangs."""
 
-import contextlib
 import json
-import os
 import pathlib
-import signal
 import subprocess
 import sys
 
@@ -12,7 +9,7 @@ import pytest
 
 from tfopt.distribute.launcher import free_ports, launch_local_workers
 from tfopt.errors import DistributionError
-from tests.processes import alive, wait_gone
+from tests.processes import alive, kill_all, wait_gone
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PRINT_TASK = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task']['index'])"
@@ -71,8 +68,4 @@ def test_workers_of_a_launcher_killed_outright_are_stopped_too():
         launcher.wait(timeout=30)
         assert wait_gone(pids) == [], "a worker outlived its launcher"
     finally:
-        launcher.kill()
-        launcher.wait(timeout=30)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(launcher, pids)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pathlib
@@ -16,7 +15,7 @@ import pytest
 from tfopt.run.directory import (LOCK_HELD_ENV, LOCK_NAME, RESOLVED_RECIPE_NAME, check_out_dir, differences,
                                  discard_unused, new_run_dir, resumed_run_dir, run_dir_lock)
 from tfopt.errors import TfoptError
-from tests.processes import wait_gone
+from tests.processes import kill_all, wait_gone
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -125,11 +124,7 @@ def test_a_live_run_locks_its_directory_and_a_killed_runs_lock_is_taken_over(tmp
             in caplog.text
         assert not (tmp_path / LOCK_NAME).exists()
     finally:
-        holder.kill()
-        holder.wait(timeout=30)
-        if worker is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)
+        kill_all(holder, [worker] if worker is not None else [])
 
 
 def test_a_process_that_inherited_the_lock_does_not_take_it_again(tmp_path, monkeypatch):

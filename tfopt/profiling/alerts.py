@@ -59,7 +59,8 @@ class AlertRules:
 
     def __post_init__(self) -> None:
         if not isinstance(self.alert_windows, int) or self.alert_windows < 1:
-            raise RecipeConfigError(f"Monitor: alert_windows={self.alert_windows!r} must be a whole number >= 1 (e.g. 3).")
+            raise RecipeConfigError(
+                f"Monitor: alert_windows={self.alert_windows!r} must be a whole number >= 1 (e.g. 3).")
         if not 0 < self.mfu_drop_fraction < 1:
             raise RecipeConfigError(f"Monitor: mfu_drop_fraction={self.mfu_drop_fraction!r} must be between 0 and 1 "
                              "(0.3 alerts when MFU falls 30% below the run's median).")

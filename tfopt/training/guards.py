@@ -100,8 +100,8 @@ def check_finite_weights(model: Any, *, step: int, before_training: bool = False
             "Load or initialise the weights again; training would only spread the NaN.", step=step)
     raise NonFiniteLossError(
         f"Training stopped at step {step}: the model's weights hold NaN or Inf ({names}), though the loss may "
-        "look finite (a layer that masks NaN, or a loss that clips, hides it). Common causes: NaN/Inf in the inputs (check the "
-        "dataset's features), a learning rate too high, or float16 overflow.", step=step)
+        "look finite (a layer that masks NaN, or a loss that clips, hides it). Common causes: NaN/Inf in the "
+        "inputs (check the dataset's features), a learning rate too high, or float16 overflow.", step=step)
 
 
 class NonFiniteLossGuard(keras.callbacks.Callback):
