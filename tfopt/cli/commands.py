@@ -122,12 +122,14 @@ def _signals_interrupt() -> Iterator[None]:
 
 def _report_interrupt(interrupt: KeyboardInterrupt, args: argparse.Namespace) -> int:
     name = getattr(interrupt, "signal_name", "SIGINT")
-    run_dir = getattr(interrupt, "run_dir", None)
-    command = " ".join([PROGRAM, "run", args.file, *options.worker_arguments(args), "--out", run_dir or "",
-                        "--resume"] + (["--workers", str(args.workers)] if getattr(args, "workers", None) else []))
-    workers = f" Its {args.workers} workers were stopped." if getattr(args, "workers", None) else ""
-    resume = (f" The outputs so far are in {run_dir}; `{command}` continues the run." if run_dir else "")
-    print(f"{PROGRAM}: interrupted ({name}).{workers}{resume}", file=sys.stderr)
+    run_dir = getattr(interrupt, "run_dir", None)  # set by `run` once it has a run directory
+    workers = getattr(args, "workers", None)
+    said = f" Its {workers} workers were stopped." if workers and run_dir else ""
+    if run_dir:
+        command = " ".join([PROGRAM, "run", args.file, *options.worker_arguments(args), "--out", run_dir, "--resume",
+                            *(["--workers", str(workers)] if workers else [])])
+        said += f" The outputs so far are in {run_dir}; `{command}` continues the run."
+    print(f"{PROGRAM}: interrupted ({name}).{said}", file=sys.stderr)
     return 128 + signal.Signals[name].value
 
 
@@ -389,11 +391,8 @@ def _convert(args: argparse.Namespace) -> int:
     from tfopt.data import to_tfrecord
     from tfopt.run.directory import check_writable
 
-    out = pathlib.Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise _UsageError(f"--out {out} is a file, not a directory. Give a directory for the TFRecord files.")
     try:
-        check_writable(out, "--out")
+        check_writable(pathlib.Path(args.out), "--out")
     except TfoptError as error:
         raise _UsageError(str(error)) from error
     recipe = _load(args)

@@ -45,9 +45,6 @@ def check_out_dir(out_dir: str | os.PathLike | None, *, resume: bool) -> None:
         TfoptError: The directory cannot be used; the message says what to give instead.
     """
     path = None if out_dir is None else pathlib.Path(out_dir)
-    if path is not None and path.exists() and not path.is_dir():
-        raise TfoptError(f"--out {path} is a file, not a directory. Give a directory for the run's outputs (new "
-                         "or empty), e.g. --out runs/try.")
     if path is not None:
         check_writable(path, "--out")
     if resume and path is None:
@@ -62,12 +59,14 @@ def check_out_dir(out_dir: str | os.PathLike | None, *, resume: bool) -> None:
 
 
 def check_writable(path: pathlib.Path, what: str) -> None:
-    """Refuses a directory this process could not write into (it, or its nearest existing parent, is
-    read-only or not ours), before any work is done for it.
+    """Refuses, before any work is done for it, a directory this process could not write into: a file, or a
+    path whose nearest existing directory is read-only or not ours.
 
     Raises:
         TfoptError: Naming `what` (the option, e.g. "--out"), the directory and the reason.
     """
+    if path.exists() and not path.is_dir():
+        raise TfoptError(f"{what} {path} is a file, not a directory. Give a directory (new or empty) instead.")
     existing = path.absolute()
     while not existing.exists():
         existing = existing.parent
