@@ -24,9 +24,10 @@ from tfopt.profiling.timing import StepTimes
 FEATURES = 64
 BATCH = 32
 # Each element sleeps this long in a Python function (a stand-in for slow reads or decoding): serially
-# that is ~96 ms per batch, far more than the model's ~40 ms step, so the starved pipeline waits most of
-# every step even with tf.data's injected prefetch; 32 parallel calls make a batch in a few ms.
-SLEEP_SECONDS = 0.003
+# that is ~320 ms per batch, several times the model's step even when another test process shares the
+# cores (then the step took up to 160 ms, and a 96 ms batch hid behind tf.data's injected prefetch), so
+# the starved pipeline waits most of every step; 32 parallel calls make a batch in about 10 ms.
+SLEEP_SECONDS = 0.01
 STEPS = 8
 WARMUP_STEPS = 3
 
