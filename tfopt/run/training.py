@@ -72,12 +72,11 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
             from tfopt.training import train as resumable_train
 
             monitor = _monitor(built, train, tensorboard_dir / "train" if chief else None)
-            if chief:
-                callbacks.append(_epoch_records(run_dir / TRAINING_NAME, monitor))
+            records = _epoch_records(run_dir / TRAINING_NAME, monitor)
             result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                                      checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
-                                     callbacks=[monitor, *callbacks])
-            record = {"engine": "tfopt.training.train", **result.to_dict(), "monitor": _windows(monitor)}
+                                     callbacks=[monitor, *callbacks, *([records] if chief else [])])
+            record = records.whole({"engine": "tfopt.training.train", **result.to_dict()})
     except TfoptError as error:
         error.args = (f"{error}{_windows_kept(monitor)}",)
         raise
@@ -90,24 +89,8 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
     if chief:
         from tfopt._atomic import write_atomic
 
-        record = _continuing(run_dir / TRAINING_NAME, record)
-        write_atomic(run_dir / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
+        write_atomic(run_dir / TRAINING_NAME, json.dumps({**record, "complete": True}, indent=2) + "\n")
     return record
-
-
-def _continuing(path: pathlib.Path, record: dict[str, Any]) -> dict[str, Any]:
-    """A resumed run's record with the earlier attempts' epochs and Monitor windows in front, up to the
-    checkpoint it resumed from (what came after it was trained again), so training.json keeps it all."""
-    start = record.get("resumed_from_step")
-    if not start or not path.is_file():
-        return {**record, "complete": True}
-    before = json.loads(path.read_text(encoding="utf-8"))
-    kept_epochs = start // record["steps_per_epoch"]
-    earlier = {key: values[:kept_epochs] for key, values in before.get("history", {}).items()}
-    history = {key: [*earlier.get(key, []), *record.get("history", {}).get(key, [])]
-               for key in dict.fromkeys([*earlier, *record.get("history", {})])}
-    windows = [window for window in before.get("monitor", []) if window["step"] <= start]
-    return {**record, "history": history, "monitor": [*windows, *record.get("monitor", [])], "complete": True}
 
 
 def _windows(monitor: Any) -> list[dict[str, Any]]:
@@ -117,8 +100,10 @@ def _windows(monitor: Any) -> list[dict[str, Any]]:
 
 
 def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
-    """A Keras callback writing training.json at every epoch end (`"complete": false`), holding the earlier
-    attempts' epochs and windows up to where this attempt starts, so a killed run's record survives it."""
+    """A Keras callback keeping the run's whole record: the earlier attempts' epochs and Monitor windows up
+    to where this attempt starts (what came after was trained again), then this attempt's. The chief
+    adds it to training, and it writes training.json at every epoch end (`"complete": false`), so a killed
+    run's record survives it; `whole(record)` is the record of a finished attempt."""
     import keras
 
     from tfopt._atomic import write_atomic
@@ -128,25 +113,32 @@ def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
     class EpochRecords(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
-            self.history: dict[str, list[float]] | None = None
-            self.windows: list[dict[str, Any]] | None = None
+            self.history: dict[str, list[float]] = earlier.get("history", {})
+            self.windows: list[dict[str, Any]] = earlier.get("monitor", [])
+            self.started = False
 
         def on_train_begin(self, logs: dict | None = None) -> None:
-            if self.windows is None:  # the first fit() of this attempt starts at the restored step
+            if not self.started:  # the first fit() of this attempt starts at the restored step
                 start = int(self.model.optimizer.iterations.numpy())
-                self.windows = [window for window in earlier.get("monitor", []) if window["step"] <= start]
+                self.windows = [window for window in self.windows if window["step"] <= start]
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-            if self.history is None:  # Keras numbers epochs from initial_epoch: the run's own count
-                self.history = {key: list(values[:epoch]) for key, values in earlier.get("history", {}).items()}
+            if not self.started:  # Keras numbers epochs from initial_epoch: the run's own count
+                self.started = True
+                self.history = {key: list(values[:epoch]) for key, values in self.history.items()}
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             for key, value in (logs or {}).items():
                 self.history.setdefault(key, []).append(float(value))
             record = {"engine": "tfopt.training.train", "complete": False, "epochs_done": epoch + 1,
-                      "global_step": int(self.model.optimizer.iterations.numpy()), "history": self.history,
-                      "monitor": [*self.windows, *_windows(monitor)]}
-            write_atomic(path, json.dumps(record, indent=2) + "\n")
+                      "global_step": int(self.model.optimizer.iterations.numpy())}
+            write_atomic(path, json.dumps(self.whole(record), indent=2) + "\n")
+
+        def whole(self, record: dict[str, Any]) -> dict[str, Any]:
+            """`record` with every attempt's epochs and windows. Where no epoch ran here (nothing was left
+            to train, or the callback was not given to training) the earlier record stands as it was."""
+            history = self.history if self.started or self.history else record.get("history", {})
+            return {**record, "history": history, "monitor": [*self.windows, *_windows(monitor)]}
 
     return EpochRecords()
 
