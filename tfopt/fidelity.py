@@ -154,14 +154,14 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
     """
     import numpy as np
 
-    from tfopt.training.guards import non_finite_weights
+    from tfopt.training.guards import listed, non_finite_weights
 
     nan_weights = non_finite_weights(model)
     if nan_weights:  # a layer masking NaN activations would keep the predictions below finite
         raise IncompatibleModelError(
-            f"Your model's weights hold NaN or Inf before any recipe ({', '.join(nan_weights[:5])}"
-            f"{' and more' if len(nan_weights) > 5 else ''}): training would only spread them, and a speedup of "
-            "a training that computes NaN means nothing. Load or initialise the weights again.")
+            f"Your model's weights hold NaN or Inf before any recipe ({listed(nan_weights)}): training would only "
+            "spread them, and a speedup of a training that computes NaN means nothing. Load or initialise the "
+            "weights again.")
     try:
         result = outcome(model, batch)
     except Exception as error:

@@ -79,6 +79,16 @@ def non_finite_weights(model: Any) -> list[str]:
     return [variable.path for variable, ok in zip(variables, finite) if not ok]
 
 
+def listed(paths: list[str], most: int = 5) -> str:
+    """Variable paths for a message: the first `most`, then how many more.
+
+    Example:
+        >>> listed(["a/kernel", "a/bias", "b/kernel"], most=2)
+        'a/kernel, a/bias and 1 more'
+    """
+    return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
 def check_finite_weights(model: Any, *, step: int, before_training: bool = False) -> None:
     """Raises `NonFiniteLossError` naming the variables of `model` that hold a NaN or Inf.
 
@@ -93,7 +103,7 @@ def check_finite_weights(model: Any, *, step: int, before_training: bool = False
     broken = non_finite_weights(model)
     if not broken:
         return
-    names = ", ".join(broken[:5]) + (f" and {len(broken) - 5} more" if len(broken) > 5 else "")
+    names = listed(broken)
     if before_training:
         raise NonFiniteLossError(
             f"Training did not start: the model's weights hold NaN or Inf before the first step ({names}). "
