@@ -89,7 +89,8 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
     if chief:
         from tfopt._atomic import write_atomic
 
-        write_atomic(run_dir / TRAINING_NAME, json.dumps({**record, "complete": True}, indent=2) + "\n")
+        record = {**record, "complete": True}
+        write_atomic(run_dir / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
     return record
 
 
