@@ -281,11 +281,30 @@ def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
         assert f"<li>{html.escape(note)}</li>" in report.to_html()
 
 
+def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_report):
+    data = real_report.to_dict()
+    before, after = (data["runs"][name]["hotspots"] for name in ("before", "after"))
+    # the sleeping map (fused by tf.data with its batch), named by its function: sequential, then parallel
+    assert before["stages"]["bottleneck"] == after["stages"]["bottleneck"] == "map+batch load"
+    slow_before, slow_after = (next(stage for stage in run["stages"]["stages"] if stage["label"] == "map+batch load")
+                               for run in (before, after))
+    assert slow_before["parallelism"] == 1 and slow_after["parallelism"] > 1
+    assert slow_after["bound_seconds_per_batch"] < slow_before["bound_seconds_per_batch"] / 1.5
+    assert before["stages"]["recipe"] == "data_pipeline"
+    assert before["layers"]["top"] in ("dense", "dense_1") and before["layers"]["device"] == "CPU"
+    markdown = real_report.to_markdown()
+    for title in ("## Input pipeline, stage by stage: before", "## Model, layer by layer: after"):
+        assert title in markdown
+    assert "| map+batch load | " in markdown and "Bottleneck: map+batch load." in markdown
+    assert "hotspots" in real_report.figures()
+    assert 'id="input-pipeline-before"' in real_report.to_html()
+
+
 def test_html_is_self_contained_with_decodable_pngs(real_report):
     page = real_report.to_html()
     tables = _Tables()
     tables.feed(page)
-    assert len(tables.images) == 2
+    assert len(tables.images) == 3  # breakdown, metrics, hotspots
     for source in tables.images:
         assert source.startswith("data:image/png;base64,")
         assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"

@@ -31,6 +31,7 @@ from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
+from tfopt.profiling.hotspots import Hotspots, find_hotspots, refine_diagnosis
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.measurement import Measurement, measure
@@ -73,6 +74,7 @@ class Profile:
         diagnosis: The bottlenecks and the recipes that fix them.
         hardware: The machine it ran on.
         steps_per_epoch: The dataset's length in batches, where tf.data knows it.
+        hotspots: The input pipeline stage by stage and the model layer by layer, from the capture.
 
     Example:
         >>> profile = tfopt.profile(model, dataset)  # doctest: +SKIP
@@ -85,6 +87,7 @@ class Profile:
     diagnosis: Diagnosis
     hardware: Hardware
     steps_per_epoch: int | None = None
+    hotspots: Hotspots | None = None
 
     @property
     def logdir(self) -> Path:
@@ -124,7 +127,8 @@ class Profile:
                 "diagnosis": self.diagnosis.to_dict(), "samples": self.samples.to_dict(),
                 "metrics": self.metrics.to_dict(), "peak_memory_bytes": self.capture.peak_memory_bytes,
                 "hardware": self.hardware.describe(), "logdir": str(self.logdir),
-                "steps_per_epoch": self.steps_per_epoch}
+                "steps_per_epoch": self.steps_per_epoch,
+                "hotspots": self.hotspots.to_dict() if self.hotspots is not None else None}
 
 
 def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5, logdir: str | Path | None = None,
@@ -174,8 +178,11 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
     breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
     diagnosis = diagnose_breakdown(breakdown, hardware, measurement=measurement,
                                    peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware))
-    return Profile(measurement=measurement, capture=captured, breakdown=breakdown, diagnosis=diagnosis,
-                   hardware=hardware, steps_per_epoch=steps_per_epoch)
+    hotspots = find_hotspots(captured.xplane_path, hardware, model=model, dataset=dataset, batch_size=batch_size,
+                             step_seconds=breakdown.step_seconds_mean)
+    return Profile(measurement=measurement, capture=captured, breakdown=breakdown,
+                   diagnosis=refine_diagnosis(diagnosis, hotspots, hardware), hardware=hardware,
+                   steps_per_epoch=steps_per_epoch, hotspots=hotspots)
 
 
 def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,

@@ -180,14 +180,16 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
 
 
 def diagnose_capture(path: str | os.PathLike,
-                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis]:
-    """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis.
+                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis, Any]:
+    """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis,
+    and its `hotspots.Hotspots` (the input pipeline stage by stage, the model layer by layer).
 
     Wall steps come from tfopt's step markers, or from Keras' train-function calls where there are none.
     Without a timed measurement next to the trace, the input efficiency and MFU stay unknown (the
-    diagnosis' notes say so).
+    diagnosis' notes say so); without the model and the dataset, layers' FLOPs and maps' function names.
     """
     from tfopt.profiling.analyze import analyze, find_xplane
+    from tfopt.profiling.hotspots import find_hotspots, refine_diagnosis
     from tfopt.profiling.trace import trace_gpus
 
     xplane = find_xplane(path)
@@ -197,10 +199,11 @@ def diagnose_capture(path: str | os.PathLike,
         # The capture's own GPUs (none: it ran on a CPU); the host's details are this machine's.
         hardware = dataclasses.replace(detect(), gpus=trace_gpus(xplane), tpu_cores=0)
     breakdown = analyze(xplane)
-    diagnosis = diagnose_breakdown(breakdown, hardware)
+    hotspots = find_hotspots(xplane, hardware, step_seconds=breakdown.step_seconds_mean)
+    diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots, hardware)
     note = (f"The capture does not record its host: CPU core counts in the findings are this machine's "
             f"({hardware.cpu_count}).")
-    return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note))
+    return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note)), hotspots
 
 
 def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None,
@@ -325,7 +328,7 @@ def _memory_bound(breakdown: StepBreakdown) -> Finding | None:
 
 def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
     share = breakdown.compute_16bit_percent
-    if share is None or share >= LOW_16BIT_PERCENT or not _has_fast_16bit(hardware):
+    if share is None or share >= LOW_16BIT_PERCENT or not has_fast_16bit(hardware):
         return None
     if breakdown.percent("device_compute_seconds") < DEVICE_DOMINANT_PERCENT:
         return None  # halving compute time matters little while something else dominates the step
@@ -358,7 +361,8 @@ def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction
                    "spreads over more examples.")
 
 
-def _has_fast_16bit(hardware: Hardware) -> bool:
+def has_fast_16bit(hardware: Hardware) -> bool:
+    """Whether the hardware has units that run 16-bit matmuls faster than 32-bit ones."""
     if hardware.accelerator == "tpu":
         return True
     if hardware.accelerator == "gpu":

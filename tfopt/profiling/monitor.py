@@ -373,8 +373,9 @@ class Monitor(keras.callbacks.Callback):
     def _stop_profile(self) -> None:
         import tensorflow as tf
 
-        from tfopt.profiling.analyze import analyze
+        from tfopt.profiling.analyze import analyze, find_xplane
         from tfopt.profiling.diagnose import diagnose_breakdown
+        from tfopt.profiling.hotspots import find_hotspots
 
         tf.profiler.experimental.stop()
         self._profile_left = 0
@@ -385,10 +386,18 @@ class Monitor(keras.callbacks.Callback):
             _log.warning("tfopt.Monitor: the capture in %s could not be analysed: %s", self._profile_dir, error)
             return
         diagnosis = diagnose_breakdown(breakdown, self.hardware)
+        hotspots = find_hotspots(find_xplane(self._profile_dir), self.hardware, model=self.model,
+                                 step_seconds=breakdown.step_seconds_mean)
+        stages, layers = hotspots.stages, hotspots.layers
         self._emit({"kind": "profile", "step": self._step, "path": str(self._profile_dir),
                     "busy_percent": breakdown.busy_percent, "input_wait_percent": breakdown.input_percent,
                     "step_seconds": breakdown.step_seconds_mean, "bottlenecks": list(diagnosis.bottlenecks),
-                    "diagnosis": diagnosis.summary})
+                    "diagnosis": diagnosis.summary,
+                    "top_stage": stages.bottleneck.label if stages and stages.bottleneck else None,
+                    "top_stage_seconds_per_batch": (stages.bottleneck.bound_seconds_per_batch
+                                                    if stages and stages.bottleneck else None),
+                    "top_layer": layers.top.layer if layers and layers.top else None,
+                    "top_layer_seconds_per_step": layers.top.seconds_per_step if layers and layers.top else None})
 
     # --- outputs ---
 

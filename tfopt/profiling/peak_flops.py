@@ -16,6 +16,11 @@ Figures are the vendors' dense (no structured sparsity) tensor-core peaks per de
 | TPU v5e (per chip) | - | - | 197 | - | Google Cloud TPU v5e documentation |
 
 A device or precision not in the table has no MFU: tfopt says so rather than guess.
+
+Memory bandwidth per device, in TB/s, for the roofline's ridge point (peak FLOP/s over bandwidth: the
+arithmetic intensity below which a kernel waits for memory), from the same datasheets: H100 SXM5 3.35,
+H100 PCIe 2.0, H200 SXM 4.8, A100 80GB SXM 2.039, A100 40GB 1.555, L4 0.3, T4 0.32, V100 0.9, TPU v4
+1.2 (Google Cloud TPU v4 documentation), TPU v5e 0.819 (its documentation).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"tpu v5e|^v5e|^v5litepod", {"bf16": 197.0}),
 )
 
+MEMORY_TERABYTES_PER_SECOND: tuple[tuple[str, float], ...] = (
+    (r"h100.*pcie", 2.0), (r"h100", 3.35), (r"h200", 4.8), (r"a100.*80", 2.039), (r"a100", 1.555),
+    (r"\bl4\b", 0.3), (r"\bt4\b", 0.32), (r"v100", 0.9), (r"tpu v4|^v4", 1.2), (r"tpu v5e|^v5e|^v5litepod", 0.819),
+)
+
 _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -65,6 +75,21 @@ def peak_flops_per_second(hardware: Hardware, precision: str | None, *, devices:
             peak = peaks.get(precision)
             return peak * _TERA * devices if peak is not None else None
     return None
+
+
+def memory_bandwidth_bytes_per_second(hardware: Hardware) -> float | None:
+    """The accelerator's memory bandwidth in bytes/s, or None where it is not in the table (CPUs too).
+
+    Example:
+        >>> from tfopt.hardware import Gpu
+        >>> memory_bandwidth_bytes_per_second(Hardware(gpus=(Gpu("NVIDIA H200", (9, 0)),))) / 1e12
+        4.8
+    """
+    name = accelerator_name(hardware)
+    if name is None:
+        return None
+    return next((terabytes * _TERA for pattern, terabytes in MEMORY_TERABYTES_PER_SECOND
+                 if re.search(pattern, name)), None)
 
 
 def accelerator_name(hardware: Hardware) -> str | None:

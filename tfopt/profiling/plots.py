@@ -1,10 +1,11 @@
-"""The report's two figures, drawn with matplotlib's object API (no pyplot, so no global state and no
+"""The report's figures, drawn with matplotlib's object API (no pyplot, so no global state and no
 display needed) and encoded as PNG for self-contained HTML.
 
 - Step-time breakdown: one horizontal bar per run, stacked by where the wall step's time went.
 - Metrics: accelerator busy %, MFU, input wait and input efficiency per run, side by side; below them,
   the hardware's own readings over time (NVML's coarse "a kernel was running" sample on GPUs, this
   process's CPU use on the host).
+- Hotspots: per run, a bar per input-pipeline stage and per layer (`hotspots.py`).
 - Training: the `tfopt.Monitor` windows of the training that followed, over the steps: examples/s, and
   input wait % and MFU % where measured, so a run that degraded after an hour shows where.
 """
@@ -103,6 +104,42 @@ def metrics_figure(profiles: Mapping[str, Any]) -> Any:
     for axes in (metric_axes, hardware_axes):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    return figure
+
+
+def hotspots_figure(profiles: Mapping[str, Any], *, rows: int = 5) -> Any | None:
+    """Where the time goes inside the step, per run: a bar per input stage (its least time per batch at
+    its parallelism) and a bar per layer (its device time per step), the heaviest `rows` of each.
+
+    Returns:
+        A matplotlib Figure with two axes, or None where no run has either table.
+    """
+    tables = {name: profile.hotspots for name, profile in profiles.items() if profile.hotspots is not None}
+    if not tables:
+        return None
+    figure = _figure(height=2.2 + 0.45 * rows * len(tables))
+    stage_axes, layer_axes = figure.subplots(2, 1)
+    for axes, title, unit, bars in (
+            (stage_axes, "Input pipeline: least time per batch by stage", "ms per batch",
+             lambda hotspots: [(stage.label, stage.bound_seconds_per_batch) for stage in hotspots.stages.stages
+                               if stage.work_seconds > 0][:rows] if hotspots.stages else []),
+            (layer_axes, "Model: device time per step by layer", "ms per step",
+             lambda hotspots: [(layer.layer, layer.seconds_per_step) for layer in hotspots.layers.layers][:rows]
+             if hotspots.layers else [])):
+        labels, values, colors = [], [], []
+        for index, (name, hotspots) in enumerate(tables.items()):
+            for label, seconds in bars(hotspots):
+                labels.append(f"{name}: {label}"[:60])
+                values.append(seconds * 1000.0)
+                colors.append(_RUN_COLORS[index % len(_RUN_COLORS)])
+        positions = range(len(labels))
+        axes.barh(positions, values, color=colors, height=0.6)
+        axes.set_yticks(positions, labels, fontsize=8)
+        axes.invert_yaxis()
+        axes.set_xlabel(unit)
+        axes.set_title(title)
+        axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     return figure
 

@@ -26,7 +26,7 @@ from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds
-from tfopt.profiling.plots import breakdown_figure, metrics_figure, png_base64, training_figure
+from tfopt.profiling.plots import breakdown_figure, hotspots_figure, metrics_figure, png_base64, training_figure
 
 REPORT_VERSION = 1
 
@@ -109,8 +109,12 @@ class Report:
         return json.dumps(self.to_dict(), indent=2)
 
     def figures(self) -> dict[str, Any]:
-        """The report's matplotlib figures: "breakdown", "metrics", and "training" once there are windows."""
+        """The report's matplotlib figures: "breakdown", "metrics", "hotspots" where a run has its stage or layer
+        table, and "training" once there are windows."""
         figures = {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
+        hotspots = hotspots_figure(self.profiles)
+        if hotspots is not None:
+            figures["hotspots"] = hotspots
         if self.training:
             figures["training"] = training_figure(self.training)
         return figures
@@ -137,6 +141,9 @@ class Report:
                       f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
             lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
+        for name, run in data["runs"].items():
+            for title, (header, rows, fix) in _hotspot_tables(run["hotspots"]).items():
+                lines += ["", f"## {title}: {name}", "", *_table(header, rows), "", fix]
         lines += _training_markdown(data["training"])
         lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
                   _overhead_text(data), "", "## Traces", ""]
@@ -181,6 +188,11 @@ class Report:
                 parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
             parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
             parts.append("</ul>")
+        for name, run in data["runs"].items():
+            for title, (header, rows, fix) in _hotspot_tables(run["hotspots"]).items():
+                parts += [f"<h2>{html.escape(title)}: {html.escape(name)}</h2>",
+                          _html_table(header, rows, table_id=f"{title.split(',')[0].lower().replace(' ', '-')}-{name}"),
+                          f"<p>{html.escape(fix)}</p>"]
         parts += _training_html(data["training"], self.training)
         parts += ["<h2>Cost</h2>", f"<p>{html.escape(self._cost_text(data))}</p>",
                   "<h2>Profiling overhead</h2>", f"<p>{html.escape(_overhead_text(data))}</p>",
@@ -420,8 +432,48 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
         "compute_16bit_percent": (_round(breakdown.compute_16bit_percent)
                                   if breakdown.compute_16bit_percent is not None else None),
         "diagnosis": _rounded_diagnosis(profile.diagnosis.to_dict()),
+        "hotspots": profile.hotspots.to_dict() if profile.hotspots is not None else None,
         "logdir": str(profile.logdir),
     }
+
+
+# Rows of each table shown in the report; the JSON keeps all.
+HOTSPOT_ROWS = 8
+
+
+def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[str], list[list[str]], str]]:
+    """The report's "where the time goes" tables of one run: title -> (header, rows, the fix line)."""
+    tables: dict[str, tuple[list[str], list[list[str]], str]] = {}
+    stages = (hotspots or {}).get("stages")
+    if stages:
+        rows = [[stage["label"], _ms(stage["seconds_per_element"]), _ms(stage["work_per_batch_seconds"]),
+                 f"{100 * stage['share']:.0f}%",
+                 _show(stage["parallelism"]) + (" (autotuned)" if stage["autotuned"] else ""), _show(stage["buffer"]),
+                 _ms(stage["bound_seconds_per_batch"])]
+                for stage in stages["stages"] if stage["work_seconds"] > 0][:HOTSPOT_ROWS]
+        tables["Input pipeline, stage by stage"] = (
+            ["stage", "ms per element", "work ms per batch", "share of work", "parallelism", "buffer",
+             "least ms per batch"], rows, f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}")
+    layers = (hotspots or {}).get("layers")
+    if layers and layers["layers"]:
+        rows = [[layer["layer"], _ms(layer["seconds_per_step"]),
+                 f"{100 * layer['share_of_device']:.0f}%",
+                 f"{100 * layer['share_of_step']:.0f}%" if layer["share_of_step"] is not None else "n/a",
+                 ", ".join(op for op, _ in layer["op_types"]),
+                 f"{layer['intensity']:.1f}" if layer["intensity"] is not None else "n/a",
+                 layer["bound"] or "n/a", layer["recipe"] or "-"]
+                for layer in layers["layers"][:HOTSPOT_ROWS]]
+        top = next((layer for layer in layers["layers"] if layer["layer"] == layers["top"]), None)
+        ridge = f" Ridge point: {layers['ridge_point']:.0f} FLOPs/byte." if layers["ridge_point"] else ""
+        tables["Model, layer by layer"] = (
+            ["layer", "ms per step", f"share of {layers['device']} time", "share of step", "heaviest op types",
+             "FLOPs/byte", "bound", "recipe"], rows,
+            (f"Heaviest layer: {top['layer']}: {top['fix']}" if top else "No Keras layer found.") + ridge)
+    return tables
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3g}"
 
 
 def _rounded_diagnosis(diagnosis: dict[str, Any]) -> dict[str, Any]:

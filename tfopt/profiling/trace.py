@@ -33,10 +33,10 @@ from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 # The host events that block a training step until the input pipeline hands over a batch.
 _INPUT_WAIT_EVENTS = frozenset({"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"})
 # Keras' train-function calls (Keras 3: multi/one_step_on_iterator; Keras 2: train_function).
-_KERAS_STEP_EVENTS = frozenset({"multi_step_on_iterator", "one_step_on_iterator", "train_function"})
+KERAS_STEP_EVENTS = frozenset({"multi_step_on_iterator", "one_step_on_iterator", "train_function"})
 _COPY_EVENT = re.compile(r"^Mem(cpy|set)")
-_16BIT_KERNEL = re.compile(r"bf16|bfloat16|f16|fp16|half|h884|h1688|h16816|hgemm", re.IGNORECASE)
-_32BIT_KERNEL = re.compile(r"f32|tf32|sgemm|s1688gemm|s884gemm|float", re.IGNORECASE)
+KERNEL_16BIT = re.compile(r"bf16|bfloat16|f16|fp16|half|h884|h1688|h16816|hgemm", re.IGNORECASE)
+KERNEL_32BIT = re.compile(r"f32|tf32|sgemm|s1688gemm|s884gemm|float", re.IGNORECASE)
 
 Interval = tuple[int, int]  # picoseconds
 
@@ -64,7 +64,7 @@ def trace_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
     steps, notes = _wall_steps(events, xplane, step_numbers)
     count = len(steps)
     step_seconds = tuple((end - start) / 1e12 for _, start, end in steps)
-    waits, kernels = _merge(events.waits), _merge([interval for interval, _, _ in events.kernels])
+    waits, kernels = merge_intervals(events.waits), merge_intervals([interval for interval, _, _ in events.kernels])
     input_seconds = sum(_overlap(waits, start, end) for _, start, end in steps) / count / 1e12
     has_device = bool(events.device_activity)
     device_seconds = busy_seconds = compute_16bit = xla_share = None
@@ -109,7 +109,7 @@ def trace_steps(xplane: str | Path, *, step_numbers: Collection[int] | None = No
     """
     events = _read_events(xplane)
     steps, _ = _wall_steps(events, xplane, step_numbers)
-    waits = _merge(events.waits)
+    waits = merge_intervals(events.waits)
     return [{"step": number, "step_seconds": (end - start) / 1e12,
              "input_seconds": _overlap(waits, start, end) / 1e12,
              "device_busy_seconds": _busy_picoseconds(events, start, end) / 1e12} for number, start, end in steps]
@@ -118,7 +118,7 @@ def trace_steps(xplane: str | Path, *, step_numbers: Collection[int] | None = No
 def _busy_picoseconds(events: _Events, start: int, end: int) -> float:
     """How long the accelerators were busy between `start` and `end`: each device's union of activity,
     averaged over the devices (a union over all of them would read two GPUs busy in turn as one busy GPU)."""
-    devices = [_merge(intervals) for intervals in events.device_activity.values()]
+    devices = [merge_intervals(intervals) for intervals in events.device_activity.values()]
     return statistics.fmean(_overlap(busy, start, end) for busy in devices) if devices else 0.0
 
 
@@ -169,13 +169,13 @@ def _read_events(xplane: str | Path) -> _Events:
                 if device_stream:
                     events.device_activity.setdefault(plane.name, []).append(interval)
                     if not _COPY_EVENT.match(name):
-                        is_16bit = True if _16BIT_KERNEL.search(name) else False if _32BIT_KERNEL.search(name) else None
+                        is_16bit = True if KERNEL_16BIT.search(name) else False if KERNEL_32BIT.search(name) else None
                         metadata_stats = plane.event_metadata[event.metadata_id].stats
                         from_xla = any(stat.metadata_id == hlo_stat for stat in (*event.stats, *metadata_stats))
                         events.kernels.append((interval, is_16bit, from_xla))
                 elif name in _INPUT_WAIT_EVENTS:
                     events.waits.append(interval)
-                elif name in _KERAS_STEP_EVENTS:
+                elif name in KERAS_STEP_EVENTS:
                     events.keras_steps.append(interval)
                 elif name == STEP_MARKER and step_stat is not None:
                     number = next((stat.int64_value for stat in event.stats if stat.metadata_id == step_stat), None)
@@ -231,7 +231,7 @@ def _stat_id(plane: Any, name: str) -> int | None:
     return next((key for key, metadata in plane.stat_metadata.items() if metadata.name == name), None)
 
 
-def _merge(intervals: list[Interval]) -> list[Interval]:
+def merge_intervals(intervals: list[Interval]) -> list[Interval]:
     merged: list[Interval] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:

@@ -1,0 +1,139 @@
+"""The model layer by layer, from captures Keras' TensorBoard callback makes here (one layer far heavier
+than the rest, auto-named layers) and from the real GPU captures; and each layer's FLOPs and bytes."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.hardware import Gpu, Hardware
+from tfopt.profiling.analyze import find_xplane
+from tfopt.profiling.layer_cost import layer_costs
+from tfopt.profiling.layers import layer_times
+from tfopt.profiling.trace import trace_breakdown, trace_gpus
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def heavy_middle_model() -> keras.Model:
+    """Auto-named Dense layers (`dense`, `dense_1`, `dense_2`): `dense_1` does ~97% of the FLOPs."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32,))
+    hidden = keras.layers.Dense(512, activation="relu")(inputs)
+    hidden = keras.layers.Dense(512, activation="relu")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile("sgd", "mse")
+    return model
+
+
+@pytest.fixture(scope="module")
+def heavy_capture(tmp_path_factory):
+    model = heavy_middle_model()
+    data = tf.data.Dataset.from_tensor_slices((np.ones((512, 32), np.float32), np.ones((512, 1), np.float32)))
+    logdir = tmp_path_factory.mktemp("layers")
+    callback = keras.callbacks.TensorBoard(log_dir=str(logdir), profile_batch=(3, 6), write_graph=False)
+    model.fit(data.batch(64).cache().repeat(), steps_per_epoch=8, epochs=1, verbose=0, callbacks=[callback])
+    return model, find_xplane(logdir)
+
+
+@pytest.mark.slow
+def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
+    model, xplane = heavy_capture
+    for given in (model, None):  # the scopes resolve to the same names with or without the model
+        table = layer_times(xplane, model=given, batch_size=64)
+        assert table.device == "CPU" and table.steps == 4  # profile_batch=(3, 6)
+        assert table.top.layer == "dense_1"
+        names = [layer.layer for layer in table.layers]
+        assert {"dense", "dense_1", "dense_2", "(sgd)", "(compile_loss)"} <= set(names)
+        heavy, light = (next(layer for layer in table.layers if layer.layer == name) for name in ("dense_1", "dense_2"))
+        assert heavy.seconds_per_step > 5 * light.seconds_per_step and heavy.share_of_device > 0.4
+        assert heavy.matmul_share > 0.7 and 0.3 < heavy.backward_share < 0.95
+        assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
+        assert sum(layer.share_of_device for layer in table.layers) == pytest.approx(1.0)
+    with_model = layer_times(xplane, model=model, batch_size=64)
+    assert with_model.top.flops_per_step == pytest.approx(3 * 2 * 64 * 512 * 512)
+    assert with_model.top.intensity > 10 and with_model.top.bound is None  # a CPU has no ridge point here
+    assert layer_times(xplane).top.flops_per_step is None
+
+
+def test_layer_costs_from_weights_and_shapes():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    features = keras.layers.Conv2D(8, 3, padding="same", name="conv")(inputs)
+    pooled = keras.layers.GlobalAveragePooling2D(name="pool")(features)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="logits")(pooled))
+    costs, unknown = layer_costs(model, batch_size=2)
+    assert unknown == []
+    conv_flops, conv_bytes = costs["conv"]
+    assert conv_flops == 3 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 3)  # multiply-adds per output element: 3x3x3
+    assert conv_bytes == 3 * ((2 * 16 * 16 * 3 + 2 * 16 * 16 * 8) * 4 + (3 * 3 * 3 * 8 + 8) * 4)
+    assert costs["logits"][0] == 3 * 2 * 2 * 8 * 4
+    assert costs["pool"][0] == 3 * 2 * 16 * 16 * 8  # no weights: one FLOP per input element
+
+
+def test_layers_of_a_subclassed_model_have_no_cost_but_are_named():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, name="hidden")
+
+        def call(self, inputs):
+            return self.hidden(inputs)
+
+    model = Net()
+    model(np.ones((2, 4), np.float32))
+    assert layer_costs(model, batch_size=2) == ({}, ["hidden"])
+
+
+def _unpack(archive: Path, root: Path) -> Path:
+    with tarfile.open(archive, "r:xz") as opened:
+        opened.extractall(root, filter="data")
+    return root / archive.name.removesuffix(".tar.xz")
+
+
+@pytest.mark.parametrize("case, recipe", [("heavy_conv_fp32", "mixed_precision"), ("heavy_conv_bf16_xla", None),
+                                          ("elementwise_chain_fp32", "xla"), ("lstm_fp32", "mixed_precision")])
+def test_gpu_captures_with_a_planted_layer(tmp_path, case, recipe):
+    """H200 captures by Keras' TensorBoard callback (tests/fixtures/gpu-planted): the planted layer comes
+    first, with the fix its kernels call for."""
+    logdir = _unpack(FIXTURES / "gpu-planted" / f"{case}.tar.xz", tmp_path)
+    truth = json.loads((logdir / "case.json").read_text())
+    xplane = find_xplane(logdir)
+    (gpu,) = trace_gpus(xplane)
+    table = layer_times(xplane, step_seconds=trace_breakdown(xplane).step_seconds_mean,
+                        hardware=Hardware(gpus=(gpu,)))
+    top = table.top
+    assert table.device == "GPU" and top.layer == truth["planted"]["layer"]
+    assert top.layer in truth["layers"] and top.recipe == recipe
+    assert top.share_of_device > 0.4 and 0 < table.share_of_step(top) < 1
+    if truth["policy"] == "mixed_bfloat16":
+        assert top.sixteen_bit_share == pytest.approx(1.0) and top.matmul_share > 0.9
+    elif case == "elementwise_chain_fp32":
+        assert top.matmul_share == 0.0 and {"Tanh", "TanhGrad", "Mul"} <= {op for op, _ in top.op_types}
+    else:
+        assert top.sixteen_bit_share == 0.0 and top.matmul_share > 0.7
+
+
+def test_the_h100_resnet_layers_are_resnets(tmp_path):
+    logdir = _unpack(FIXTURES / "gpu-h100" / "resnet_small_batch_fp32.tar.xz", tmp_path)
+    table = layer_times(find_xplane(logdir))
+    layers = {layer.layer for layer in table.layers}
+    # ResNet-50's own layer names, with TensorFlow's `_1` scope suffix dropped
+    assert {"conv1_conv", "conv1_bn", "conv5_block3_3_conv", "predictions", "(sgd)"} <= layers
+    assert not any(name.endswith("_1") and name[:-2] in layers for name in layers)
+    convolutions = [layer for layer in table.layers if layer.layer.endswith("_conv")]
+    assert len(convolutions) == 53 and all(layer.matmul_share > 0.5 for layer in convolutions)
+
+
+def test_ridge_point_from_the_same_table_as_peak_flops():
+    from tfopt.profiling.peak_flops import memory_bandwidth_bytes_per_second, peak_flops_per_second
+
+    h100 = Hardware(gpus=(Gpu("NVIDIA H100 80GB HBM3", (9, 0)),))
+    assert peak_flops_per_second(h100, "bf16") / memory_bandwidth_bytes_per_second(h100) == pytest.approx(295.3, rel=1e-3)
+    assert memory_bandwidth_bytes_per_second(Hardware()) is None

@@ -1,0 +1,94 @@
+"""Where the time goes inside a capture, one level below the step breakdown: the input pipeline stage by
+stage (`stages.py`) and the model layer by layer (`layers.py`), and the findings they sharpen.
+
+The step breakdown says *that* a step waits for input or that device compute dominates; these tables say
+which `map` and which layer, so the diagnosis names them and picks the recipe that fits the stage: a
+read-bound source gets TFRecord files rather than a parallel map, and a pipeline already as parallel as
+the host's cores gets no recipe that cannot help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from tfopt.hardware import Hardware
+from tfopt.profiling.diagnose import FP32_COMPUTE, INPUT_BOTTLENECKS, MEMORY_BOUND, Diagnosis, Finding
+from tfopt.profiling.layers import TOP_LAYER_SHARE, LayerTimes, layer_times
+from tfopt.profiling.stages import PipelineStages, pipeline_stages
+
+_log = logging.getLogger("tfopt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hotspots:
+    """The stage table of the pipeline that fed training and the layer table of the model.
+
+    Attributes:
+        stages: None where the capture holds no tf.data events.
+        layers: None where reading the ops failed.
+    """
+
+    stages: PipelineStages | None
+    layers: LayerTimes | None
+
+    def top_lines(self) -> list[str]:
+        """The bounding stage and the heaviest layer, a line each."""
+        return [table.top_line() for table in (self.stages, self.layers) if table is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stages": self.stages.to_dict() if self.stages else None,
+                "layers": self.layers.to_dict() if self.layers else None}
+
+
+def find_hotspots(xplane: str | Path, hardware: Hardware, *, model: Any = None, dataset: Any = None,
+                  batch_size: int | None = None, step_seconds: float | None = None) -> Hotspots:
+    """Both tables of one capture; a table that cannot be read is left out with a warning, never raised:
+    it adds detail to a profile that stands without it.
+
+    Args:
+        xplane: The capture's `.xplane.pb`.
+        hardware: The machine it ran on.
+        model: The captured Keras model, where at hand (exact layer names, FLOPs and bytes).
+        dataset: The captured tf.data pipeline, where at hand (each map's function name).
+        batch_size: Examples per step.
+        step_seconds: The mean wall step (each layer's share of it).
+    """
+    tables: dict[str, Any] = {}
+    readers = {"stages": lambda: pipeline_stages(xplane, cpu_count=hardware.cpu_count, dataset=dataset,
+                                                 step_seconds=step_seconds),
+               "layers": lambda: layer_times(xplane, step_seconds=step_seconds, model=model,
+                                             batch_size=batch_size, hardware=hardware)}
+    for name, read in readers.items():
+        try:
+            tables[name] = read()
+        except Exception as error:  # noqa: BLE001 - a detail table must not cost the profile it details
+            _log.warning("tfopt: the %s table of %s could not be read: %s: %s", name, xplane,
+                         type(error).__name__, error)
+            tables[name] = None
+    return Hotspots(**tables)
+
+
+def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots, hardware: Hardware) -> Diagnosis:
+    """The diagnosis with its input finding naming the bounding stage (and taking that stage's recipe), and a
+    finding for a layer that takes a fifth of the wall step on an accelerator where no finding names its
+    recipe yet (on a CPU-only capture a layer's share of the step is not known)."""
+    findings = list(diagnosis.findings)
+    stages = hotspots.stages
+    if stages is not None and stages.bottleneck is not None:
+        for index, finding in enumerate(findings):
+            if finding.bottleneck in INPUT_BOTTLENECKS:
+                findings[index] = dataclasses.replace(
+                    finding, recipe=stages.recipe or finding.recipe,
+                    reason=f"{finding.reason} Stage by stage: {stages.fix}")
+    layers = hotspots.layers
+    top = layers.top if layers is not None else None
+    share_of_step = layers.share_of_step(top) if top is not None else None
+    if (top is not None and top.recipe is not None and share_of_step is not None
+            and share_of_step >= TOP_LAYER_SHARE and top.recipe not in {f.recipe for f in findings}):
+        findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
+                                100.0 * share_of_step, top.recipe,
+                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}"))
+    return dataclasses.replace(diagnosis, findings=tuple(findings))
