@@ -86,6 +86,16 @@ class Hardware:
         """Whether the host CPU has native bfloat16 instructions (AVX512-BF16 or AMX)."""
         return bool(self.cpu_flags & BF16_CPU_FLAGS)
 
+    @property
+    def has_fast_16bit(self) -> bool:
+        """Whether it has units that run 16-bit matmuls faster than 32-bit ones: TPUs, GPUs of compute
+        capability 7.0+ (tensor cores), CPUs with bfloat16 instructions."""
+        if self.accelerator == "tpu":
+            return True
+        if self.accelerator == "gpu":
+            return (self.min_compute_capability or (0, 0)) >= (7, 0)
+        return self.cpu_supports_bf16
+
     def describe(self) -> str:
         """One line for reports, e.g. "2x NVIDIA A100 (cc 8.0, 40.0 GiB)" or "CPU: AMD EPYC, 2 cores"."""
         cpu = f"CPU: {self.cpu_model or 'unknown'}, {self.cpu_count} cores"

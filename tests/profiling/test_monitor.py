@@ -376,9 +376,17 @@ def test_bad_arguments_name_the_value(kwargs, words):
 @pytest.mark.slow
 def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     monitor = Monitor(logdir=tmp_path, every_steps=4, profile_every=1, hardware=Hardware())
-    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=18, verbose=0, callbacks=[monitor])
+    model = make_model(width=256)
+    model.fit(steady_dataset(), epochs=1, steps_per_epoch=18, verbose=0, callbacks=[monitor])
     profiles = monitor.records_of("profile")
     assert profiles and Path(profiles[0]["path"]).is_dir()
+    # the heaviest layer (the 16x256 hidden Dense, not the 256x1 output); the cached pipeline's stages do
+    # next to no work, so a slowest stage may be named or not (test_stages.py checks the naming)
+    assert profiles[0]["top_layer"] == model.layers[0].name and profiles[0]["top_layer_seconds_per_step"] > 0
+    assert isinstance(profiles[0]["top_stage"], str) == (profiles[0]["top_stage_seconds_per_batch"] is not None)
+    written = [json.loads(line) for line in (tmp_path / "monitor.jsonl").read_text().splitlines()]
+    assert [record["top_layer"] for record in written if record["kind"] == "profile"] == [
+        record["top_layer"] for record in profiles]
     assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
     assert 0 <= profiles[0]["input_wait_percent"] < 100 and profiles[0]["diagnosis"]
     # The captured steps (5 after each window) are in no window: their profiler overhead is not timed.

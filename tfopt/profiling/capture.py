@@ -30,8 +30,8 @@ from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
-from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown
-from tfopt.profiling.hotspots import Hotspots, find_hotspots, refine_diagnosis
+from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown, refine_diagnosis
+from tfopt.profiling.hotspots import Hotspots, find_hotspots
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.measurement import Measurement, measure
@@ -181,7 +181,7 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
     hotspots = find_hotspots(captured.xplane_path, hardware, model=model, dataset=dataset, batch_size=batch_size,
                              step_seconds=breakdown.step_seconds_mean)
     return Profile(measurement=measurement, capture=captured, breakdown=breakdown,
-                   diagnosis=refine_diagnosis(diagnosis, hotspots, hardware), hardware=hardware,
+                   diagnosis=refine_diagnosis(diagnosis, hotspots), hardware=hardware,
                    steps_per_epoch=steps_per_epoch, hotspots=hotspots)
 
 

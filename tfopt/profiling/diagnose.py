@@ -30,10 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.hardware import Hardware
 from tfopt.profiling.breakdown import StepBreakdown
+from tfopt.profiling.layers import TOP_LAYER_SHARE
+
+if TYPE_CHECKING:
+    from tfopt.profiling.hotspots import Hotspots
 
 INPUT_BOUND_MODERATE_PERCENT = 5.0
 INPUT_BOUND_HIGH_PERCENT = 20.0
@@ -189,7 +193,7 @@ def diagnose_capture(path: str | os.PathLike,
     diagnosis' notes say so); without the model and the dataset, layers' FLOPs and maps' function names.
     """
     from tfopt.profiling.analyze import analyze, find_xplane
-    from tfopt.profiling.hotspots import find_hotspots, refine_diagnosis
+    from tfopt.profiling.hotspots import find_hotspots
     from tfopt.profiling.trace import trace_gpus
 
     xplane = find_xplane(path)
@@ -200,7 +204,7 @@ def diagnose_capture(path: str | os.PathLike,
         hardware = dataclasses.replace(detect(), gpus=trace_gpus(xplane), tpu_cores=0)
     breakdown = analyze(xplane)
     hotspots = find_hotspots(xplane, hardware, step_seconds=breakdown.step_seconds_mean)
-    diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots, hardware)
+    diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots)
     note = (f"The capture does not record its host: CPU core counts in the findings are this machine's "
             f"({hardware.cpu_count}).")
     return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note)), hotspots
@@ -328,7 +332,7 @@ def _memory_bound(breakdown: StepBreakdown) -> Finding | None:
 
 def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
     share = breakdown.compute_16bit_percent
-    if share is None or share >= LOW_16BIT_PERCENT or not has_fast_16bit(hardware):
+    if share is None or share >= LOW_16BIT_PERCENT or not hardware.has_fast_16bit:
         return None
     if breakdown.percent("device_compute_seconds") < DEVICE_DOMINANT_PERCENT:
         return None  # halving compute time matters little while something else dominates the step
@@ -361,10 +365,24 @@ def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction
                    "spreads over more examples.")
 
 
-def has_fast_16bit(hardware: Hardware) -> bool:
-    """Whether the hardware has units that run 16-bit matmuls faster than 32-bit ones."""
-    if hardware.accelerator == "tpu":
-        return True
-    if hardware.accelerator == "gpu":
-        return (hardware.min_compute_capability or (0, 0)) >= (7, 0)
-    return hardware.cpu_supports_bf16
+def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
+    """The diagnosis with its input finding naming the bounding stage (and taking that stage's recipe), and a
+    finding for a layer that takes `TOP_LAYER_SHARE` of the wall step on an accelerator where no finding
+    names its recipe yet (on a CPU-only capture a layer's share of the step is not known)."""
+    findings = list(diagnosis.findings)
+    stages = hotspots.stages
+    if stages is not None and stages.bottleneck is not None:
+        for index, finding in enumerate(findings):
+            if finding.bottleneck in INPUT_BOTTLENECKS:
+                findings[index] = dataclasses.replace(
+                    finding, recipe=stages.recipe or finding.recipe,
+                    reason=f"{finding.reason} Stage by stage: {stages.fix}")
+    layers = hotspots.layers
+    top = layers.top if layers is not None else None
+    share_of_step = layers.share_of_step(top) if top is not None else None
+    if (top is not None and top.recipe is not None and share_of_step is not None
+            and share_of_step >= TOP_LAYER_SHARE and top.recipe not in {f.recipe for f in findings}):
+        findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
+                                100.0 * share_of_step, top.recipe,
+                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}"))
+    return dataclasses.replace(diagnosis, findings=tuple(findings))

@@ -1,10 +1,8 @@
 """Where the time goes inside a capture, one level below the step breakdown: the input pipeline stage by
-stage (`stages.py`) and the model layer by layer (`layers.py`), and the findings they sharpen.
+stage (`stages.py`) and the model layer by layer (`layers.py`), read together.
 
 The step breakdown says *that* a step waits for input or that device compute dominates; these tables say
-which `map` and which layer, so the diagnosis names them and picks the recipe that fits the stage: a
-read-bound source gets TFRecord files rather than a parallel map, and a pipeline already as parallel as
-the host's cores gets no recipe that cannot help.
+which `map` and which layer, and `diagnose.refine_diagnosis` lets them pick the recipe that fits.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.hardware import Hardware
-from tfopt.profiling.diagnose import FP32_COMPUTE, INPUT_BOTTLENECKS, MEMORY_BOUND, Diagnosis, Finding
-from tfopt.profiling.layers import TOP_LAYER_SHARE, LayerTimes, layer_times
+from tfopt.profiling.layers import LayerTimes, layer_times
 from tfopt.profiling.stages import PipelineStages, pipeline_stages
 
 _log = logging.getLogger("tfopt")
@@ -69,26 +66,3 @@ def find_hotspots(xplane: str | Path, hardware: Hardware, *, model: Any = None, 
                          type(error).__name__, error)
             tables[name] = None
     return Hotspots(**tables)
-
-
-def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots, hardware: Hardware) -> Diagnosis:
-    """The diagnosis with its input finding naming the bounding stage (and taking that stage's recipe), and a
-    finding for a layer that takes a fifth of the wall step on an accelerator where no finding names its
-    recipe yet (on a CPU-only capture a layer's share of the step is not known)."""
-    findings = list(diagnosis.findings)
-    stages = hotspots.stages
-    if stages is not None and stages.bottleneck is not None:
-        for index, finding in enumerate(findings):
-            if finding.bottleneck in INPUT_BOTTLENECKS:
-                findings[index] = dataclasses.replace(
-                    finding, recipe=stages.recipe or finding.recipe,
-                    reason=f"{finding.reason} Stage by stage: {stages.fix}")
-    layers = hotspots.layers
-    top = layers.top if layers is not None else None
-    share_of_step = layers.share_of_step(top) if top is not None else None
-    if (top is not None and top.recipe is not None and share_of_step is not None
-            and share_of_step >= TOP_LAYER_SHARE and top.recipe not in {f.recipe for f in findings}):
-        findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
-                                100.0 * share_of_step, top.recipe,
-                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}"))
-    return dataclasses.replace(diagnosis, findings=tuple(findings))

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfopt.profiling.diagnose import has_fast_16bit
 from tfopt.profiling.breakdown import STEP_MARKER
 from tfopt.profiling.trace import KERAS_STEP_EVENTS, KERNEL_16BIT, KERNEL_32BIT, load_xspace
 
@@ -212,7 +211,7 @@ def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) ->
         return dataclasses.replace(row, bound=bound, recipe="xla", fix=(
             f"{reason}: XLA fuses its small ops into few kernels that keep intermediates on chip; a larger batch "
             "does not help a layer at the memory roof, fusion does."))
-    if thirty_two_bit and hardware is not None and has_fast_16bit(hardware):
+    if thirty_two_bit and hardware is not None and hardware.has_fast_16bit:
         return dataclasses.replace(row, bound=bound, recipe="mixed_precision", fix=(
             f"{row.matmul_share:.0%} of its time in 32-bit matmuls or convolutions on hardware with 16-bit units: "
             "mixed precision runs them on those units at half the memory traffic."))
