@@ -627,8 +627,9 @@ def test_diagnose_reads_an_existing_gpu_trace_without_running_anything(tmp_path,
     exit_code, out, _ = run_cli(capsys, "diagnose", "--trace", tmp_path / "starved_pyfunc", "--quiet", "--json")
     document = json.loads(out)
     assert document["diagnosis"]["recipes"][0] == "data_pipeline" and document["gpus"] == ["NVIDIA H100 80GB HBM3"]
-    assert document["hotspots"]["stages"]["bottleneck"] == "map+batch (fused(MapDataset:1,BatchDatasetV2:2))"
-    assert document["hotspots"]["layers"]["device"] == "GPU"
+    hotspots = document["diagnosis"]["hotspots"]
+    assert hotspots["stages"]["bottleneck"] == "map+batch (fused(MapDataset:1,BatchDatasetV2:2))"
+    assert hotspots["layers"]["device"] == "GPU"
 
 
 def test_diagnose_needs_a_recipe_or_a_trace(capsys, tmp_path):

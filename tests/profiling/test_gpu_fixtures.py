@@ -36,7 +36,7 @@ def captures(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def diagnosed(captures) -> dict[str, tuple]:
-    """(breakdown, hardware, diagnosis, hotspots) of every capture, as `tfopt.diagnose(logdir)` sees it."""
+    """(breakdown, hardware, diagnosis) of every capture, as `tfopt.diagnose(logdir)` sees it."""
     return {case: diagnose_capture(path) for case, path in captures.items()}
 
 
@@ -52,7 +52,7 @@ def test_the_hardware_is_the_captures_own(captures):
 
 @pytest.mark.parametrize("case", CASES)
 def test_wall_steps_hold_the_wait_and_match_the_true_step(captures, diagnosed, case):
-    breakdown, _, _, _ = diagnosed[case]
+    breakdown, _, _ = diagnosed[case]
     truth = _truth(captures, case)
     truth_seconds = 1.0 / truth["steps_per_second_async"]
     profiled_seconds = truth["tfopt_profile"]["profiled_steps"]["median_seconds"]
@@ -66,7 +66,7 @@ def test_wall_steps_hold_the_wait_and_match_the_true_step(captures, diagnosed, c
 
 
 def test_starvation_is_seen_and_sent_to_the_data_pipeline(diagnosed):
-    breakdown, _, diagnosis, _ = diagnosed["starved_pyfunc"]
+    breakdown, _, diagnosis = diagnosed["starved_pyfunc"]
     assert breakdown.input_percent >= 95.0  # e81f6d1 read 0%
     assert breakdown.busy_percent < 1.0
     assert diagnosis.recipes[0] == "data_pipeline" and diagnosis.input_bound
@@ -76,7 +76,7 @@ def test_starvation_is_seen_and_sent_to_the_data_pipeline(diagnosed):
 
 @pytest.mark.parametrize("case", ["in_memory_dense", "resnet_small_batch_fp32"])
 def test_an_idle_gpu_fed_in_time_is_dispatch_bound_never_grad_accum(diagnosed, case):
-    breakdown, _, diagnosis, _ = diagnosed[case]
+    breakdown, _, diagnosis = diagnosed[case]
     assert breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT and not diagnosis.input_bound
     # Ground truth: the device computes ~2.5% (dense) and ~17% (ResNet-50) of a step.
     assert breakdown.busy_percent == pytest.approx({"in_memory_dense": 2.5, "resnet_small_batch_fp32": 17.0}[case],
@@ -93,7 +93,7 @@ def test_dispatch_bound_without_xla_is_sent_to_xla_and_with_xla_to_a_larger_batc
 
 
 def test_bf16_under_xla_reads_as_16_bit_and_mostly_busy(diagnosed):
-    breakdown, _, diagnosis, _ = diagnosed["resnet_bf16_xla"]
+    breakdown, _, diagnosis = diagnosed["resnet_bf16_xla"]
     assert breakdown.compute_16bit_percent >= 90.0  # xprof and e81f6d1 read 0%
     assert d.FP32_COMPUTE not in diagnosis.bottlenecks and "mixed_precision" not in diagnosis.recipes
     # Ground truth ~80% of the true 44 ms step; the profiled steps took 49-50 ms (the profiler's own cost)
@@ -106,7 +106,7 @@ def test_float32_resnet_reads_as_32_bit(diagnosed):
 
 
 def test_a_tuned_jpeg_pipeline_is_not_highly_input_bound(captures, diagnosed):
-    breakdown, hardware, diagnosis, _ = diagnosed["jpeg_tuned"]
+    breakdown, hardware, diagnosis = diagnosed["jpeg_tuned"]
     assert breakdown.input_percent < d.INPUT_BOUND_HIGH_PERCENT
     assert not any(f.severity == "high" and f.bottleneck in d.INPUT_BOTTLENECKS for f in diagnosis.findings)
     assert d.FP32_COMPUTE not in diagnosis.bottlenecks  # e81f6d1's verdict: device compute is not dominant
@@ -120,7 +120,7 @@ def test_a_tuned_jpeg_pipeline_is_not_highly_input_bound(captures, diagnosed):
 
 
 def test_memory_full_by_the_allocator_is_the_only_way_to_grad_accum(diagnosed):
-    breakdown, hardware, _, _ = diagnosed["in_memory_dense"]
+    breakdown, hardware, _ = diagnosed["in_memory_dense"]
     assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=0.05).recipes == ("batch_size",)
     assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=0.95).recipes == ("grad_accum",)
 
@@ -140,6 +140,6 @@ def test_analysis_combines_the_trace_with_xprofs_details(captures):
 
 
 def test_a_cpu_only_reading_of_the_same_capture_has_no_accelerator_findings(diagnosed):
-    breakdown, _, _, _ = diagnosed["in_memory_dense"]
+    breakdown, _, _ = diagnosed["in_memory_dense"]
     cpu = diagnose_breakdown(breakdown, Hardware(cpu_count=2))
     assert d.DISPATCH_BOUND not in cpu.bottlenecks

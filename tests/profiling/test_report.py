@@ -283,7 +283,7 @@ def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
 
 def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_report):
     data = real_report.to_dict()
-    before, after = (data["runs"][name]["hotspots"] for name in ("before", "after"))
+    before, after = (data["runs"][name]["diagnosis"]["hotspots"] for name in ("before", "after"))
     # the sleeping map (fused by tf.data with its batch), named by its function: sequential, then parallel
     assert before["stages"]["bottleneck"] == after["stages"]["bottleneck"] == "map+batch load"
     slow_before, slow_after = (next(stage for stage in run["stages"]["stages"] if stage["label"] == "map+batch load")

@@ -346,13 +346,12 @@ def _diagnose(args: argparse.Namespace) -> int:
         _print_json({"recipe": recipe.name, "hardware": profile.hardware.describe(),
                      "measurement": profile.measurement.to_dict(), "breakdown": profile.breakdown.to_dict(),
                      "metrics": profile.metrics.to_dict(), "diagnosis": diagnosis.to_dict(),
-                     "hotspots": profile.hotspots.to_dict() if profile.hotspots else None,
                      "logdir": os.fspath(profile.logdir)})
         return 0
     print(f"{recipe.name} on {profile.hardware.describe()}")
     print(f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); on-device "
           f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}.")
-    _print_diagnosis(diagnosis, profile.hotspots)
+    _print_diagnosis(diagnosis)
     print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
           f"`{PROGRAM} run {args.file}` applies the recipes and measures the gain.")
     return 0
@@ -365,28 +364,27 @@ def _diagnose_trace(args: argparse.Namespace) -> int:
     from tfopt.profiling.diagnose import diagnose_capture
     from tfopt.profiling.metrics import Metrics
 
-    breakdown, hardware, diagnosis, hotspots = diagnose_capture(args.trace)
+    breakdown, hardware, diagnosis = diagnose_capture(args.trace)
     metrics = Metrics.of(hardware, None, breakdown)
     if args.json:
         _print_json({"trace": args.trace, "gpus": [gpu.name for gpu in hardware.gpus],
-                     "breakdown": breakdown.to_dict(), "metrics": metrics.to_dict(), "diagnosis": diagnosis.to_dict(),
-                     "hotspots": hotspots.to_dict()})
+                     "breakdown": breakdown.to_dict(), "metrics": metrics.to_dict(), "diagnosis": diagnosis.to_dict()})
         return 0
     devices = ", ".join(gpu.name for gpu in hardware.gpus) or "no accelerator (a CPU-only capture)"
     print(f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
           f"ms; {metrics.headline()}.")
-    _print_diagnosis(diagnosis, hotspots)
+    _print_diagnosis(diagnosis)
     return 0
 
 
-def _print_diagnosis(diagnosis: Any, hotspots: Any) -> None:
+def _print_diagnosis(diagnosis: Any) -> None:
     """The findings, then where the time goes inside the step (the slowest input stage, the heaviest layer)."""
     if not diagnosis.findings:
         print(diagnosis.summary)
     for finding in diagnosis.findings:
         print(f"- {finding.bottleneck} ({finding.severity}, {finding.percent:.1f}%) -> {finding.recipe}: "
               f"{finding.reason}")
-    for line in hotspots.top_lines() if hotspots is not None else ():
+    for line in diagnosis.hotspots.top_lines() if diagnosis.hotspots is not None else ():
         print(f"- {line}")
     for note in diagnosis.notes:
         print(f"  note: {note}")

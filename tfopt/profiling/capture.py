@@ -74,7 +74,6 @@ class Profile:
         diagnosis: The bottlenecks and the recipes that fix them.
         hardware: The machine it ran on.
         steps_per_epoch: The dataset's length in batches, where tf.data knows it.
-        hotspots: The input pipeline stage by stage and the model layer by layer, from the capture.
 
     Example:
         >>> profile = tfopt.profile(model, dataset)  # doctest: +SKIP
@@ -87,7 +86,11 @@ class Profile:
     diagnosis: Diagnosis
     hardware: Hardware
     steps_per_epoch: int | None = None
-    hotspots: Hotspots | None = None
+
+    @property
+    def hotspots(self) -> Hotspots | None:
+        """The input pipeline stage by stage and the model layer by layer, from the capture."""
+        return self.diagnosis.hotspots
 
     @property
     def logdir(self) -> Path:
@@ -127,8 +130,7 @@ class Profile:
                 "diagnosis": self.diagnosis.to_dict(), "samples": self.samples.to_dict(),
                 "metrics": self.metrics.to_dict(), "peak_memory_bytes": self.capture.peak_memory_bytes,
                 "hardware": self.hardware.describe(), "logdir": str(self.logdir),
-                "steps_per_epoch": self.steps_per_epoch,
-                "hotspots": self.hotspots.to_dict() if self.hotspots is not None else None}
+                "steps_per_epoch": self.steps_per_epoch}
 
 
 def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5, logdir: str | Path | None = None,
@@ -182,7 +184,7 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
                              step_seconds=breakdown.step_seconds_mean)
     return Profile(measurement=measurement, capture=captured, breakdown=breakdown,
                    diagnosis=refine_diagnosis(diagnosis, hotspots), hardware=hardware,
-                   steps_per_epoch=steps_per_epoch, hotspots=hotspots)
+                   steps_per_epoch=steps_per_epoch)
 
 
 def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,

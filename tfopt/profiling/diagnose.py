@@ -110,11 +110,14 @@ class Diagnosis:
         findings: What was found; empty when no share reached a threshold.
         input_percent: The share of the wall step spent waiting for input.
         notes: What could not be concluded, and why.
+        hotspots: Where the time goes inside the step: the input pipeline stage by stage and the model
+            layer by layer, where read from a capture.
     """
 
     findings: tuple[Finding, ...]
     input_percent: float
     notes: tuple[str, ...] = ()
+    hotspots: Hotspots | None = None
 
     @property
     def bottlenecks(self) -> tuple[str, ...]:
@@ -139,7 +142,8 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"input_percent": self.input_percent, "summary": self.summary, "recipes": list(self.recipes),
-                "findings": [dataclasses.asdict(finding) for finding in self.findings], "notes": list(self.notes)}
+                "findings": [dataclasses.asdict(finding) for finding in self.findings], "notes": list(self.notes),
+                "hotspots": self.hotspots.to_dict() if self.hotspots is not None else None}
 
 
 def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Diagnosis:
@@ -184,9 +188,9 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
 
 
 def diagnose_capture(path: str | os.PathLike,
-                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis, Any]:
-    """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis,
-    and its `hotspots.Hotspots` (the input pipeline stage by stage, the model layer by layer).
+                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis]:
+    """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis
+    (with its `hotspots`: the input pipeline stage by stage, the model layer by layer).
 
     Wall steps come from tfopt's step markers, or from Keras' train-function calls where there are none.
     Without a timed measurement next to the trace, the input efficiency and MFU stay unknown (the
@@ -207,7 +211,7 @@ def diagnose_capture(path: str | os.PathLike,
     diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots)
     note = (f"The capture does not record its host: CPU core counts in the findings are this machine's "
             f"({hardware.cpu_count}).")
-    return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note)), hotspots
+    return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note))
 
 
 def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None,
@@ -366,9 +370,10 @@ def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction
 
 
 def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
-    """The diagnosis with its input finding naming the bounding stage (and taking that stage's recipe), and a
-    finding for a layer that takes `TOP_LAYER_SHARE` of the wall step on an accelerator where no finding
-    names its recipe yet (on a CPU-only capture a layer's share of the step is not known)."""
+    """The diagnosis with its `hotspots`, its input finding naming the bounding stage (and taking that
+    stage's recipe), and a finding for a layer that takes `TOP_LAYER_SHARE` of the wall step on an
+    accelerator where no finding names its recipe yet (on a CPU-only capture a layer's share of the step is
+    not known)."""
     findings = list(diagnosis.findings)
     stages = hotspots.stages
     if stages is not None and stages.bottleneck is not None:
@@ -385,4 +390,4 @@ def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
         findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
                                 100.0 * share_of_step, top.recipe,
                                 f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}"))
-    return dataclasses.replace(diagnosis, findings=tuple(findings))
+    return dataclasses.replace(diagnosis, findings=tuple(findings), hotspots=hotspots)

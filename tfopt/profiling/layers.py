@@ -85,7 +85,8 @@ class LayerTimes:
     """Where a training step's device time went, by layer and by op type.
 
     Attributes:
-        layers: Every layer and scope, the heaviest first.
+        layers: The Keras layers, the heaviest first, then the scopes outside layers (the optimizer's,
+            the loss's), the heaviest first.
         op_types: Seconds per step by op type, the heaviest first.
         device: "GPU" (kernel time) or "CPU" (host op time).
         steps: Training steps in the capture the times are averaged over.
@@ -106,7 +107,7 @@ class LayerTimes:
     @property
     def top(self) -> LayerTime | None:
         """The heaviest Keras layer (scopes outside layers, the optimizer and the loss are not layers)."""
-        return next((layer for layer in self.layers if not layer.layer.startswith("(")), None)
+        return self.layers[0] if self.layers and not self.layers[0].layer.startswith("(") else None
 
     def share_of_step(self, layer: LayerTime) -> float | None:
         """Its device time over the wall step; None on a CPU-only capture, whose ops run on several threads
@@ -181,7 +182,7 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
             sixteen_bit_share=entry["sixteen"] / entry["typed"] if entry["typed"] else None,
             flops_per_step=flops, bytes_per_step=traffic)
         rows.append(_with_fix(row, ridge, hardware, model))
-    rows.sort(key=lambda row: -row.seconds_per_step)
+    rows.sort(key=lambda row: (row.layer.startswith("("), -row.seconds_per_step))  # Keras layers first
     if not rows:
         notes.append("No op in the capture names a Keras layer's scope (XLA-compiled programs on a CPU name none).")
     if device == "CPU":

@@ -142,7 +142,7 @@ class Report:
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
             lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
         for name, run in data["runs"].items():
-            for title, (header, rows, fix) in _hotspot_tables(run["hotspots"]).items():
+            for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
                 lines += ["", f"## {title}: {name}", "", *_table(header, rows), "", fix]
         lines += _training_markdown(data["training"])
         lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
@@ -189,7 +189,7 @@ class Report:
             parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
             parts.append("</ul>")
         for name, run in data["runs"].items():
-            for title, (header, rows, fix) in _hotspot_tables(run["hotspots"]).items():
+            for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
                 parts += [f"<h2>{html.escape(title)}: {html.escape(name)}</h2>",
                           _html_table(header, rows, table_id=f"{title.split(',')[0].lower().replace(' ', '-')}-{name}"),
                           f"<p>{html.escape(fix)}</p>"]
@@ -432,7 +432,6 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
         "compute_16bit_percent": (_round(breakdown.compute_16bit_percent)
                                   if breakdown.compute_16bit_percent is not None else None),
         "diagnosis": _rounded_diagnosis(profile.diagnosis.to_dict()),
-        "hotspots": profile.hotspots.to_dict() if profile.hotspots is not None else None,
         "logdir": str(profile.logdir),
     }
 
