@@ -47,9 +47,10 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
     model, xplane = heavy_capture
     # auto-named in creation order (`dense_4`, `dense_5`, ... where other models came first in the process)
     first, middle, last = (layer.name for layer in model.layers[1:])
+    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     for given in (model, None):  # the scopes resolve to the same names with or without the model
         table = layer_times(xplane, model=given, batch_size=64)
-        assert table.device == "CPU" and table.steps == 4  # profile_batch=(3, 6)
+        assert table.device == device and table.steps == 4  # profile_batch=(3, 6)
         assert table.top.layer == middle and table.layers[0] is table.top
         names = [layer.layer for layer in table.layers]
         assert {first, middle, last, "(sgd)", "(compile_loss)"} <= set(names)
@@ -57,11 +58,12 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
         heavy, light = (next(layer for layer in table.layers if layer.layer == name) for name in (middle, last))
         assert heavy.seconds_per_step > 5 * light.seconds_per_step and heavy.share_of_device > 0.4
         assert heavy.matmul_share > 0.7 and 0.3 < heavy.backward_share < 0.95
-        assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
+        if device == "CPU":
+            assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
         assert sum(layer.share_of_device for layer in table.layers) == pytest.approx(1.0)
     with_model = layer_times(xplane, model=model, batch_size=64)
     assert with_model.top.flops_per_step == pytest.approx(3 * 2 * 64 * 512 * 512)
-    assert with_model.top.intensity > 10 and with_model.top.bound is None  # a CPU has no ridge point here
+    assert with_model.top.intensity > 10 and with_model.top.bound is None  # no hardware given: no ridge point
     assert layer_times(xplane).top.flops_per_step is None
 
 

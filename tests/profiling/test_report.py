@@ -281,7 +281,7 @@ def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
         assert f"<li>{html.escape(note)}</li>" in report.to_html()
 
 
-def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_report):
+def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_report, session_model):
     data = real_report.to_dict()
     before, after = (data["runs"][name]["diagnosis"]["hotspots"] for name in ("before", "after"))
     # the sleeping map (fused by tf.data with its batch), named by its function: sequential, then parallel
@@ -291,7 +291,9 @@ def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_repo
     assert slow_before["parallelism"] == 1 and slow_after["parallelism"] > 1
     assert slow_after["bound_seconds_per_batch"] < slow_before["bound_seconds_per_batch"] / 1.5
     assert before["stages"]["recipe"] == "data_pipeline"
-    assert before["layers"]["top"] in ("dense", "dense_1") and before["layers"]["device"] == "CPU"
+    # the 2048x2048 Dense between the 64x2048 one and the output
+    assert before["layers"]["top"] == after["layers"]["top"] == session_model.layers[1].name
+    assert before["layers"]["device"] == ("GPU" if real_report.profiles["before"].hardware.gpus else "CPU")
     markdown = real_report.to_markdown()
     for title in ("## Input pipeline, stage by stage: before", "## Model, layer by layer: after"):
         assert title in markdown

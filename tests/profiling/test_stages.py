@@ -4,6 +4,7 @@ slow map among cheap ones, before and after tfopt's rewrite), and from the real 
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ def planted(tmp_path_factory):
 @pytest.mark.slow
 def test_the_planted_slow_map_is_named_first_with_its_time_and_parallelism(planted):
     dataset, xplane = planted
-    table = pipeline_stages(xplane, cpu_count=2, dataset=dataset)
+    table = pipeline_stages(xplane, cpu_count=os.cpu_count(), dataset=dataset)
     slow = table.bottleneck
     assert table.stages[0] is slow and slow.label == "map slow_augment"
     assert slow.kind == "Map" and slow.parallelism == 1 and slow.autotuned is None
@@ -95,7 +96,7 @@ def test_without_the_dataset_the_stage_is_named_by_the_trace(planted):
 def test_after_tfopts_rewrite_the_slow_map_runs_in_parallel(tmp_path):
     rewritten, notes = parallelize(planted_pipeline(), prefetch_batches=2)
     assert any(note.startswith("parallel map") for note in notes)
-    table = pipeline_stages(keras_capture(rewritten, tmp_path), cpu_count=2, dataset=rewritten)
+    table = pipeline_stages(keras_capture(rewritten, tmp_path), cpu_count=os.cpu_count(), dataset=rewritten)
     slow = next(stage for stage in table.stages if "slow_augment" in stage.label)
     assert slow.kind in ("ParallelMapV2", "MapAndBatch") and slow.parallelism >= 2 and slow.autotuned
     assert table.bottleneck is slow and slow.function_calls > 0

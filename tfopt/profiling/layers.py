@@ -48,6 +48,7 @@ class LayerTime:
         matmul_share: The share of its time in matmuls, convolutions and recurrent kernels.
         sixteen_bit_share: The share of its typed kernel time in 16-bit types; None where no kernel
             names its type (CPU ops, XLA fusions).
+        xla_share: The share of its time in kernels of XLA-compiled programs.
         flops_per_step: Its FLOPs per training step (forward and backward), where the model was at hand.
         bytes_per_step: Its memory traffic per step, likewise.
         bound: "compute" or "memory" against the device's ridge point; None where unknown.
@@ -62,6 +63,7 @@ class LayerTime:
     op_types: tuple[tuple[str, float], ...]
     matmul_share: float
     sixteen_bit_share: float | None
+    xla_share: float = 0.0
     flops_per_step: float | None = None
     bytes_per_step: float | None = None
     bound: str | None = None
@@ -150,15 +152,16 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
     scopes = _scope_names(ops, model)
     per_layer: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"seconds": 0.0, "backward": 0.0, "types": defaultdict(float), "matmul": 0.0, "typed": 0.0,
-                 "sixteen": 0.0})
+                 "sixteen": 0.0, "xla": 0.0})
     by_type: dict[str, float] = defaultdict(float)
-    for (path, op_type, sixteen_bit), seconds in ops.items():
+    for (path, op_type, sixteen_bit, from_xla), seconds in ops.items():
         layer, backward = _layer_of(path, scopes)
         entry = per_layer[layer]
         entry["seconds"] += seconds
         entry["backward"] += seconds if backward else 0.0
         entry["types"][op_type] += seconds
         entry["matmul"] += seconds if _MATMUL_OP.search(op_type) else 0.0
+        entry["xla"] += seconds if from_xla else 0.0
         if sixteen_bit is not None:
             entry["typed"] += seconds
             entry["sixteen"] += seconds if sixteen_bit else 0.0
@@ -180,6 +183,7 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
                                   key=lambda pair: -pair[1])[:3]),
             matmul_share=entry["matmul"] / entry["seconds"] if entry["seconds"] else 0.0,
             sixteen_bit_share=entry["sixteen"] / entry["typed"] if entry["typed"] else None,
+            xla_share=entry["xla"] / entry["seconds"] if entry["seconds"] else 0.0,
             flops_per_step=flops, bytes_per_step=traffic)
         rows.append(_with_fix(row, ridge, hardware, model))
     rows.sort(key=lambda row: (row.layer.startswith("("), -row.seconds_per_step))  # Keras layers first
@@ -195,29 +199,37 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
 
 
 def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) -> LayerTime:
-    """Compute- or memory-bound, and the recipe: elementwise chains and memory-bound layers -> XLA fusion;
-    float32 matmuls and convolutions on hardware with 16-bit units -> mixed precision."""
+    """Compute- or memory-bound, and the recipe that fits: 32-bit matmuls and convolutions on hardware with
+    16-bit units -> mixed precision (faster units where compute-bound, half the traffic where memory-bound);
+    layers of small elementwise ops, and memory-bound ones, -> XLA fusion unless XLA compiled them already."""
     bound = None
     if ridge is not None and row.intensity is not None:
         bound = "compute" if row.intensity >= ridge else "memory"
     if row.layer.startswith("("):
         return dataclasses.replace(row, bound=bound)
+    where = (f" ({bound}-bound: {row.intensity:.1f} FLOPs/byte against a ridge point of {ridge:.0f})"
+             if bound is not None else "")
     thirty_two_bit = (row.sixteen_bit_share is not None and row.sixteen_bit_share < 0.1) or (
         row.sixteen_bit_share is None and model is not None
         and getattr(getattr(model, "dtype_policy", None), "compute_dtype", "float32") == "float32")
-    if bound == "memory" or (bound is None and row.matmul_share < 0.5):
-        reason = (f"memory-bound (intensity {row.intensity:.1f} FLOPs/byte, ridge point {ridge:.0f})"
-                  if bound == "memory" else f"{1 - row.matmul_share:.0%} of its time in ops other than matmuls "
-                  "and convolutions")
+    matmuls = row.matmul_share >= 0.5
+    if matmuls and thirty_two_bit and hardware is not None and hardware.has_fast_16bit:
+        return dataclasses.replace(row, bound=bound, recipe="mixed_precision", fix=(
+            f"{row.matmul_share:.0%} of its time in 32-bit matmuls or convolutions{where} on hardware with 16-bit "
+            "units: mixed precision runs them there, at half the memory traffic."))
+    if row.xla_share >= 0.5 and (bound == "memory" or not matmuls):
+        return dataclasses.replace(row, bound=bound, fix=(
+            f"XLA compiles it already{where}: at the memory roof a larger batch does not help; fewer channels "
+            "in and out of it, or a cheaper layer, is what is left."))
+    if bound == "memory" or not matmuls:
+        reason = where.strip(" ()") or (f"{1 - row.matmul_share:.0%} of its time in ops other than matmuls and "
+                                         "convolutions")
         return dataclasses.replace(row, bound=bound, recipe="xla", fix=(
             f"{reason}: XLA fuses its small ops into few kernels that keep intermediates on chip; a larger batch "
             "does not help a layer at the memory roof, fusion does."))
-    if thirty_two_bit and hardware is not None and hardware.has_fast_16bit:
-        return dataclasses.replace(row, bound=bound, recipe="mixed_precision", fix=(
-            f"{row.matmul_share:.0%} of its time in 32-bit matmuls or convolutions on hardware with 16-bit units: "
-            "mixed precision runs them on those units at half the memory traffic."))
-    return dataclasses.replace(row, bound=bound, fix="compute-bound in the precision it already uses: a larger "
-                               "batch or a cheaper layer (fewer filters, a smaller kernel) is what is left.")
+    return dataclasses.replace(row, bound=bound, fix=(
+        f"compute-bound in the precision it already uses{where}: a larger batch or a cheaper layer (fewer "
+        "filters, a smaller kernel) is what is left."))
 
 
 def _ridge_point(hardware: Any, model: Any) -> float | None:
@@ -246,8 +258,8 @@ def _costs(model: Any, batch_size: int | None) -> tuple[dict[str, tuple[float, f
     return costs, notes
 
 
-# (op path without the type, op type, 16-bit or not or None) -> seconds in the capture
-_Ops = dict[tuple[str, str, bool | None], float]
+# (op path without the type, op type, 16-bit or not or None, from an XLA program) -> seconds in the capture
+_Ops = dict[tuple[str, str, bool | None, bool], float]
 
 
 def _read_ops(xplane: str | Path) -> tuple[_Ops, str, int]:
@@ -271,7 +283,7 @@ def _read_ops(xplane: str | Path) -> tuple[_Ops, str, int]:
                              for stat in event.stats if stat.WhichOneof("value") in ("ref_value", "str_value")}
                     path, op_type = _kernel_op(stats)
                     sixteen = True if KERNEL_16BIT.search(kernel) else False if KERNEL_32BIT.search(kernel) else None
-                    ops[(path, op_type, sixteen)] += event.duration_ps / 1e12
+                    ops[(path, op_type, sixteen, "hlo_op" in stats)] += event.duration_ps / 1e12
         return ops, "GPU", steps
     for plane in space.planes:
         if not plane.name.startswith("/host:CPU"):
@@ -284,7 +296,7 @@ def _read_ops(xplane: str | Path) -> tuple[_Ops, str, int]:
                 if ":" not in name or "/" not in name.split(":", 1)[0] or " " in name:
                     continue
                 path, op_type = name.rsplit(":", 1)
-                ops[(path, op_type, None)] += event.duration_ps / 1e12
+                ops[(path, op_type, None, False)] += event.duration_ps / 1e12
     return ops, "CPU", steps
 
 
@@ -329,17 +341,17 @@ def _scope_names(ops: _Ops, model: Any) -> _Scopes:
     """Finds the model's scope (the scope the backward pass runs through that holds the most time) and
     maps each layer scope under it to its layer's name."""
     backward_roots: dict[str, float] = defaultdict(float)
-    for (path, _, _), seconds in ops.items():
+    for (path, *_), seconds in ops.items():
         parts, backward = _parts(path)
         if backward and len(parts) >= 2 and parts[0] != "compile_loss":
             backward_roots[parts[0]] += seconds
     if not backward_roots:  # forward only (or no backward scopes): the scope holding the most op time
-        for (path, _, _), seconds in ops.items():
+        for (path, *_), seconds in ops.items():
             parts, _ = _parts(path)
             if len(parts) >= 3:
                 backward_roots[parts[0]] += seconds
     model_scope = max(backward_roots, key=backward_roots.get) if backward_roots else None
-    layer_scopes = {parts[1] for (path, _, _) in ops for parts in [_parts(path)[0]]
+    layer_scopes = {parts[1] for (path, *_) in ops for parts in [_parts(path)[0]]
                     if model_scope and len(parts) >= 3 and parts[0] == model_scope}
     names = {layer.name for layer in getattr(model, "layers", [])} if model is not None else set()
     strip = bool(layer_scopes) and all(_UNIQUIFIER.search(scope) for scope in layer_scopes)

@@ -249,6 +249,11 @@ def _fix(stage: Stage, cpu_count: int, host_limited: bool, spread_seconds: float
     if stage.kind in PYTHON_SOURCE_KINDS:
         return "tfrecord", (f"{bound} in a Python generator, one element at a time under the GIL: convert its "
                             "output to TFRecord files once and read those instead.")
+    if stage.concurrency is not None and stage.concurrency > cpu_count * 1.1:
+        return None, (f"{bound} with {stage.concurrency:.0f} calls running at once on {cpu_count} cores: its calls wait "
+                      "(I/O, a sleep, a remote call) more than they compute. More calls at once (num_parallel_calls "
+                      "above the core count, with a private thread pool that large), caching its output, or faster "
+                      "storage shorten it.")
     if host_limited or at_once >= cpu_count:
         return None, f"{bound} at parallelism {at_once}. {host}"
     if stage.kind in ("Batch", "BatchV2", "BatchDatasetV2", "PaddedBatch", "PaddedBatchV2"):
