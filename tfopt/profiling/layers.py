@@ -49,6 +49,8 @@ class LayerTime:
         sixteen_bit_share: The share of its typed kernel time in 16-bit types; None where no kernel
             names its type (CPU ops, XLA fusions).
         xla_share: The share of its time in kernels of XLA-compiled programs.
+        heaviest_sublayer: For a layer that calls layers of its own (a nested model, attention's
+            projections), the one holding most of its time, where one holds more than half.
         flops_per_step: Its FLOPs per training step (forward and backward), where the model was at hand.
         bytes_per_step: Its memory traffic per step, likewise.
         bound: "compute" or "memory" against the device's ridge point; None where unknown.
@@ -64,6 +66,7 @@ class LayerTime:
     matmul_share: float
     sixteen_bit_share: float | None
     xla_share: float = 0.0
+    heaviest_sublayer: str | None = None
     flops_per_step: float | None = None
     bytes_per_step: float | None = None
     bound: str | None = None
@@ -122,7 +125,8 @@ class LayerTimes:
             return "No Keras layer's ops were found in the capture."
         step = self.share_of_step(top)
         where = f"{step:.0%} of the step, " if step is not None else ""
-        return (f"heaviest layer: {top.layer} ({top.seconds_per_step * 1e3:.2f} ms per step, {where}"
+        inside = f" (mostly its {top.heaviest_sublayer})" if top.heaviest_sublayer else ""
+        return (f"heaviest layer: {top.layer}{inside} ({top.seconds_per_step * 1e3:.2f} ms per step, {where}"
                 f"{top.share_of_device:.0%} of {self.device} time) -> {top.recipe or 'no recipe'}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,7 +156,7 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
     scopes = _scope_names(ops, model)
     per_layer: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"seconds": 0.0, "backward": 0.0, "types": defaultdict(float), "matmul": 0.0, "typed": 0.0,
-                 "sixteen": 0.0, "xla": 0.0})
+                 "sixteen": 0.0, "xla": 0.0, "sublayers": defaultdict(float)})
     by_type: dict[str, float] = defaultdict(float)
     for (path, op_type, sixteen_bit, from_xla), seconds in ops.items():
         layer, backward = _layer_of(path, scopes)
@@ -162,6 +166,9 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
         entry["types"][op_type] += seconds
         entry["matmul"] += seconds if _MATMUL_OP.search(op_type) else 0.0
         entry["xla"] += seconds if from_xla else 0.0
+        sublayer = _sublayer_of(path, scopes)
+        if sublayer is not None:
+            entry["sublayers"][sublayer] += seconds
         if sixteen_bit is not None:
             entry["typed"] += seconds
             entry["sixteen"] += seconds if sixteen_bit else 0.0
@@ -184,6 +191,8 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
             matmul_share=entry["matmul"] / entry["seconds"] if entry["seconds"] else 0.0,
             sixteen_bit_share=entry["sixteen"] / entry["typed"] if entry["typed"] else None,
             xla_share=entry["xla"] / entry["seconds"] if entry["seconds"] else 0.0,
+            heaviest_sublayer=next((name for name, seconds in entry["sublayers"].items()
+                                    if seconds > entry["seconds"] / 2), None),
             flops_per_step=flops, bytes_per_step=traffic)
         rows.append(_with_fix(row, ridge, hardware, model))
     rows.sort(key=lambda row: (row.layer.startswith("("), -row.seconds_per_step))  # Keras layers first
@@ -246,8 +255,8 @@ def _ridge_point(hardware: Any, model: Any) -> float | None:
 
 def _costs(model: Any, batch_size: int | None) -> tuple[dict[str, tuple[float, float]], list[str]]:
     if model is None or not batch_size:
-        return {}, ["FLOPs and bytes per layer need the model (tfopt's own captures have it; a capture read "
-                    "from disk does not): intensity is not computed."]
+        return {}, [("FLOPs and bytes per layer need the model (tfopt's own captures have it; a capture read "
+                     "from disk does not): intensity is not computed.")]
     from tfopt.profiling.layer_cost import layer_costs
 
     costs, unknown = layer_costs(model, batch_size)
@@ -335,6 +344,7 @@ def _parts(path: str) -> tuple[list[str], bool]:
 class _Scopes:
     model: str | None  # the model's scope in the op names
     layers: dict[str, str]  # layer scope -> layer name
+    uniquified: bool  # every layer scope carries TensorFlow's `_N` suffix
 
 
 def _scope_names(ops: _Ops, model: Any) -> _Scopes:
@@ -359,7 +369,17 @@ def _scope_names(ops: _Ops, model: Any) -> _Scopes:
     for scope in layer_scopes:
         stripped = _UNIQUIFIER.sub("", scope) if strip else scope
         mapping[scope] = stripped if not names or stripped in names else scope
-    return _Scopes(model_scope, mapping)
+    return _Scopes(model_scope, mapping, strip)
+
+
+def _sublayer_of(path: str, scopes: _Scopes) -> str | None:
+    """The layer scope inside a layer's scope (`model/backbone/deep_big/MatMul`), told from an op scope
+    (`conv/convolution/Conv2DBackpropFilter`) by the `_N` suffix every layer scope carries."""
+    parts, _ = _parts(path)
+    if (scopes.uniquified and len(parts) >= 4 and parts[0] == scopes.model
+            and _UNIQUIFIER.search(parts[2])):
+        return _UNIQUIFIER.sub("", parts[2])
+    return None
 
 
 def _layer_of(path: str, scopes: _Scopes) -> tuple[str, bool]:

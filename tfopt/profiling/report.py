@@ -455,7 +455,8 @@ def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[
              "least ms per batch"], rows, f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}")
     layers = (hotspots or {}).get("layers")
     if layers and layers["layers"]:
-        rows = [[layer["layer"], _ms(layer["seconds_per_step"]),
+        rows = [[layer["layer"] + (f" (mostly {layer['heaviest_sublayer']})" if layer["heaviest_sublayer"] else ""),
+                 _ms(layer["seconds_per_step"]),
                  f"{100 * layer['share_of_device']:.0f}%",
                  f"{100 * layer['share_of_step']:.0f}%" if layer["share_of_step"] is not None else "n/a",
                  ", ".join(op for op, _ in layer["op_types"]),

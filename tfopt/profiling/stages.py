@@ -114,7 +114,8 @@ class PipelineStages:
     """The stages of the pipeline that fed training, the one bounding its throughput, and its fix.
 
     Attributes:
-        stages: Every stage, the longest bound first.
+        stages: Every stage, the longest bound first; stages that only pass elements on (prefetch,
+            repeat) after the others.
         batches: Batches the pipeline's root handed to training in the capture.
         cpu_count: The cores the bounds were computed for.
         bottleneck: The stage with the longest bound (None when no stage worked measurably).
@@ -203,15 +204,16 @@ def pipeline_stages(xplane: str | Path, *, cpu_count: int, dataset: Any = None,
             wait_seconds=events.self_seconds[name] if kind in ASYNC_KINDS else 0.0, parallelism=parallelism,
             autotuned=_flag(parameters.get("autotune")), buffer=_buffer(parameters), concurrency=concurrency,
             work_per_batch_seconds=per_batch, bound_seconds_per_batch=per_batch / at_once))
-    stages.sort(key=lambda stage: (-stage.bound_seconds_per_batch, stage.depth))
+    # Stages that work first, the longest bound first; those that only pass elements on (buffers, epochs) last.
+    stages.sort(key=lambda stage: (stage.kind in PASS_THROUGH_KINDS, -stage.bound_seconds_per_batch, stage.depth))
     return _conclude(tuple(stages), batches, cpu_count, step_seconds)
 
 
 def _conclude(stages: tuple[Stage, ...], batches: int, cpu_count: int,
               step_seconds: float | None) -> PipelineStages:
     candidates = [stage for stage in stages if stage.kind not in PASS_THROUGH_KINDS and stage.work_seconds > 0]
-    notes = ["Bounds are floors: stages running at once share the cores, and a Python function (py_function, "
-             "numpy_function) runs one call at a time under the GIL whatever its parallelism."]
+    notes = [("Bounds are floors: stages running at once share the cores, and a Python function (py_function, "
+              "numpy_function) runs one call at a time under the GIL whatever its parallelism.")]
     if not candidates:
         return PipelineStages(stages, batches, cpu_count, None, None, False, None,
                               "No stage of the input pipeline did measurable work in the capture.", tuple(notes))
@@ -250,8 +252,8 @@ def _fix(stage: Stage, cpu_count: int, host_limited: bool, spread_seconds: float
         return "tfrecord", (f"{bound} in a Python generator, one element at a time under the GIL: convert its "
                             "output to TFRecord files once and read those instead.")
     if stage.concurrency is not None and stage.concurrency > cpu_count * 1.1:
-        return None, (f"{bound} with {stage.concurrency:.0f} calls running at once on {cpu_count} cores: its calls wait "
-                      "(I/O, a sleep, a remote call) more than they compute. More calls at once (num_parallel_calls "
+        return None, (f"{bound} with {stage.concurrency:.0f} calls running at once on {cpu_count} cores: its calls "
+                      "wait (I/O, a sleep, a remote call) more than they compute. More calls at once (num_parallel_calls "
                       "above the core count, with a private thread pool that large), caching its output, or faster "
                       "storage shorten it.")
     if host_limited or at_once >= cpu_count:
@@ -419,7 +421,8 @@ _KIND_WORDS = {"Map": "map", "ParallelMap": "parallel map", "ParallelMapV2": "pa
                "PaddedBatchV2": "padded batch", "Cache": "cache", "MemoryCache": "cache",
                "ParallelInterleaveV4": "parallel interleave", "Interleave": "interleave", "FlatMap": "flat map",
                "TFRecord": "source: TFRecord", "Generator": "source: Python generator", "Filter": "filter",
-               "ForeverRepeat": "repeat", "FiniteRepeat": "repeat", "Root": "root", "Range": "source: range", "ParallelBatch": "parallel batch"}
+               "ForeverRepeat": "repeat", "FiniteRepeat": "repeat", "Root": "root", "Range": "source: range",
+               "ParallelBatch": "parallel batch"}
 
 
 def _function_names(dataset: Any) -> dict[str, str]:
