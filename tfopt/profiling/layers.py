@@ -30,6 +30,8 @@ from tfopt.profiling.trace import KERAS_STEP_EVENTS, KERNEL_16BIT, KERNEL_32BIT,
 _MATMUL_OP = re.compile(r"MatMul|Conv|Einsum|CudnnRNN|\bdot\b|gemm|convolution|cudnn", re.IGNORECASE)
 _UNIQUIFIER = re.compile(r"_\d+$")
 OUTSIDE_LAYERS = "(outside layers)"
+# XLA kernels that name no layer, or only the model: fusions of ops from several layers.
+XLA_ACROSS_LAYERS = "(XLA fusions across layers)"
 # A layer is named in the findings when it takes at least this share of the device's time.
 TOP_LAYER_SHARE = 0.2
 TOP_ROWS = 10
@@ -126,7 +128,7 @@ class LayerTimes:
         step = self.share_of_step(top)
         where = f"{step:.0%} of the step, " if step is not None else ""
         inside = f" (mostly its {top.heaviest_sublayer})" if top.heaviest_sublayer else ""
-        return (f"heaviest layer: {top.layer}{inside} ({top.seconds_per_step * 1e3:.2f} ms per step, {where}"
+        return (f"heaviest layer: {top.layer}{inside} ({top.seconds_per_step * 1e3:.3g} ms per step, {where}"
                 f"{top.share_of_device:.0%} of {self.device} time) -> {top.recipe or 'no recipe'}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +162,8 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
     by_type: dict[str, float] = defaultdict(float)
     for (path, op_type, sixteen_bit, from_xla), seconds in ops.items():
         layer, backward = _layer_of(path, scopes)
+        if layer == OUTSIDE_LAYERS and from_xla:
+            layer = XLA_ACROSS_LAYERS
         entry = per_layer[layer]
         entry["seconds"] += seconds
         entry["backward"] += seconds if backward else 0.0

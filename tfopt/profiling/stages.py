@@ -309,8 +309,10 @@ def _read_iterator_events(xplane: str | Path) -> _IteratorEvents:
                     kind = re.sub(r"\[\d+\]$", "", name.rsplit("::", 1)[-1])
                     result.kinds[stage] = kind
                     result.calls[stage] += 1
+                    # the last value of each, but not "unavailable" (AUTOTUNE has not set it yet)
                     result.parameters[stage].update(
-                        {key: value for key, value in stats.items() if key not in ("id", "parent_id", "name")})
+                        {key: value for key, value in stats.items()
+                         if key not in ("id", "parent_id", "name") and value != "unavailable"})
                     while stack and stack[-1][0] <= start:
                         _close(stack.pop(), result)
                     if stack:
@@ -387,7 +389,7 @@ def _depth(stage: str, parents: Mapping[str, str], root: str) -> int:
 
 def _parallelism(kind: str, parameters: Mapping[str, Any]) -> int | None:
     value = parameters.get("parallelism")
-    if isinstance(value, int) or str(value).isdigit():  # "unavailable" before AUTOTUNE has set it
+    if isinstance(value, int) or str(value).isdigit():  # a number (or a string of one)
         return max(1, int(value))
     if kind in ASYNC_KINDS or kind in PASS_THROUGH_KINDS:
         return None
@@ -456,4 +458,4 @@ def _readable(function: str) -> str:
 
 
 def _milliseconds(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
