@@ -389,5 +389,6 @@ def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
             and share_of_step >= TOP_LAYER_SHARE and top.recipe not in {f.recipe for f in findings}):
         findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
                                 100.0 * share_of_step, top.recipe,
-                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}"))
+                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: "
+                                f"{top.fix}"))
     return dataclasses.replace(diagnosis, findings=tuple(findings), hotspots=hotspots)

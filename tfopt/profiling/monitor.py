@@ -374,7 +374,7 @@ class Monitor(keras.callbacks.Callback):
         import tensorflow as tf
 
         from tfopt.profiling.analyze import analyze, find_xplane
-        from tfopt.profiling.diagnose import diagnose_breakdown
+        from tfopt.profiling.diagnose import diagnose_breakdown, refine_diagnosis
         from tfopt.profiling.hotspots import find_hotspots
 
         tf.profiler.experimental.stop()
@@ -385,9 +385,9 @@ class Monitor(keras.callbacks.Callback):
         except Exception as error:  # noqa: BLE001 - a capture that cannot be read must not stop training
             _log.warning("tfopt.Monitor: the capture in %s could not be analysed: %s", self._profile_dir, error)
             return
-        diagnosis = diagnose_breakdown(breakdown, self.hardware)
         hotspots = find_hotspots(find_xplane(self._profile_dir), self.hardware, model=self.model,
                                  step_seconds=breakdown.step_seconds_mean)
+        diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, self.hardware), hotspots)
         stages, layers = hotspots.stages, hotspots.layers
         self._emit({"kind": "profile", "step": self._step, "path": str(self._profile_dir),
                     "busy_percent": breakdown.busy_percent, "input_wait_percent": breakdown.input_percent,
