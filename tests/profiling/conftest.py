@@ -4,7 +4,9 @@ both (captured once per session), and hand-built profiles for fast report tests.
 from __future__ import annotations
 
 import os
+import tarfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -125,3 +127,18 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
 def make_fake_profile():
     """The `fake_profile` factory, as a fixture so test modules need no import path to conftest."""
     return fake_profile
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+@pytest.fixture
+def unpack_capture(tmp_path):
+    """Unpacks a real capture from tests/fixtures (`unpack_capture("gpu-planted", "lstm_fp32")`) into the
+    test's directory and returns its logdir."""
+    def unpack(folder: str, case: str) -> Path:
+        with tarfile.open(FIXTURES / folder / f"{case}.tar.xz", "r:xz") as archive:
+            archive.extractall(tmp_path, filter="data")
+        return tmp_path / case
+
+    return unpack

@@ -4,8 +4,6 @@ than the rest, auto-named layers) and from the real GPU captures; and each layer
 from __future__ import annotations
 
 import json
-import tarfile
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -17,8 +15,6 @@ from tfopt.profiling.analyze import find_xplane
 from tfopt.profiling.layer_cost import layer_costs
 from tfopt.profiling.layers import layer_times
 from tfopt.profiling.trace import trace_breakdown, trace_gpus
-
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def heavy_middle_model() -> keras.Model:
@@ -96,18 +92,13 @@ def test_layers_of_a_subclassed_model_have_no_cost_but_are_named():
     assert layer_costs(model, batch_size=2) == ({}, ["hidden"])
 
 
-def _unpack(archive: Path, root: Path) -> Path:
-    with tarfile.open(archive, "r:xz") as opened:
-        opened.extractall(root, filter="data")
-    return root / archive.name.removesuffix(".tar.xz")
-
 
 @pytest.mark.parametrize("case, recipe", [("heavy_conv_fp32", "mixed_precision"), ("heavy_conv_bf16_xla", None),
                                           ("elementwise_chain_fp32", "xla"), ("lstm_fp32", "mixed_precision")])
-def test_gpu_captures_with_a_planted_layer(tmp_path, case, recipe):
+def test_gpu_captures_with_a_planted_layer(unpack_capture, case, recipe):
     """H200 captures by Keras' TensorBoard callback (tests/fixtures/gpu-planted): the planted layer comes
     first, with the fix its kernels call for."""
-    logdir = _unpack(FIXTURES / "gpu-planted" / f"{case}.tar.xz", tmp_path)
+    logdir = unpack_capture("gpu-planted", case)
     truth = json.loads((logdir / "case.json").read_text())
     xplane = find_xplane(logdir)
     (gpu,) = trace_gpus(xplane)
@@ -125,8 +116,8 @@ def test_gpu_captures_with_a_planted_layer(tmp_path, case, recipe):
         assert top.sixteen_bit_share == 0.0 and top.matmul_share > 0.7
 
 
-def test_the_h100_resnet_layers_are_resnets(tmp_path):
-    logdir = _unpack(FIXTURES / "gpu-h100" / "resnet_small_batch_fp32.tar.xz", tmp_path)
+def test_the_h100_resnet_layers_are_resnets(unpack_capture):
+    logdir = unpack_capture("gpu-h100", "resnet_small_batch_fp32")
     table = layer_times(find_xplane(logdir))
     layers = {layer.layer for layer in table.layers}
     # ResNet-50's own layer names, with TensorFlow's `_1` scope suffix dropped

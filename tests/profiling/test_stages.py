@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
 import time
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from tfopt.data.rewrite import parallelize
 from tfopt.profiling.analyze import find_xplane
 from tfopt.profiling.stages import pipeline_stages
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 SLEEP_SECONDS = 0.01
 BATCH = 16
 
@@ -110,17 +108,12 @@ def test_a_pipeline_that_keeps_up_gets_no_recipe(planted):
     assert table.recipe is None and table.fix.startswith("The pipeline keeps up")
 
 
-def _unpack(archive: Path, root: Path) -> Path:
-    with tarfile.open(archive, "r:xz") as opened:
-        opened.extractall(root, filter="data")
-    return root / archive.name.removesuffix(".tar.xz")
-
 
 @pytest.mark.parametrize("case", ["slow_map_serial", "slow_map_parallel"])
-def test_gpu_captures_with_a_planted_stage(tmp_path, case):
+def test_gpu_captures_with_a_planted_stage(unpack_capture, case):
     """H200 captures by Keras' TensorBoard callback (tests/fixtures/gpu-planted): a map sleeping 10 ms per
     element, sequential, then made parallel."""
-    logdir = _unpack(FIXTURES / "gpu-planted" / f"{case}.tar.xz", tmp_path)
+    logdir = unpack_capture("gpu-planted", case)
     truth = json.loads((logdir / "case.json").read_text())
     assert truth["device"] == "NVIDIA H200" and truth["planted"] == {"stage": "slow_augment"}
     table = pipeline_stages(find_xplane(logdir), cpu_count=16)
@@ -135,8 +128,8 @@ def test_gpu_captures_with_a_planted_stage(tmp_path, case):
         assert table.host_limited and table.recipe is None
 
 
-def test_the_h100_starved_capture_names_its_python_map(tmp_path):
-    logdir = _unpack(FIXTURES / "gpu-h100" / "starved_pyfunc.tar.xz", tmp_path)
+def test_the_h100_starved_capture_names_its_python_map(unpack_capture):
+    logdir = unpack_capture("gpu-h100", "starved_pyfunc")
     table = pipeline_stages(find_xplane(logdir), cpu_count=16)
     slow = table.bottleneck
     # map(py_function sleeping 20 ms) fused by tf.data with the batch of 16 that follows it
