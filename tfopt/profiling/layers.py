@@ -32,9 +32,8 @@ _UNIQUIFIER = re.compile(r"_\d+$")
 OUTSIDE_LAYERS = "(outside layers)"
 # XLA kernels that name no layer, or only the model: fusions of ops from several layers.
 XLA_ACROSS_LAYERS = "(XLA fusions across layers)"
-# A layer is named in the findings when it takes at least this share of the device's time.
+# A layer adds a finding of its own when its device time takes at least this share of the wall step.
 TOP_LAYER_SHARE = 0.2
-TOP_ROWS = 10
 
 
 @dataclasses.dataclass(frozen=True)
