@@ -322,7 +322,7 @@ def test_alert_when_the_pipeline_slows_mid_run(caplog):
 @pytest.mark.slow
 def test_no_alert_on_a_steady_pipeline():
     monitor = Monitor(every_steps=4, alert_windows=3, hardware=Hardware())
-    make_model(width=256).fit(steady_dataset(), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor])
+    make_model(width=2048, hidden=2).fit(steady_dataset(), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor])
     assert len(monitor.records_of("window")) == 11 and monitor.alerts == []
 
 

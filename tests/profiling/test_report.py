@@ -336,7 +336,8 @@ def test_html_opens_in_a_headless_browser(real_report, tmp_path):
     dom.feed(result.stdout)
     seen = json.loads(dom.probe)
     assert seen["title"] == "tfopt report" and seen["rows"] == len(SUMMARY_ROWS)
-    assert len(seen["images"]) == 2 and all(done and width > 300 and height > 100
+    assert set(real_report.figures()) == {"breakdown", "metrics", "hotspots"}
+    assert len(seen["images"]) == 3 and all(done and width > 300 and height > 100
                                             for done, width, height in seen["images"])
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == []
