@@ -53,3 +53,9 @@ def test_the_scaling_benchmark_names_the_machine(monkeypatch, machine):
 ])
 def test_the_scaling_benchmark_says_what_the_replicas_of_each_row_shared(machine, kind, devices, note):
     assert load("scaling").sharing_note(kind, devices, FAKE_HARDWARE[machine]) == note
+
+
+@pytest.mark.parametrize("machine", ["h100", "cpu_plain"])
+def test_the_data_service_benchmark_names_the_machine(machine):
+    header = load("data_service").header(FAKE_HARDWARE[machine])
+    assert header.startswith(f"tfopt tf.data service benchmark. Measured on: {FAKE_HARDWARE[machine].describe()}. ")

@@ -36,7 +36,8 @@ HARDWARE = re.compile(r"CPU: [^,]+, \d+ cores|\d+x [^(]+ \(cc \d+\.\d+|TPU: \d+ 
 NAMED_MACHINE = re.compile(r"[^.;:]{0,40}?(?:" + HARDWARE.pattern + ")")
 # A card without figures says so instead of naming a machine.
 NOT_MEASURED = "Not measured: "
-CARDS = ("mixed_precision", "xla", "data_pipeline", "tfrecord", "distribution", "batch_size", "grad_accum")
+CARDS = ("mixed_precision", "xla", "data_pipeline", "tfrecord", "distribution", "batch_size", "grad_accum",
+         "data_service")
 
 
 def blocks(page, language):

@@ -38,12 +38,20 @@ class Built:
         dataset: The tf.data pipeline to pass to `model.fit`.
         strategy: The tf.distribute strategy the model's variables live under.
         plan: The plan it was built from.
+        service: The tf.data service cluster started on this host for the dataset (`data_service: {workers:
+            N}`), or None; `close()` stops it, as the end of the process does.
     """
 
     model: Any
     dataset: Any
     strategy: Any
     plan: Plan
+    service: Any = None
+
+    def close(self) -> None:
+        """Stops what the build started for the dataset (the tf.data service workers); the model stays usable."""
+        if self.service is not None:
+            self.service.close()
 
 
 def build(plan: Plan) -> Built:
@@ -85,6 +93,7 @@ def build(plan: Plan) -> Built:
             plan = plan.amend("mixed_precision", "kept float32: " + "; ".join(kept_float32))
         if plan.weights_from is not None:
             _copy_weights(plan.weights_from, model)
+        unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
         model.compile(**_compile_arguments(plan))
         if plan.dtype_policy == "mixed_float16" and not isinstance(
@@ -93,7 +102,39 @@ def build(plan: Plan) -> Built:
             # pins its own dtype escapes that, and fp16 gradients then underflow. Wrap it ourselves.
             model.compile(**{**_compile_arguments(plan),
                              "optimizer": keras.optimizers.LossScaleOptimizer(model.optimizer)})
-    return Built(model=model, dataset=plan.dataset, strategy=strategy, plan=plan)
+    dataset, service, plan = _served(plan, unsettled)
+    return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
+
+
+def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
+    """The pipeline as read back from the tf.data service the plan offloads it to (starting the cluster on this
+    host that it asks for), and that cluster; the plan's own pipeline where it offloads nothing, or where the
+    service cannot take it (said in the plan). The workers run `unsettled`, the pipeline before the build made
+    its batches static, whose partial batches the client cuts as `plan.dataset` would."""
+    if plan.data_service is None:
+        return plan.dataset, None, plan
+    import tensorflow as tf
+
+    from tfopt.data.service_client import serve_offload, tf_batch_dimension
+
+    # Decided again on the pipeline as built: recipes of later stages (batch_size, distribution) rebatched it.
+    offload, why = plan.data_service.planned_again(unsettled, batch_size=plan.batch_size)
+    if offload is not None:
+        try:
+            served, cluster = serve_offload(unsettled, offload, batch_size=plan.batch_size,
+                                            static=tf_batch_dimension(plan.dataset.element_spec) is not None,
+                                            batches_per_pass=int(plan.dataset.cardinality()))
+            return served, cluster, _offloaded(plan, offload, offload.describe())
+        except tf.errors.OpError as error:  # the service cannot rebuild it (a resource it cannot serialize)
+            why = f"left local: the tf.data service could not take the pipeline ({describe_error(error)})"
+    _log.warning("data_service: %s", why)
+    return plan.dataset, None, _offloaded(plan, None, why)
+
+
+def _offloaded(plan: Plan, offload: Any, detail: str) -> Plan:
+    """The plan with the offload the build made (None: the pipeline stayed local) and its step said again."""
+    kept = tuple(step for step in plan.applied if step.recipe != "data_service")
+    return plan.replace(data_service=offload, applied=kept).record("data_service", detail, skipped=offload is None)
 
 
 def _create_model(plan: Plan) -> Any:

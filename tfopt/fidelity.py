@@ -255,8 +255,11 @@ def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Bu
     _log.warning("mixed_precision: left out: %s", why)
     plan = built.plan
     steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
-    return build(plan.replace(dtype_policy=baseline_policy, applied=steps).record(
+    # The pipeline the first build serves (from tf.data service workers, if any) feeds the rebuilt model too.
+    rebuilt = build(plan.replace(dtype_policy=baseline_policy, applied=steps, data_service=None).record(
         "mixed_precision", f"left out: {why}", skipped=True))
+    return dataclasses.replace(rebuilt, dataset=built.dataset, service=built.service,
+                               plan=rebuilt.plan.replace(data_service=plan.data_service))
 
 
 def _recipes(plan: Any) -> str:

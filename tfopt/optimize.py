@@ -47,6 +47,8 @@ class ApplyResult:
         tuning: With recipes="auto", the `tfopt.auto.Tuning` whose `.table` holds every trial and decision.
         speedup_rounds: The speedup of each round where before and after were measured side by side, in
             alternating rounds (`speedup_range` gives their range).
+        service: The tf.data service workers started on this machine for the dataset (`data_service:
+            {workers: N}`), or None; they serve `dataset` until `close()` or the end of the process.
 
     Example:
         >>> import keras, tensorflow as tf
@@ -73,6 +75,18 @@ class ApplyResult:
     after_profile: capture.Profile | None = None
     tuning: Any = None
     speedup_rounds: tuple[float, ...] = ()
+    service: Any = None
+
+    def close(self) -> None:
+        """Stops the tf.data service workers started for `dataset`, if any (after that `dataset` must not be read)."""
+        if self.service is not None:
+            self.service.close()
+
+    def __enter__(self) -> ApplyResult:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
         """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
@@ -274,34 +288,45 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
         _log.info("%s", step)
     before = after = before_profile = after_profile = None
     rounds: tuple[float, ...] = ()
-    built = first_batch_checked(build(optimized), reference, batch, baseline_policy=baseline.dtype_policy)
-    if measuring:
-        numerics = _numerics_changed(built_baseline.plan, built.plan)
-        # Recipes the user set explicitly are kept as asked; the baseline's model is "without" only when
-        # every change of numerics is one to verify.
-        numerics = numerics if set(numerics) <= verifying else []
-        # The same setup without the recipes that change how the model computes: the baseline's own model on
-        # the optimized pipeline (no build), against which they must prove themselves.
-        without = None
-        if numerics:
-            plan = optimized.with_compile(jit_compile=built_baseline.plan.jit_compile).replace(
-                dtype_policy=built_baseline.plan.dtype_policy, tf32=built_baseline.plan.tf32)
-            without = dataclasses.replace(built_baseline, dataset=optimized.dataset, plan=plan)
-        sides = [built_baseline, *([without] if without else []), built]
-        side_by_side = _measured_side_by_side(sides, **evidence)
-        if without is not None:
-            built = _kept_if_faster(built, without, numerics, side_by_side.ratios(len(sides) - 1, 1))
-        after_index = 1 if without is not None and built.model is without.model else len(sides) - 1
-        before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
-        rounds = side_by_side.ratios(after_index, 0)
-        if evidence["profile"]:
-            before_profile, after_profile = (_profiled(side, name, measured, **evidence) for side, name, measured
-                                             in ((built_baseline, "before", before), (built, "after", after)))
-        put_tf32_in_force(built.plan.tf32)  # the model handed back trains under its own setting
+    built = build(optimized)
+    try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
+        built = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
+        if measuring:
+            numerics = _numerics_changed(built_baseline.plan, built.plan)
+            # Recipes the user set explicitly are kept as asked; the baseline's model is "without" only when
+            # every change of numerics is one to verify.
+            numerics = numerics if set(numerics) <= verifying else []
+            # The same setup without the recipes that change how the model computes: the baseline's own model on
+            # the optimized pipeline (no build), against which they must prove themselves.
+            without = None
+            if numerics:
+                # The offload as the build made it (it may have left the pipeline local), said as it said it.
+                offload_steps = tuple(step for step in built.plan.applied if step.recipe == "data_service")
+                plan = optimized.with_compile(jit_compile=built_baseline.plan.jit_compile).replace(
+                    dtype_policy=built_baseline.plan.dtype_policy, tf32=built_baseline.plan.tf32,
+                    data_service=built.plan.data_service,
+                    applied=tuple(step for step in optimized.applied if step.recipe != "data_service") + offload_steps)
+                # Offloaded, the pipeline is the one stream the service serves (one cluster, one job for both).
+                dataset = built.dataset if built.plan.data_service is not None else optimized.dataset
+                without = dataclasses.replace(built_baseline, dataset=dataset, plan=plan, service=built.service)
+            sides = [built_baseline, *([without] if without else []), built]
+            side_by_side = _measured_side_by_side(sides, **evidence)
+            if without is not None:
+                built = _kept_if_faster(built, without, numerics, side_by_side.ratios(len(sides) - 1, 1))
+            after_index = 1 if without is not None and built.model is without.model else len(sides) - 1
+            before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
+            rounds = side_by_side.ratios(after_index, 0)
+            if evidence["profile"]:
+                before_profile, after_profile = (_profiled(side, name, measured, **evidence) for side, name, measured
+                                                 in ((built_baseline, "before", before), (built, "after", after)))
+            put_tf32_in_force(built.plan.tf32)  # the model handed back trains under its own setting
+    except BaseException:
+        built.close()
+        raise
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
                        baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
-                       after_profile=after_profile, tuning=tuning, speedup_rounds=rounds)
+                       after_profile=after_profile, tuning=tuning, speedup_rounds=rounds, service=built.service)
 
 
 def _decided_by_hardware(recipe: Recipe | None) -> frozenset[str]:
@@ -363,8 +388,11 @@ def _profiled(built: Any, side: str, measurement: Measurement, *, profile: bool,
     """A TF Profiler capture of one side ("before" or "after"), analysed and diagnosed with its measurement."""
     put_tf32_in_force(built.plan.tf32)  # trials built since this model was may have switched TF32
     _log.info("profiling %s (%d warm-up + %d steps under the TF Profiler)", side, warmup_steps, steps)
-    return capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, hardware=hardware,
-                           logdir=f"{logdir}/{side}" if logdir else None, measurement=measurement)
+    profiled = capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, hardware=hardware,
+                               logdir=f"{logdir}/{side}" if logdir else None, measurement=measurement)
+    if built.plan.data_service is None:
+        return profiled
+    return dataclasses.replace(profiled, served_bytes_per_batch=built.plan.data_service.batch_bytes)
 
 
 def _is_source(dataset: Any) -> bool:

@@ -64,6 +64,8 @@ class Plan:
         strategy_options: Keyword arguments for that strategy.
         tf32: Whether float32 matmuls and convolutions may run in TF32 where the GPU has it (TensorFlow's
             process setting `enable_tensor_float_32_execution`, which `build()` applies).
+        data_service: How `build()` offloads the pipeline to tf.data service workers (a
+            `tfopt.data.service.Offload`), or None to run it in this process.
         applied: What every recipe did, in order.
 
     Example:
@@ -93,6 +95,7 @@ class Plan:
     strategy: str = "default"
     strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tf32: bool = True
+    data_service: Any = None
     applied: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:

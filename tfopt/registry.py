@@ -18,6 +18,7 @@ from tfopt.suggest import did_you_mean
 _RECIPES = {
     "batch_size": "tfopt.recipes.batch_size:BatchSize",
     "data_pipeline": "tfopt.recipes.data_pipeline:DataPipeline",
+    "data_service": "tfopt.recipes.data_service:DataService",
     "distribution": "tfopt.recipes.distribution:Distribution",
     "grad_accum": "tfopt.recipes.grad_accum:GradAccum",
     "mixed_precision": "tfopt.recipes.mixed_precision:MixedPrecision",

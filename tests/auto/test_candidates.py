@@ -4,6 +4,8 @@ from tests.conftest import FAKE_HARDWARE
 from tfopt.auto.candidates import choose_candidates
 from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.diagnose import diagnose_breakdown
+from tfopt.profiling.hotspots import Hotspots
+from tfopt.profiling.stages import PipelineStages
 
 
 def test_input_bound_bf16_cpu():
@@ -35,3 +37,31 @@ def test_diagnosis_decides_input_boundness_and_names_recipes_it_cannot_compare()
     assert list(chosen.recipes) == ["data_pipeline", "mixed_bfloat16", "xla"]
     assert "changes the batch size" in chosen.not_tried["batch_size"]
     assert "input_bound (moderate, 10.0%) -> data_pipeline" in chosen.notes[0]
+
+
+def test_a_parallel_pipeline_on_a_saturated_host_tries_local_service_workers():
+    """The stage table's "the host is the limit" (its recipe data_service) makes worker counts candidates: one
+    on a 2-core host, one and two from 4 cores on, settings of one recipe that search never combines."""
+    import dataclasses
+
+    starved = StepBreakdown(source="trace", hardware_type="GPU", step_seconds=(0.1,), input_seconds=0.04,
+                            device_compute_seconds=0.02, other_seconds=0.04, device_busy_seconds=0.02,
+                            xla_kernel_percent=100.0)
+    diagnosis = diagnose_breakdown(starved, FAKE_HARDWARE["a100"])
+    host_limited = PipelineStages(stages=(), batches=4, cpu_count=16, bottleneck=None, margin=None,
+                                  host_limited=True, recipe="data_service", fix="the host is the limit", notes=())
+    offload = dataclasses.replace(diagnosis, hotspots=Hotspots(stages=host_limited, layers=None))
+    two_cores = dataclasses.replace(FAKE_HARDWARE["cpu_bf16"], cpu_count=2)
+    chosen = choose_candidates(two_cores, input_efficiency=0.5, diagnosis=offload)
+    assert [label for label in chosen.recipes if label.startswith("data_service")] == ["data_service:1"]
+    assert chosen.recipes["data_service:1"].workers == 1 and chosen.alternatives == {}
+    many = choose_candidates(dataclasses.replace(two_cores, cpu_count=16), input_efficiency=0.5, diagnosis=offload)
+    assert [many.recipes[f"data_service:{n}"].workers for n in (1, 2)] == [1, 2]
+    assert many.alternatives == {"data_service:1": "data_service", "data_service:2": "data_service"}
+    plain = choose_candidates(two_cores, input_efficiency=0.5, diagnosis=diagnosis)
+    assert not any(label.startswith("data_service") for label in plain.recipes)
+    assert plain.not_tried["data_service"] == "the input pipeline was not read stage by stage (no profile)"
+    sequential = dataclasses.replace(offload, hotspots=Hotspots(
+        stages=dataclasses.replace(host_limited, host_limited=False, recipe="data_pipeline"), layers=None))
+    assert "not yet parallel" in choose_candidates(two_cores, input_efficiency=0.5,
+                                                   diagnosis=sequential).not_tried["data_service"]

@@ -64,6 +64,15 @@ def test_order_and_greedy_combination():
     assert table.rows[3].reason == "rejected: 0.50x baseline on this machine (noise 3%)"
 
 
+def test_settings_of_one_recipe_are_never_combined():
+    """data_service with 1 or 2 workers: both tried alone, the faster kept, the other not combined with it."""
+    machine = FakeMachine({("data",): 0.05, ("svc:1",): 0.04, ("svc:2",): 0.045, ("data", "svc:1"): 0.03})
+    table = run_search(machine, ["data", "svc:1", "svc:2"], alternatives={"svc:1": "svc", "svc:2": "svc"})
+    assert machine.runs == [(), ("data",), ("svc:1",), ("svc:2",), (), ("data", "svc:1")]
+    assert table.chosen == ("data", "svc:1")
+    assert decisions(table)["svc:2"] == (False, "another setting of svc, svc:1, was chosen")
+
+
 def test_slower_alone_is_still_tried_on_top_of_the_pipeline_fix():
     # Input-bound: bf16 alone cannot show its gain, it does once the pipeline is fixed.
     machine = FakeMachine({("data",): 0.05, ("bf16",): 0.104, ("data", "bf16"): 0.035})

@@ -12,7 +12,7 @@ from tfopt.auto.trials import TrialRunner, _per_step_losses
 from tfopt.errors import RecipeConfigError
 from tfopt.optimize import resolve_recipes
 from tfopt.plan import make_plan
-from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+from tfopt.recipes import DataPipeline, DataService, MixedPrecision, Xla
 
 FAST = dict(steps=3, warmup_steps=1, numerics_steps=3)
 
@@ -59,6 +59,31 @@ def test_deadline_stops_a_trial(cpu_hardware):
     runner.baseline(1e12)
     result = runner((), deadline=0.0)  # already past: stops after the first timed-run step
     assert result.stopped_by_budget and not result.measured
+
+
+@pytest.mark.slow
+def test_an_offloaded_trial_runs_on_its_own_worker_and_stops_it(cpu_hardware, monkeypatch):
+    """data_service: {workers: 1} as a candidate: the shared model trains from a worker process started for
+    the trial, on the same numerics, and the worker is gone when the trial ends."""
+    from tests.processes import wait_gone
+    from tfopt.auto import trials
+
+    started, serve_offload = [], trials.serve_offload
+
+    def recorded(*args, **kwargs):
+        served, cluster = serve_offload(*args, **kwargs)
+        started.append(cluster.worker_pids)
+        return served, cluster
+
+    monkeypatch.setattr(trials, "serve_offload", recorded)
+    plan = make_plan(make_cnn(), make_images(count=48), hardware=cpu_hardware)
+    runner = TrialRunner(plan, {"data_service:1": DataService(workers=1)}, **FAST)
+    baseline = runner((), 1e12)
+    assert started == []
+    offloaded = runner(("data_service:1",), 1e12)
+    assert offloaded.measured and offloaded.losses == baseline.losses and len(runner._models) == 1
+    assert offloaded.step_times.batch_size == 8 and len(offloaded.step_times.seconds) == 3
+    assert len(started) == 1 and len(started[0]) == 1 and wait_gone(started[0], seconds=30) == []
 
 
 def test_a_recipe_that_declines_is_reported(cpu_hardware):

@@ -4,8 +4,8 @@ a headless browser, and saving never leaves a half-written report."""
 from __future__ import annotations
 
 import base64
-import html.parser
 import dataclasses
+import html.parser
 import json
 import math
 import shutil
@@ -16,7 +16,7 @@ import pytest
 
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.report import SUMMARY_ROWS, Report, add_training, compare
+from tfopt.profiling.report import SHOWN_WHEN_MEASURED, SUMMARY_ROWS, Report, add_training, compare
 
 
 class _Tables(html.parser.HTMLParser):
@@ -98,7 +98,8 @@ def real_report(starved_profile, tuned_profile):
                    applied=[Step("data_pipeline", "map(num_parallel_calls=32), prefetch(4)")], price_per_hour=0.4)
 
 
-SUMMARY_KEYS = [lambda run, key=key: run[key] for _, key in SUMMARY_ROWS]
+# Rows of a report whose pipelines ran in the training process (none read from tf.data service workers).
+SUMMARY_KEYS = [lambda run, key=key: run[key] for _, key in SUMMARY_ROWS if key not in SHOWN_WHEN_MEASURED]
 BREAKDOWN_KEYS = [lambda run, category=category: run["breakdown_ms"][category] for category in CATEGORY_LABELS]
 
 
@@ -114,6 +115,18 @@ def test_markdown_and_html_show_the_json_numbers(which, request):
     _assert_table_matches(tables.tables["summary"], data, SUMMARY_KEYS)
     _assert_table_matches(tables.tables["breakdown"], data, BREAKDOWN_KEYS)
     assert f"**Speedup: {data['speedup']:g}x**" in markdown
+
+
+def test_a_pipeline_read_from_the_service_shows_what_crossed_the_network(fake_report):
+    """An offloaded "after" (data_service) adds the MiB/s row: bytes per batch x steps/s; "before" says n/a."""
+    after = dataclasses.replace(fake_report.profiles["after"], served_bytes_per_batch=3 * 2**20)
+    report = dataclasses.replace(fake_report, profiles={**fake_report.profiles, "after": after})
+    data = report.to_dict()
+    expected = _r(3 * after.measurement.real.steps_per_second)
+    assert data["runs"]["after"]["service_mib_per_second"] == expected
+    assert data["runs"]["before"]["service_mib_per_second"] is None
+    assert f"| from tf.data service workers (MiB/s) | n/a | {expected:g} |" in report.to_markdown()
+    assert "from tf.data service workers" not in fake_report.to_markdown()
 
 
 def test_json_numbers_are_the_measurements(fake_report):
@@ -335,7 +348,7 @@ def test_html_opens_in_a_headless_browser(real_report, tmp_path):
     dom = _Probe()
     dom.feed(result.stdout)
     seen = json.loads(dom.probe)
-    assert seen["title"] == "tfopt report" and seen["rows"] == len(SUMMARY_ROWS)
+    assert seen["title"] == "tfopt report" and seen["rows"] == len(SUMMARY_KEYS)
     assert set(real_report.figures()) == {"breakdown", "metrics", "hotspots"}
     assert len(seen["images"]) == 3 and all(done and width > 300 and height > 100
                                             for done, width, height in seen["images"])

@@ -99,7 +99,7 @@ def test_after_tfopts_rewrite_the_slow_map_runs_in_parallel(tmp_path):
     assert slow.kind in ("ParallelMapV2", "MapAndBatch") and slow.parallelism >= 2 and slow.autotuned
     assert table.bottleneck is slow and slow.function_calls > 0
     # at the core count: a parallel map cannot go faster on this host, and the fix says what is left
-    assert table.host_limited and table.recipe is None and "the host is the limit" in table.fix
+    assert table.host_limited and table.recipe == "data_service" and "the host is the limit" in table.fix
 
 
 def test_a_pipeline_that_keeps_up_gets_no_recipe(planted):
@@ -125,7 +125,7 @@ def test_gpu_captures_with_a_planted_stage(unpack_capture, case):
         assert slow.bound_seconds_per_batch == pytest.approx(32 * slow.seconds_per_element, rel=0.1)
     else:  # AUTOTUNE gave it all 16 cores: the host is the limit
         assert slow.kind == "ParallelMapV2" and slow.parallelism == 16 and slow.autotuned
-        assert table.host_limited and table.recipe is None
+        assert table.host_limited and table.recipe == "data_service"
 
 
 def test_the_h100_starved_capture_names_its_python_map(unpack_capture):

@@ -25,6 +25,7 @@ BAD_SETTINGS = {
     "grad_accum": ({"steps": 1}, "Expected an integer >= 2", "steps"),
     "mixed_precision": ({"policy": "fp16"}, "Expected one of", "policy"),
     "xla": ({"jit_compile": "yes"}, "Expected 'auto'", "jit_compile"),
+    "data_service": ({"workers": 0}, "must be a whole number of at least 1", "workers"),
 }
 
 
@@ -92,6 +93,10 @@ def test_two_training_steps_after_recipe(name, baseline):
     plan = registry.get(name)().measured(baseline)(baseline)
     built = build(plan)
     counter = StepCounter()
-    history = built.model.fit(built.dataset.repeat(), steps_per_epoch=2, epochs=1, verbose=0, callbacks=[counter])
+    try:
+        history = built.model.fit(built.dataset.repeat(), steps_per_epoch=2, epochs=1, verbose=0,
+                                  callbacks=[counter])
+    finally:
+        built.close()  # what the build started for the data (data_service's worker process)
     assert counter.steps == 2
     assert np.isfinite(history.history["loss"][0])

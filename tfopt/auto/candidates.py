@@ -43,6 +43,12 @@ class Candidates:
     not_tried: dict[str, str]
     notes: tuple[str, ...]
 
+    @property
+    def alternatives(self) -> dict[str, str]:
+        """Label -> recipe name for the recipes tried in several settings (`search`'s `alternatives`)."""
+        names = [recipe.name for recipe in self.recipes.values()]
+        return {label: recipe.name for label, recipe in self.recipes.items() if names.count(recipe.name) > 1}
+
 
 def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, diagnosis: Any = None) -> Candidates:
     """Picks the recipes worth a trial on this hardware for this bottleneck.
@@ -51,6 +57,10 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
       less than `INPUT_BOUND_EFFICIENCY` of the compute-only ceiling.
     - mixed precision in the 16-bit type the hardware computes natively (`choose_policy`), if any.
     - XLA, always: whether it pays off depends on the model and the machine, which is what trials measure.
+    - data_service with 1 and (on 4 cores or more) 2 local worker processes, where the diagnosis says the
+      input pipeline is parallel already and the host's cores are its limit (`tfopt.profiling.stages`):
+      whether workers beside training on the same cores help is what trials measure; workers on other hosts
+      are given explicitly (`data_service: {dispatcher: ...}`).
 
     Args:
         hardware: The machine.
@@ -66,7 +76,7 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
         >>> list(chosen.recipes)
         ['data_pipeline', 'mixed_bfloat16', 'xla']
     """
-    from tfopt.recipes import DataPipeline, MixedPrecision, Xla, choose_policy
+    from tfopt.recipes import DataPipeline, DataService, MixedPrecision, Xla, choose_policy
 
     recipes: dict[str, Recipe] = {}
     not_tried: dict[str, str] = {}
@@ -89,6 +99,14 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
     else:
         recipes[policy] = MixedPrecision(policy=policy)
     recipes["xla"] = Xla(jit_compile=True)
+    stages = diagnosis.hotspots.stages if diagnosis is not None and diagnosis.hotspots is not None else None
+    if input_bound and stages is not None and stages.recipe == "data_service":
+        for workers in (1, 2) if hardware.cpu_count >= 4 else (1,):
+            recipes[f"data_service:{workers}"] = DataService(workers=workers)
+    elif input_bound:
+        not_tried["data_service"] = (
+            "the input pipeline was not read stage by stage (no profile)" if stages is None else
+            "the input pipeline is not yet parallel with every core of the host busy: parallel stages here come first")
     for name in (diagnosis.recipes if diagnosis is not None else ()):
         if name in NOT_COMPARABLE:
             not_tried[name] = f"suggested by the diagnosis, but {NOT_COMPARABLE[name]}"

@@ -58,7 +58,8 @@ class ProgressEvent:
 def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clock: Callable[[], float],
            start: float | None = None, loss_tolerance: float = LOSS_TOLERANCE,
            noise_floor: float = NOISE_FLOOR_FRACTION, not_tried: Mapping[str, str] | None = None,
-           notes: Sequence[str] = (), on_progress: Callable[[ProgressEvent], None] | None = None) -> TrialsTable:
+           notes: Sequence[str] = (), on_progress: Callable[[ProgressEvent], None] | None = None,
+           alternatives: Mapping[str, str] | None = None) -> TrialsTable:
     """Measures the baseline and the candidates, combines the ones that help, and returns the trials table.
 
     Args:
@@ -72,6 +73,9 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
         not_tried: Candidates left out before the search, with the reason; they get rows and decisions.
         notes: Context lines for the table (the diagnosis).
         on_progress: Called before and after each trial.
+        alternatives: Candidate label -> the recipe it sets, where several candidates are settings of one
+            recipe (`data_service` with 1 or 2 workers): each is tried alone, and only the fastest kept joins
+            a combination.
 
     Returns:
         The trials table; `table.chosen` is the configuration to use.
@@ -124,8 +128,14 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
     if kept_alone:
         chosen, chosen_speed = (kept_alone[0],), alone[kept_alone[0]].examples_per_second
         decisions[kept_alone[0]] = Decision(kept_alone[0], True, verdicts[kept_alone[0]].reason)
+        recipe_of = dict(alternatives or {})
         for candidate in eligible:
             if candidate in chosen:
+                continue
+            rival = next((c for c in chosen if c in recipe_of and recipe_of[c] == recipe_of.get(candidate)), None)
+            if rival is not None:  # a setting of a recipe already chosen, which was faster alone
+                decisions[candidate] = Decision(candidate, False, f"another setting of {recipe_of[rival]}, {rival}, "
+                                                                  "was chosen")
                 continue
             combination = tuple(c for c in candidates if c in chosen or c == candidate)
             label = " + ".join(combination)

@@ -4,7 +4,8 @@ Every trial starts from the same weights and a fresh optimizer state, and its nu
 the same few batches, held in memory, so loss trajectories differ only by what the recipes changed.
 Configurations that differ only in their input pipeline share one built and compiled model (their
 numerics are the same by construction, so they reuse its loss trajectory too): the data pipeline trial
-costs no rebuild and no recompilation.
+costs no rebuild and no recompilation. A configuration that offloads the pipeline (`data_service`) starts
+its own tf.data service workers for its trial and stops them when it ends.
 
 A configuration that changes the input pipeline first reads one epoch of it, untimed, where the
 dataset is finite: a cache fills during the first epoch, and steady-state training, which is what the
@@ -27,6 +28,7 @@ import keras
 
 from tfopt.auto.decide import TrialResult
 from tfopt.builder import Built, build
+from tfopt.data.service_client import serve_offload
 from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.errors import MeasurementError
 from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
@@ -100,12 +102,19 @@ class TrialRunner:
         compile_seconds = None if compiled.compile_reported else compiled.compile_seconds
         compiled.compile_reported = True
         stopped, times = compiled.stopped, None
-        if not stopped and plan.dataset is not self.plan.dataset:
-            stopped = _read_one_epoch(plan.dataset, deadline, self.clock)
-        if not stopped:
-            times, stopped = _timed(compiled.built.model, plan.dataset, steps=self.steps,
-                                    warmup_steps=self.warmup_steps, batch_size=plan.batch_size,
-                                    deadline=deadline, clock=self.clock)
+        dataset, cluster = plan.dataset, None
+        try:
+            if not stopped and plan.data_service is not None:  # the trial's own workers, stopped with it
+                dataset, cluster = serve_offload(plan.dataset, plan.data_service, batch_size=plan.batch_size)
+            if not stopped and plan.dataset is not self.plan.dataset:
+                stopped = _read_one_epoch(dataset, deadline, self.clock)
+            if not stopped:
+                times, stopped = _timed(compiled.built.model, dataset, steps=self.steps,
+                                        warmup_steps=self.warmup_steps, batch_size=plan.batch_size,
+                                        deadline=deadline, clock=self.clock)
+        finally:
+            if cluster is not None:
+                cluster.close()
         compiled.reset()
         return TrialResult(configuration, step_times=times, compile_seconds=compile_seconds, losses=compiled.losses,
                            wall_seconds=self.clock() - began, stopped_by_budget=stopped)
@@ -116,7 +125,7 @@ class TrialRunner:
         # under its own plan's setting again (build() sets it for the model it builds).
         put_tf32_in_force(plan.tf32)
         if key not in self._models:
-            self._keep(plan, build(plan))
+            self._keep(plan, build(plan.replace(data_service=None)))  # a trial serves its own data
         return self._models[key]
 
     def _keep(self, plan: Plan, built: Built) -> None:

@@ -128,7 +128,7 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
     runner.recipes.update(candidates.recipes)  # the baseline model it built and compiled is shared
     table = search(list(candidates.recipes), runner, budget_seconds=budget_seconds, clock=clock, start=start,
                    loss_tolerance=loss_tolerance, noise_floor=noise_floor, not_tried=candidates.not_tried,
-                   notes=candidates.notes, on_progress=on_progress)
+                   notes=candidates.notes, on_progress=on_progress, alternatives=candidates.alternatives)
     recipe = chain(*(candidates.recipes[label] for label in table.chosen))
     tuned = recipe(plan)
     for decision in table.decisions:

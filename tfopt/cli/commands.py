@@ -199,7 +199,34 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(handler=_convert)
     commands.add_parser("list", parents=[common], help="list recipes, models and data sources") \
         .set_defaults(handler=_list)
+    _add_data_service(commands, common)
     return parser
+
+
+def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
+    service = commands.add_parser(
+        "data-service", help="run a tf.data service dispatcher or worker (for the data_service recipe)",
+        description="TensorFlow's tf.data service servers, one per command, in the foreground until SIGTERM or "
+                    "Ctrl-C (docs/data-service.md has Kubernetes and Slurm examples). A recipe reaches them with "
+                    "`- data_service: {dispatcher: grpc://HOST:PORT}`.")
+    service.set_defaults(handler=lambda args: (service.print_help(sys.stderr), 2)[1])
+    servers = service.add_subparsers(title="servers", metavar="SERVER")
+    dispatcher = servers.add_parser("dispatcher", parents=[common], help="coordinate the workers")
+    dispatcher.add_argument("--port", type=int, required=True, metavar="P", help="the port to serve on")
+    dispatcher.add_argument("--work-dir", metavar="DIR",
+                            help="keep a journal there, so that a restarted dispatcher keeps its datasets and jobs")
+    dispatcher.add_argument("--worker-timeout", type=options.seconds, default=30.0, metavar="TIME",
+                            help="drop a worker whose heartbeats stopped this long ago (default 30s)")
+    dispatcher.set_defaults(handler=_data_service, server="dispatcher")
+    worker = servers.add_parser("worker", parents=[common], help="run pipelines for a dispatcher")
+    worker.add_argument("--dispatcher", required=True, metavar="HOST:PORT", help="the dispatcher's address")
+    worker.add_argument("--port", type=int, default=0, metavar="Q", help="the port to serve on (default: a free one)")
+    worker.add_argument("--address", metavar="HOST:PORT",
+                        help="the address clients reach this worker at (default: this host's name and the port)")
+    worker.set_defaults(handler=_data_service, server="worker")
+    for server in (dispatcher, worker):
+        server.add_argument("--report-every", type=options.seconds, default=30.0, metavar="TIME",
+                            help="how often to say what the server holds and sends (default 30s)")
 
 
 def _load(args: argparse.Namespace, *, start: bool = False, dry: bool = False) -> Any:
@@ -388,6 +415,25 @@ def _print_diagnosis(diagnosis: Any) -> None:
         print(f"- {line}")
     for note in diagnosis.notes:
         print(f"  note: {note}")
+
+
+def _data_service(args: argparse.Namespace) -> int:
+    from tfopt.data.service_servers import serve_dispatcher, serve_worker
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"{PROGRAM} data-service: {line}", flush=True)
+
+    try:
+        if args.server == "dispatcher":
+            serve_dispatcher(args.port, work_dir=args.work_dir, worker_timeout_seconds=args.worker_timeout,
+                             report_seconds=args.report_every, say=say)
+        else:
+            serve_worker(args.dispatcher, port=args.port, address=args.address, report_seconds=args.report_every,
+                         say=say)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the server stopped and said so
+        pass
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -236,6 +236,23 @@ def _last_batch_size(graph: Any) -> int | None:
     return None
 
 
+def drops_remainder(graph: Any) -> bool:
+    """Whether a batch of the pipeline drops its last partial batch (`drop_remainder=True`), read from the
+    constant that is each batch op's last input.
+
+    Example:
+        >>> [drops_remainder(serialize(tf.data.Dataset.range(9).batch(4, drop_remainder=drop))) for drop in (True, False)]
+        [True, False]
+    """
+    nodes = {node.name: node for node in graph.node}
+    for node in graph.node:
+        if node.op in _BATCH_OPS or node.op == "MapAndBatchDataset":
+            flag = nodes.get([name for name in node.input if not name.startswith("^")][-1].split(":")[0])
+            if flag is not None and flag.op == "Const" and bool(tf.make_ndarray(flag.attr["value"].tensor)):
+                return True
+    return False
+
+
 def pipeline_ops(graph: Any) -> set[str]:
     """Every op name in the graph, those inside its functions included.
 

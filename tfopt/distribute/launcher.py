@@ -111,15 +111,15 @@ def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[
             workers.append(subprocess.Popen(
                 list(argv), env={**base_env, "TF_CONFIG": config}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, errors="replace", start_new_session=True, pass_fds=tuple(pass_fds),
-                preexec_fn=_terminate_with_parent(os.getpid())))
+                preexec_fn=terminate_with_parent(os.getpid())))
         for index, process in enumerate(workers):
             reader = threading.Thread(target=_forward, args=(process, index, output, lock), daemon=True)
             reader.start()
             readers.append(reader)
         failure = _wait(workers, failure_grace_seconds, timeout_seconds)
     finally:
-        with _signals_deferred():  # a second Ctrl-C or SIGTERM must not cut the stopping short
-            _stop(workers)
+        with signals_deferred():  # a second Ctrl-C or SIGTERM must not cut the stopping short
+            stop_processes(workers)
         for reader in readers:
             reader.join(timeout=_TERMINATE_SECONDS)
     if failure:
@@ -161,7 +161,7 @@ def _describe_failure(index: int, code: int) -> str:
     return f"Worker {index} exited with code {code} (first failure)"
 
 
-def _stop(workers: list[subprocess.Popen]) -> None:
+def stop_processes(workers: list[subprocess.Popen]) -> None:
     """Stops any worker (and its children) still running: SIGTERM, then SIGKILL."""
     for process in workers:
         if process.poll() is None:
@@ -176,7 +176,7 @@ def _stop(workers: list[subprocess.Popen]) -> None:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Holds SIGINT, SIGTERM and SIGHUP back while the block runs (in the main thread; elsewhere Python
     delivers no signals anyway); they arrive, and their handlers run, when it ends."""
     if threading.current_thread() is not threading.main_thread():
@@ -190,7 +190,7 @@ def _signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _terminate_with_parent(parent: int) -> Callable[[], None] | None:
+def terminate_with_parent(parent: int) -> Callable[[], None] | None:
     """A `preexec_fn` that has the kernel send the worker SIGTERM when the launcher dies (Linux only; it
     runs in the child between fork and exec, so it calls only prctl and getppid)."""
     if not sys.platform.startswith("linux"):

@@ -74,6 +74,9 @@ class Profile:
         diagnosis: The bottlenecks and the recipes that fix them.
         hardware: The machine it ran on.
         steps_per_epoch: The dataset's length in batches, where tf.data knows it.
+        served_bytes_per_batch: Bytes per batch that crossed the network from tf.data service workers (before
+            compression), where the pipeline ran there (`data_service`); None where it ran in this process or
+            its batches' size is not static.
 
     Example:
         >>> profile = tfopt.profile(model, dataset)  # doctest: +SKIP
@@ -86,6 +89,7 @@ class Profile:
     diagnosis: Diagnosis
     hardware: Hardware
     steps_per_epoch: int | None = None
+    served_bytes_per_batch: int | None = None
 
     @property
     def hotspots(self) -> Hotspots | None:

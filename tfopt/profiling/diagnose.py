@@ -377,11 +377,13 @@ def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
     findings = list(diagnosis.findings)
     stages = hotspots.stages
     if stages is not None and stages.bottleneck is not None:
+        # Offloading (data_service) is named by the stage line beside the finding, not instead of its recipe:
+        # the local levers (the rewrite's cache and prefetch) cost no other machine and come first.
+        recipe = stages.recipe if stages.recipe != "data_service" else None
         for index, finding in enumerate(findings):
             if finding.bottleneck in INPUT_BOTTLENECKS:
                 findings[index] = dataclasses.replace(
-                    finding, recipe=stages.recipe or finding.recipe,
-                    reason=f"{finding.reason} Stage by stage: {stages.fix}")
+                    finding, recipe=recipe or finding.recipe, reason=f"{finding.reason} Stage by stage: {stages.fix}")
     layers = hotspots.layers
     top = layers.top if layers is not None else None
     share_of_step = layers.share_of_step(top) if top is not None else None

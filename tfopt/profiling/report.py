@@ -40,6 +40,7 @@ SUMMARY_ROWS = (
     ("MFU (% of peak FLOP/s at the precision below)", "mfu_percent"),
     ("precision of the matmuls (MFU's peak)", "precision"),
     ("waiting for input (% of wall step)", "input_wait_percent"),
+    ("from tf.data service workers (MiB/s)", "service_mib_per_second"),
     ("input efficiency (% of on-device ceiling)", "input_efficiency_percent"),
     ("peak memory (MiB), {memory_measured}", "peak_memory_mib"),
     ("{hardware_utilization_measured}", "mean_hardware_utilization_percent"),
@@ -48,6 +49,9 @@ SUMMARY_ROWS = (
     ("{hours_unit} per epoch", "accelerator_hours_per_epoch"),
     ("cost per epoch ({currency})", "cost_per_epoch"),
 )
+
+# Rows that only some setups have (an offloaded pipeline): left out of a report where no run measured them.
+SHOWN_WHEN_MEASURED = frozenset({"service_mib_per_second"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,8 +398,9 @@ def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
     context = {"memory_measured": first["memory_measured"], "currency": data["currency"],
                "hardware_utilization_measured": first["hardware_utilization_measured"],
                "hours_unit": data["hours_unit"]}
-    return [[label.format(**context), *(_show(run[key]) for run in data["runs"].values())]
-            for label, key in SUMMARY_ROWS]
+    runs = list(data["runs"].values())
+    return [[label.format(**context), *(_show(run.get(key)) for run in runs)] for label, key in SUMMARY_ROWS
+            if key not in SHOWN_WHEN_MEASURED or any(run.get(key) is not None for run in runs)]
 
 
 def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
@@ -411,6 +416,8 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
     return {
         "steps_per_second": _round(real.steps_per_second),
         "examples_per_second": _round(real.examples_per_second),
+        "service_mib_per_second": (_round(profile.served_bytes_per_batch * real.steps_per_second / 2**20)
+                                   if profile.served_bytes_per_batch is not None else None),
         "step_time_median_ms": _round(real.median_seconds * 1000.0),
         "step_time_spread_ms": _round(real.spread_seconds * 1000.0),
         **metrics,

@@ -239,9 +239,9 @@ def _fix(stage: Stage, cpu_count: int, host_limited: bool, spread_seconds: float
     at_once = stage.parallelism or 1
     bound = f"{stage.label} needs {_milliseconds(stage.bound_seconds_per_batch)} per batch"
     host = (f"All stages' work spread over the {cpu_count} cores takes {_milliseconds(spread_seconds)} per batch: "
-            "the host is the limit. Beyond it: cache the stage's output where it is the same every epoch, "
-            "convert decoded data to TFRecord once (tfrecord), move preprocessing to more CPUs (tf.data "
-            "service workers), or a host with more cores.")
+            "the host is the limit. Beyond it: move preprocessing to more CPUs (data_service: tf.data service "
+            "workers on other hosts, or on this host's spare cores), cache the stage's output where it is the "
+            "same every epoch, convert decoded data to TFRecord once (tfrecord), or a host with more cores.")
     if stage.kind in MAP_KINDS and at_once < cpu_count and not host_limited:
         return "data_pipeline", (f"{bound} running {at_once} element(s) at a time on {cpu_count} cores: the graph "
                                  "rewrite (data_pipeline) runs it with num_parallel_calls=AUTOTUNE.")
@@ -257,7 +257,8 @@ def _fix(stage: Stage, cpu_count: int, host_limited: bool, spread_seconds: float
                       "above the core count, with a private thread pool that large), caching its output, or faster "
                       "storage shorten it.")
     if host_limited or at_once >= cpu_count:
-        return None, f"{bound} at parallelism {at_once}. {host}"
+        # Already parallel with every core busy: only other CPUs can take the work.
+        return "data_service", f"{bound} at parallelism {at_once}. {host}"
     if stage.kind in ("Batch", "BatchV2", "BatchDatasetV2", "PaddedBatch", "PaddedBatchV2"):
         return "data_pipeline", (f"{bound} assembling batches: the graph rewrite fuses the map before it with the "
                                  "batch and runs it in parallel.")

@@ -221,7 +221,7 @@ def _trial_model(plan: Plan) -> Any:
     retraces its train step for each new batch shape, so rebuilding would only add time."""
     from tfopt.builder import build
 
-    return build(plan).model
+    return build(plan.replace(data_service=None)).model  # the trials read the local pipeline
 
 
 def _time_trial(model: Any, plan: Plan, batch_size: int, steps: int, warmup_steps: int) -> Any:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 from tfopt.recipe_file.schema import REPORT_SUFFIXES
@@ -199,14 +200,17 @@ def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, clust
         progress.phase("applying recipes" + (" (measurements kept from the first attempt)" if report else ""))
         built = _build(recipe, progress)
     training = None
-    if train and recipe.train.epochs:
-        from tfopt.run.training import train_model
+    try:
+        if train and recipe.train.epochs:
+            from tfopt.run.training import train_model
 
-        progress.phase(f"training {recipe.train.epochs} epoch(s)")
-        training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
-                               chief=cluster.is_chief)
-        if cluster.is_chief and training.get("monitor") and report_paths:
-            report = _with_training(written, training["monitor"], report_paths) or report
+            progress.phase(f"training {recipe.train.epochs} epoch(s)")
+            training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
+                                   chief=cluster.is_chief)
+            if cluster.is_chief and training.get("monitor") and report_paths:
+                report = _with_training(written, training["monitor"], report_paths) or report
+    finally:
+        built.close()  # the tf.data service workers that fed training, if any
     if resume and cluster.is_chief:  # it may have raised train.epochs: saved once those epochs trained
         save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
     return report, report_paths, built, training
@@ -247,11 +251,24 @@ def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> t
     run that fails while training keeps its measurements."""
     result = _apply(recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
                     profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
-    progress.phase("writing the report")
-    report = result.report(price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch)
-    paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats}
-    _save(report, paths.values())
+    with _closed_on_failure(result):
+        progress.phase("writing the report")
+        report = result.report(price_per_hour=recipe.report.price_per_hour,
+                               steps_per_epoch=recipe.train.steps_per_epoch)
+        paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats}
+        _save(report, paths.values())
     return _built(result), report, paths
+
+
+@contextlib.contextmanager
+def _closed_on_failure(built: Any) -> Iterator[None]:
+    """Stops what `built` started for its dataset (tf.data service workers) where the block fails; a block
+    that succeeds hands it on still running."""
+    try:
+        yield
+    except BaseException:
+        built.close()
+        raise
 
 
 def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, pathlib.Path]) -> dict | None:
@@ -301,7 +318,8 @@ def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
 def _built(result: Any) -> Any:
     from tfopt.builder import Built
 
-    return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan)
+    return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan,
+                 service=result.service)
 
 
 def _recipes_argument(recipe: RecipeFile) -> Any:

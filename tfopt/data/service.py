@@ -1,0 +1,248 @@
+"""Offloading a `tf.data` pipeline to tf.data service workers: what may go, how it is split, how it comes back.
+
+tfopt's graph rewrite parallelizes a pipeline over the training host's own cores. Where those are all busy,
+the tf.data service (`tf.data.experimental.service`: a dispatcher and workers) runs the same pipeline in
+other processes, on this host's spare cores or on other hosts, and streams the batches back over gRPC. This
+module decides from the pipeline's graph alone whether and how (`tfopt.data.service_client` sends it and
+reads it back):
+
+* **What cannot go.** A function that calls Python (`py_function`, `numpy_function`) or a `from_generator`
+  source runs this process's Python, which a worker process does not have: such a pipeline stays local, the
+  op named.
+* **How it is split.** One worker runs the whole pipeline (sharding off): exact, in the pipeline's own
+  order, and nothing asked of the dispatcher per element (a dying worker, started again, replays its pass
+  from the start). Several workers share it by dynamic sharding: the dispatcher hands the source's splits
+  (a range's or a slice source's elements, a file list's files) to whichever worker asks next, one request
+  each, so each element is produced once per pass, by one worker ("at most once": the splits a dying worker
+  held are lost). That is right only where every op after the source treats elements one by one; `take`,
+  `skip`, `zip`, `enumerate`, `scan`, `unique` and their kin would run once per worker and mean something
+  else (`take(50)` of a range over two workers gives 100 elements, and a `zip` of two ranges pairs the
+  wrong elements), a `padded_batch` pads each worker's last batch to its own length, a file cache would be
+  written by every worker at once. With several workers such a pipeline stays local, with the reason (one
+  worker can serve it). A `batch(drop_remainder=True)` drops each worker's last partial batch: said.
+* **Caches.** Each epoch is a service job of its own, in which the workers build the pipeline again: an
+  in-memory `cache()` lasts one epoch there. On this host that redoes the work the cache saves on the cores
+  it saves them for, so it stays local; other hosts may take it, with that said.
+* **Compression** costs CPU on both ends to save network: a cluster on this host (loopback) never
+  compresses, a remote one compresses elements from `COMPRESS_FROM_BYTES` on (and those of unknown size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfopt.data import graph as pipeline_graph
+
+# Sources whose splits the dispatcher hands out (TF's split providers), one element or one file each.
+SPLITTABLE_SOURCES = frozenset({"RangeDataset", "TensorSliceDataset", "TFRecordDataset", "TextLineDataset",
+                                "FixedLengthRecordDatasetV2"})
+# Ops that treat elements one by one (or batch them), so that running them on each worker's share of the
+# splits gives the same elements as running them once on all (tests/data/test_service.py checks a pipeline of
+# each against the local one). Interleave and flat_map split their outer input; the datasets their functions
+# build stay whole.
+_PER_ELEMENT_OPS = frozenset({
+    "MapDataset", "ParallelMapDatasetV2", "FilterDataset", "BatchDatasetV2", "ParallelBatchDataset",
+    "MapAndBatchDataset", "UnbatchDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "RepeatDataset",
+    "CacheDatasetV2", "PrefetchDataset", "OptionsDataset", "FlatMapDataset", "InterleaveDataset",
+    "ParallelInterleaveDatasetV4", "IgnoreErrorsDataset", "RebatchDatasetV2", "ModelDataset",
+    "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset",
+})
+_PYTHON_OPS = {"EagerPyFunc": "py_function", "PyFunc": "numpy_function", "PyFuncStateless": "numpy_function"}
+# Elements from this size on are compressed for a remote service: below it Snappy's per-element cost is
+# not repaid by the network time it saves.
+COMPRESS_FROM_BYTES = 64 * 2**10
+
+
+@dataclasses.dataclass(frozen=True)
+class Offload:
+    """How a pipeline goes to the tf.data service: decided from its graph by `plan_offload`, done by `serve`.
+
+    Attributes:
+        dispatcher: "grpc://host:port" of a running service, or None for a cluster tfopt starts on this host.
+        workers: Worker processes tfopt starts on this host (127.0.0.1), or None with a dispatcher.
+        sharding: "dynamic" (the source's splits shared out) or "off" (one worker serves it whole).
+        compression: "AUTO" (Snappy) or None.
+        job_name: The job the training workers of a multi-worker run share, or None for one derived from
+            their cluster. A single training process reads a job of its own per epoch.
+        reasons: Why each choice was made, for `Plan.applied`.
+        batch_bytes: Bytes of one batch as the service sends it (before compression), from the static shapes;
+            None where only the data tells (strings, open dimensions).
+        requested_compression: The compression setting it was planned with ("auto", "none", "snappy"), for
+            `planned_again`.
+    """
+
+    dispatcher: str | None
+    workers: int | None
+    sharding: str
+    compression: str | None
+    job_name: str | None
+    reasons: tuple[str, ...]
+    batch_bytes: int | None = None
+    requested_compression: str = "auto"
+
+    def planned_again(self, dataset: Any, *, batch_size: int | None) -> tuple[Offload | None, str]:
+        """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
+        stages rebatched it, which the recipe's decision could not see."""
+        return plan_offload(dataset, dispatcher=self.dispatcher, workers=self.workers,
+                            compression=self.requested_compression, job_name=self.job_name, batch_size=batch_size)
+
+    def describe(self) -> str:
+        where = (f"{self.workers} tf.data service worker process{'es' if self.workers != 1 else ''} on this host "
+                 "(127.0.0.1), started with the run and stopped with it") if self.workers else \
+            f"the tf.data service at {self.dispatcher}"
+        return f"offloaded to {where}: " + "; ".join(self.reasons)
+
+
+def plan_offload(dataset: Any, *, dispatcher: str | None = None, workers: int | None = None,
+                 compression: str = "auto", job_name: str | None = None,
+                 batch_size: int | None = None) -> tuple[Offload | None, str]:
+    """How `dataset` goes to the service, or (None, why it stays local). Reads the graph only, never an element;
+    `batch_size` sizes batches whose first dimension tf.data leaves open.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> offload, _ = plan_offload(tf.data.Dataset.range(64).map(lambda i: i * 2).batch(8), workers=2)
+        >>> offload.sharding, offload.compression
+        ('dynamic', None)
+        >>> print(plan_offload(tf.data.Dataset.range(8).take(4).batch(2), workers=2)[1])  # doctest: +ELLIPSIS
+        left local: dynamic sharding does not fit (its TakeDataset would run on each worker...
+    """
+    graph, why = pipeline_graph.read(dataset)
+    if graph is None:
+        return None, f"left local: {why}"
+    blocker = python_blocker(graph)
+    if blocker:
+        return None, f"left local: {blocker}"
+    reasons = []
+    splittable, why_not = dynamic_sharding(graph)
+    if workers == 1:
+        sharding = "off"
+        reasons.append("sharding off: the one worker runs the whole pipeline, in its own order, asking the "
+                       "dispatcher for nothing per element")
+    elif splittable:
+        sharding = "dynamic"
+        reasons.append(f"dynamic sharding ({why_not}: each element produced once per pass, by one worker)")
+    else:
+        many = f"{workers} workers" if workers else "the service's workers"
+        return None, (f"left local: dynamic sharding does not fit ({why_not}), and with sharding off {many} would "
+                      "each produce the whole dataset; use data_service: {workers: 1}, or a pipeline whose source "
+                      "is a range, slices or files and whose ops treat elements one by one")
+    files = cache_files(graph)
+    if "" in files:
+        refilled = ("its in-memory cache (cache()) is filled anew every epoch on the workers, each epoch a service "
+                    "job of its own")
+        if workers:
+            return None, (f"left local: {refilled}, redoing on this host's cores the work the cache saves here; "
+                          "offload it to other hosts (dispatcher), or with workers: 1 cache to a file "
+                          "(cache(filename)) or convert the decoded data to TFRecord files first")
+        reasons.append(f"{refilled}: the workers redo the work it saves")
+    if sharding == "dynamic" and any(files):
+        return None, ("left local: its file cache (cache(filename)) would be written by every worker at once; use "
+                      "data_service: {workers: 1}, or convert the decoded data to TFRecord files")
+    if sharding == "dynamic" and pipeline_graph.drops_remainder(graph):
+        reasons.append("each worker drops its own last partial batch (batch(drop_remainder=True)): a pass loses "
+                       "up to a batch per worker, taken from the next pass")
+    size, size_why = pipeline_graph.element_bytes(dataset.element_spec, graph)
+    if size is None and batch_size:
+        size = pipeline_graph.element_bytes(_with_batch_dimension(dataset.element_spec, batch_size))[0] or None
+    chosen, compression_why = _compression(compression, size, size_why, local=dispatcher is None)
+    reasons.append(compression_why)
+    reasons.append("read back in the local pipeline's batches, a pass's worth per epoch" if int(dataset.cardinality())
+                   > 0 else "read back as it comes (the local pipeline has no known length)")
+    return Offload(dispatcher=dispatcher, workers=workers, sharding=sharding, compression=chosen, job_name=job_name,
+                   reasons=tuple(reasons), batch_bytes=size, requested_compression=compression), ""
+
+
+def _with_batch_dimension(element_spec: Any, batch_size: int) -> Any:
+    """The element spec with an open first dimension set to `batch_size` (a full batch)."""
+    import tensorflow as tf
+
+    def full(spec: Any) -> Any:
+        if isinstance(spec, tf.TensorSpec) and spec.shape.rank and spec.shape[0] is None:
+            return tf.TensorSpec([batch_size, *spec.shape[1:]], spec.dtype)
+        return spec
+
+    return tf.nest.map_structure(full, element_spec)
+
+
+def python_blocker(graph: Any) -> str | None:
+    """Why the pipeline cannot run in another process (its Python op named), or None.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> data = tf.data.Dataset.range(4).map(lambda i: tf.py_function(lambda v: v, [i], tf.int64))
+        >>> print(python_blocker(pipeline_graph.serialize(data)))  # doctest: +ELLIPSIS
+        its map calls py_function (EagerPyFunc), which runs this process's Python; ...
+    """
+    if "GeneratorDataset" in pipeline_graph.pipeline_ops(graph):  # from_generator: a flat_map over one
+        return ("its source is from_generator (GeneratorDataset), which calls this process's Python generator; "
+                "a worker process cannot. Write the data to TFRecord files (tfopt-recipe convert) to offload it")
+    for node in graph.node:
+        for value in node.attr.values():
+            if not value.HasField("func"):
+                continue
+            called = pipeline_graph.function_ops(graph, value.func.name) & set(_PYTHON_OPS)
+            if called:
+                op = sorted(called)[0]
+                kind = node.op.removesuffix("Dataset").removesuffix("V2").lower()
+                return (f"its {kind} calls {_PYTHON_OPS[op]} ({op}), which runs this process's Python; a worker "
+                        "process cannot. Write it with TensorFlow ops to offload it")
+    return None
+
+
+def cache_files(graph: Any) -> list[str]:
+    """The file name of each cache in the pipeline, "" for one in memory (or of a name only the data gives).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> cache_files(pipeline_graph.serialize(tf.data.Dataset.range(4).cache().cache("/tmp/c")))
+        ['', '/tmp/c']
+    """
+    import tensorflow as tf
+
+    constants = {node.name: node for node in graph.node if node.op == "Const"}
+    files = []
+    for node in graph.node:
+        if node.op.startswith("CacheDataset"):
+            filename = constants.get(node.input[1].split(":")[0])
+            files.append(tf.make_ndarray(filename.attr["value"].tensor).item().decode() if filename is not None else "")
+    return files
+
+
+def dynamic_sharding(graph: Any) -> tuple[bool, str]:
+    """Whether the dispatcher may share out the source's splits, and why (or why not).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> dynamic_sharding(pipeline_graph.serialize(tf.data.Dataset.range(8).shuffle(8).batch(2)))
+        (True, 'the source RangeDataset splits')
+    """
+    producers = {node.name: node.op for node in graph.node}
+    datasets = [node for node in graph.node if pipeline_graph.DATASET_OP.search(node.op)]
+    sources = [node for node in datasets if not any(
+        pipeline_graph.DATASET_OP.search(producers.get(name.lstrip("^").split(":")[0], "")) for name in node.input)]
+    for node in datasets:
+        if node not in sources and node.op not in _PER_ELEMENT_OPS:
+            return False, (f"its {node.op} would run on each worker's share of the elements, which changes what it "
+                           "means")
+    if len(sources) != 1 or sources[0].op not in SPLITTABLE_SOURCES:
+        names = ", ".join(node.op for node in sources) or "none found"
+        return False, f"its source{'s' if len(sources) > 1 else ''} ({names}) {'do' if len(sources) > 1 else 'does'} " \
+                      "not split as one"
+    return True, f"the source {sources[0].op} splits"
+
+
+def _compression(setting: str, size: int | None, size_why: str | None, *, local: bool) -> tuple[str | None, str]:
+    if setting == "none":
+        return None, "no compression (as set)"
+    if setting == "snappy":
+        return "AUTO", "Snappy compression (as set)"
+    if local:
+        return None, ("no compression: the workers share this host, where compressing would cost the cores the "
+                      "offload frees and loopback bandwidth is not the limit")
+    if size is None:
+        return "AUTO", f"Snappy compression: the element size is unknown ({size_why})"
+    if size >= COMPRESS_FROM_BYTES:
+        return "AUTO", f"Snappy compression: {size / 2**10:.0f} KiB elements cross the network"
+    return None, f"no compression: {size} B elements cost more to compress than to send"
