@@ -70,17 +70,22 @@ def main() -> None:
     tuning = tune(plan, budget_seconds=args.budget, steps=args.steps, warmup_steps=args.warmup_steps)
     took = time.monotonic() - began
     table = tuning.table
-    print(f"\nSmall CNN, batch {args.batch}, {args.image_size}x{args.image_size}x3, input-starved map "
-          f"({args.work} convolutions per image, no parallelism), {args.images} images.")
+    print(
+        f"\nSmall CNN, batch {args.batch}, {args.image_size}x{args.image_size}x3, input-starved map "
+        f"({args.work} convolutions per image, no parallelism), {args.images} images."
+    )
     print(f"Measured on: {hardware.describe()}\n")
     print(table.to_text())
     best = table.best_row
-    best_label = best.configuration if best and best.examples_per_second >= table.baseline_examples_per_second \
-        else "baseline"
-    print(f"\nChosen {table.chosen_label}: {table.chosen_examples_per_second:.1f} examples/s; best in the table "
-          f"{best_label}: {table.best_examples_per_second:.1f} "
-          f"({table.chosen_examples_per_second / table.best_examples_per_second:.0%} of it). "
-          f"Tuning took {took:.0f} s for a {args.budget:.0f} s budget ({took / args.budget - 1:+.0%}).")
+    best_label = (
+        best.configuration if best and best.examples_per_second >= table.baseline_examples_per_second else "baseline"
+    )
+    print(
+        f"\nChosen {table.chosen_label}: {table.chosen_examples_per_second:.1f} examples/s; best in the table "
+        f"{best_label}: {table.best_examples_per_second:.1f} "
+        f"({table.chosen_examples_per_second / table.best_examples_per_second:.0%} of it). "
+        f"Tuning took {took:.0f} s for a {args.budget:.0f} s budget ({took / args.budget - 1:+.0%})."
+    )
 
 
 if __name__ == "__main__":

@@ -55,18 +55,27 @@ def main() -> None:
     plan = make_plan(small_cnn(), dataset, hardware=hardware)
     budget = args.budget_mib * 2**20 if args.budget_mib else None
     started = time.perf_counter()
-    search = find_batch_size(plan, min_batch_size=8, max_batch_size=args.max_batch_size, memory_budget_bytes=budget,
-                             trial_steps=args.trial_steps)
+    search = find_batch_size(
+        plan,
+        min_batch_size=8,
+        max_batch_size=args.max_batch_size,
+        memory_budget_bytes=budget,
+        trial_steps=args.trial_steps,
+    )
     seconds = time.perf_counter() - started
     print(f"{hardware.describe()}; TensorFlow {tf.__version__}, Keras {keras.__version__}")
-    print(f"small CNN (3x Conv2D+MaxPool, 64x64x3, 5 classes), {args.trial_steps} timed steps per trial, "
-          f"budget {search.memory_budget_bytes / 2**20:,.0f} MiB {search.memory_kind}; search took {seconds:.0f} s\n")
+    print(
+        f"small CNN (3x Conv2D+MaxPool, 64x64x3, 5 classes), {args.trial_steps} timed steps per trial, "
+        f"budget {search.memory_budget_bytes / 2**20:,.0f} MiB {search.memory_kind}; search took {seconds:.0f} s\n"
+    )
     print(search.to_markdown())
     best = search.best
     baseline = next((t for t in search.trials if t.batch_size == 32 and t.status == "ok"), None)
     if baseline:
-        print(f"\nbest {best.batch_size}: {best.examples_per_second / baseline.examples_per_second:.2f}x the "
-              "examples/s of the dataset's batch of 32")
+        print(
+            f"\nbest {best.batch_size}: {best.examples_per_second / baseline.examples_per_second:.2f}x the "
+            "examples/s of the dataset's batch of 32"
+        )
 
 
 if __name__ == "__main__":

@@ -68,14 +68,14 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import tensorflow as tf
 
-from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord  # noqa: E402
-from tfopt.hardware import detect  # noqa: E402
-from tfopt.profiling.measurement import Measurement  # noqa: E402
-from tfopt.profiling.timing import StepTimes  # noqa: E402
-from tfopt.recipes.data_pipeline import tune_pipeline  # noqa: E402
+from tfopt.data import ImageFolderSource, TFRecordSource, generate_shapes, to_tfrecord
+from tfopt.hardware import detect
+from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.timing import StepTimes
+from tfopt.recipes.data_pipeline import tune_pipeline
 
 BATCH_SIZE = 64
 EPOCHS = 4
@@ -91,22 +91,26 @@ def main() -> None:
     parser.add_argument("--images-per-class", type=int, default=600)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--conversion-copies", type=int, default=10)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
-                        help="which tables to measure (default: all)")
+    parser.add_argument(
+        "--cases", nargs="+", choices=CASES, default=list(CASES), help="which tables to measure (default: all)"
+    )
     args = parser.parse_args()
     print(_header())
     if "py_function" in args.cases:
         _guide_table(args.repeats)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tfopt-bench-"))
     try:
-        data_dir = generate_shapes(workdir / "shapes", images_per_class=args.images_per_class, image_size=args.image_size)
+        data_dir = generate_shapes(
+            workdir / "shapes", images_per_class=args.images_per_class, image_size=args.image_size
+        )
         source = ImageFolderSource(data_dir, image_size=args.image_size, augment=True)
         if "pipeline" in args.cases:
             print(f"\nWorkload: {source.describe()}; batch {BATCH_SIZE}; {EPOCHS} epochs per variant per repeat.")
             _pipeline_table(source, args.repeats)
         if "tfrecord" in args.cases:
-            _tfrecord_table(_repeated_folder(source, workdir / "repeated", args.conversion_copies), workdir,
-                            args.repeats)
+            _tfrecord_table(
+                _repeated_folder(source, workdir / "repeated", args.conversion_copies), workdir, args.repeats
+            )
         print(f"\n{_load_average()}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -144,13 +148,17 @@ def _costly(element):
 
 
 def _guide_naive():
-    return tf.data.Dataset.range(GUIDE_ELEMENTS).map(lambda i: tf.py_function(_costly, [i], tf.int64)).batch(
-        GUIDE_BATCH_SIZE)
+    return (
+        tf.data.Dataset.range(GUIDE_ELEMENTS)
+        .map(lambda i: tf.py_function(_costly, [i], tf.int64))
+        .batch(GUIDE_BATCH_SIZE)
+    )
 
 
 def _guide_tuned():
-    dataset = tf.data.Dataset.range(GUIDE_ELEMENTS).map(lambda i: tf.py_function(_costly, [i], tf.int64),
-                                                        num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = tf.data.Dataset.range(GUIDE_ELEMENTS).map(
+        lambda i: tf.py_function(_costly, [i], tf.int64), num_parallel_calls=tf.data.AUTOTUNE
+    )
     return dataset.batch(GUIDE_BATCH_SIZE).prefetch(tf.data.AUTOTUNE)
 
 
@@ -174,9 +182,11 @@ def _guide_table(repeats: int) -> None:
             dataset = variants[name]()  # built (and for tfopt, rewritten) outside the timing
             rates[name].append(_elements_per_second(dataset))
     guide = rates["guide: num_parallel_calls=AUTOTUNE, prefetch"]
-    print(f"\nThe tf.data guide's case: map over a {GUIDE_SECONDS_PER_ELEMENT * 1e3:.0f} ms py_function, batch "
-          f"{GUIDE_BATCH_SIZE}, {GUIDE_ELEMENTS} elements per pass, no model; elements/s: median [min-max] of "
-          f"{repeats} repeats; /guide: median [min-max] of the ratios within each repeat")
+    print(
+        f"\nThe tf.data guide's case: map over a {GUIDE_SECONDS_PER_ELEMENT * 1e3:.0f} ms py_function, batch "
+        f"{GUIDE_BATCH_SIZE}, {GUIDE_ELEMENTS} elements per pass, no model; elements/s: median [min-max] of "
+        f"{repeats} repeats; /guide: median [min-max] of the ratios within each repeat"
+    )
     print(f"{'variant':48s} {'elements/s':>18s} {'/guide':>18s}")
     for name, values in rates.items():
         print(f"{name:48s} {_spread(values):>18s} {_ratio_summary(values, guide):>18s}")
@@ -318,22 +328,31 @@ def _pipeline_table(source, repeats: int) -> None:
         # Every other repeat runs the variants in reverse order, so that a drift of the machine's speed
         # within a repeat does not always favour the same variant.
         for name in list(variants)[:: 1 if repeat % 2 == 0 else -1]:
-            rates = _time_epochs(model, variants[name](), examples if "ceiling" not in name else steps * BATCH_SIZE,
-                                 one_iterator="new iterator" not in name)
+            rates = _time_epochs(
+                model,
+                variants[name](),
+                examples if "ceiling" not in name else steps * BATCH_SIZE,
+                one_iterator="new iterator" not in name,
+            )
             first_epoch[name].append(rates[0])
             later_epochs[name].append(statistics.median(rates[1:]))
         if on_device:
             from tfopt.profiling.measurement import time_ceiling_steps
 
-            device_ceiling.append(time_ceiling_steps(model, finished, steps=steps, warmup_steps=5,
-                                                     batch_size=BATCH_SIZE).examples_per_second)
+            device_ceiling.append(
+                time_ceiling_steps(
+                    model, finished, steps=steps, warmup_steps=5, batch_size=BATCH_SIZE
+                ).examples_per_second
+            )
     if on_device:
         first_epoch["(d*) on-device ceiling (timing.py)"] = device_ceiling
         later_epochs["(d*) on-device ceiling (timing.py)"] = device_ceiling
     ceiling = device_ceiling if on_device else later_epochs["(d) compute-only ceiling"]
-    print(f"\nInput pipeline feeding a small CNN (model.fit), examples/s: median [min-max] of {repeats} repeats; "
-          "input efficiency: the ceiling's step time over the variant's (epochs 2+), read by "
-          "tfopt.profiling.measurement.Measurement with each repeat as one window")
+    print(
+        f"\nInput pipeline feeding a small CNN (model.fit), examples/s: median [min-max] of {repeats} repeats; "
+        "input efficiency: the ceiling's step time over the variant's (epochs 2+), read by "
+        "tfopt.profiling.measurement.Measurement with each repeat as one window"
+    )
     print(f"{'variant':36s} {'epoch 1':>8s} {'epochs 2+':>22s} {'input efficiency':>17s}")
     problems = []
     for name in later_epochs:
@@ -341,19 +360,24 @@ def _pipeline_table(source, repeats: int) -> None:
         efficiency = measurement.input_efficiency
         if efficiency is None:
             problems.append(f"{name}: {measurement.measurement_problem}")
-        print(f"{name:36s} {statistics.median(first_epoch[name]):8.0f} {_spread(later_epochs[name]):>22s} "
-              f"{'measurement problem' if efficiency is None else f'{efficiency:.0%}':>17s}")
+        print(
+            f"{name:36s} {statistics.median(first_epoch[name]):8.0f} {_spread(later_epochs[name]):>22s} "
+            f"{'measurement problem' if efficiency is None else f'{efficiency:.0%}':>17s}"
+        )
     for problem in problems:
         print(f"  {problem}")
     ours = later_epochs["(c) tfopt optimized"]
-    print(f"(c)/(b) = {_ratio_summary(ours, later_epochs['(b) hand-tuned (tf.data guide)'])}   "
-          f"(c)/(a) = {_ratio_summary(ours, later_epochs['(a) naive, TF default options'])}   "
-          "targets: (c) input efficiency >= 95%, (c)/(b) >= 1.0")
+    print(
+        f"(c)/(b) = {_ratio_summary(ours, later_epochs['(b) hand-tuned (tf.data guide)'])}   "
+        f"(c)/(a) = {_ratio_summary(ours, later_epochs['(a) naive, TF default options'])}   "
+        "targets: (c) input efficiency >= 95%, (c)/(b) >= 1.0"
+    )
 
 
 def _measurement(rates: list[float], ceiling_rates: list[float]) -> Measurement:
     """A variant against the ceiling as tfopt reads a measurement, each repeat's examples/s one window:
     its input efficiency is never above 100%, and a variant beyond the ceiling's spread is a measurement problem."""
+
     def step_times(values: list[float]) -> StepTimes:
         return StepTimes(seconds=tuple(BATCH_SIZE / value for value in values), batch_size=BATCH_SIZE)
 
@@ -414,7 +438,9 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
     for compression in (None, "GZIP"):
         label = compression or "none"
         writers = {
-            f"write, sequential tf.io.TFRecordWriter [{label}]": lambda out: _sequential_tf_writer(source, out, compression),
+            f"write, sequential tf.io.TFRecordWriter [{label}]": lambda out: _sequential_tf_writer(
+                source, out, compression
+            ),
             f"write, tfopt to_tfrecord 1 worker [{label}]": lambda out: to_tfrecord(
                 source, out, compression=compression, num_workers=1
             ),
@@ -436,7 +462,9 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
             f"read, sequential TFRecordDataset [{label}]": lambda: tf.data.TFRecordDataset(
                 files, compression_type=compression or ""
             ),
-            f"read, parallel interleave (tfopt) [{label}]": lambda: tf.data.Dataset.from_tensor_slices(files).interleave(
+            f"read, parallel interleave (tfopt) [{label}]": lambda: tf.data.Dataset.from_tensor_slices(
+                files
+            ).interleave(
                 lambda f: tf.data.TFRecordDataset(f, compression_type=compression or ""),
                 cycle_length=len(files),
                 num_parallel_calls=tf.data.AUTOTUNE,
@@ -447,8 +475,10 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
                 started = time.perf_counter()
                 _read_all(build())
                 rows.setdefault(name, []).append(megabytes / (time.perf_counter() - started))
-    print(f"\nTFRecord conversion of {megabytes:.1f} MB of JPEG files ({source.num_examples} images), MB/s, "
-          f"median of {repeats} repeats; ratio to the sequential row: median [min-max] within each repeat")
+    print(
+        f"\nTFRecord conversion of {megabytes:.1f} MB of JPEG files ({source.num_examples} images), MB/s, "
+        f"median of {repeats} repeats; ratio to the sequential row: median [min-max] within each repeat"
+    )
     baselines = {}
     for name, rates in rows.items():
         kind = name.split(",")[0] + name[name.index("[") :]

@@ -49,21 +49,25 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import keras  # noqa: E402
-import psutil  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import psutil
+import tensorflow as tf
 
-from tfopt.data import ImageFolderSource, generate_shapes  # noqa: E402
-from tfopt.data.generated import DEFAULT_CLASSES  # noqa: E402
-from tfopt.data.service import plan_offload  # noqa: E402
-from tfopt.data.service_client import serve  # noqa: E402
-from tfopt.data.service_servers import LocalCluster  # noqa: E402
-from tfopt.hardware import detect  # noqa: E402
-from tfopt.recipes.data_pipeline import tune_pipeline  # noqa: E402
+from tfopt.data import ImageFolderSource, generate_shapes
+from tfopt.data.generated import DEFAULT_CLASSES
+from tfopt.data.service import plan_offload
+from tfopt.data.service_client import serve
+from tfopt.data.service_servers import LocalCluster
+from tfopt.hardware import detect
+from tfopt.recipes.data_pipeline import tune_pipeline
 
 TARGET_RATIO = 1.5
-ROWS = ("(a) local, as written", "(b) tfopt rewrite (tune_pipeline)", "(c) rewrite offloaded to 1 worker",
-        "(c') (c) with dynamic sharding")
+ROWS = (
+    "(a) local, as written",
+    "(b) tfopt rewrite (tune_pipeline)",
+    "(c) rewrite offloaded to 1 worker",
+    "(c') (c) with dynamic sharding",
+)
 
 
 def main() -> None:
@@ -83,28 +87,41 @@ def main() -> None:
     hardware = detect()  # before pinning, so that it describes the whole machine
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cores) < 2:
-        sys.exit(f"data_service benchmark: needs a Linux host with at least 2 cores this process may use (one for "
-                 f"training, one for the worker); this one has {len(cores) or 'no CPU affinity for'} "
-                 f"{'core' if len(cores) == 1 else 'cores'}. Run it on a larger machine.")
+        sys.exit(
+            f"data_service benchmark: needs a Linux host with at least 2 cores this process may use (one for "
+            f"training, one for the worker); this one has {len(cores) or 'no CPU affinity for'} "
+            f"{'core' if len(cores) == 1 else 'cores'}. Run it on a larger machine."
+        )
     train_core, worker_core = cores[0], cores[1]
     print(header(hardware))
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tfopt-bench-"))
     cluster = None
     try:
         per_class = max(1, args.images // len(DEFAULT_CLASSES))
-        source = ImageFolderSource(generate_shapes(workdir / "shapes", images_per_class=per_class,
-                                                   image_size=args.image_size), image_size=args.image_size)
+        source = ImageFolderSource(
+            generate_shapes(workdir / "shapes", images_per_class=per_class, image_size=args.image_size),
+            image_size=args.image_size,
+        )
         # The worker inherits this process's affinity when it starts; both are pinned again once it serves.
         _pin(os.getpid(), {worker_core})
-        cluster = LocalCluster(workers=1, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})
+        cluster = LocalCluster(
+            workers=1,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+                ),
+            },
+        )
         worker_pids = cluster.worker_pids
         for pid in worker_pids:
             _pin(pid, {worker_core})
         _pin(os.getpid(), {train_core})
-        print(f"Pinned: the training process (pid {os.getpid()}, the dispatcher in it) to core {train_core}; the "
-              f"worker process{'es' if len(worker_pids) > 1 else ''} (pid {', '.join(map(str, worker_pids))}) "
-              f"to core {worker_core}.")
+        print(
+            f"Pinned: the training process (pid {os.getpid()}, the dispatcher in it) to core {train_core}; the "
+            f"worker process{'es' if len(worker_pids) > 1 else ''} (pid {', '.join(map(str, worker_pids))}) "
+            f"to core {worker_core}."
+        )
         _table(source, cluster, args)
         if cluster.restarts:
             print(f"Measurement problem: the worker died and was restarted during the run: {cluster.restarts}")
@@ -115,8 +132,10 @@ def main() -> None:
 
 
 def header(hardware) -> str:
-    return (f"tfopt tf.data service benchmark. Measured on: {hardware.describe()}. TensorFlow {tf.__version__}, "
-            f"Keras {keras.__version__}.")
+    return (
+        f"tfopt tf.data service benchmark. Measured on: {hardware.describe()}. TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__}."
+    )
 
 
 def _pin(pid: int, cores: set[int]) -> None:
@@ -180,8 +199,9 @@ def _model(size: int, classes: int) -> keras.Model:
             layers.Dense(classes),
         ]
     )
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=False)
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False
+    )
     return model
 
 
@@ -212,12 +232,21 @@ class _EpochMeter(keras.callbacks.Callback):
 def _measure(model, dataset, epochs: int, examples: int, workers) -> tuple[float, float, float]:
     """Examples/s (median over epochs 2+), and the cores the training process and the workers kept busy in them."""
     meter = _EpochMeter(workers)
-    model.fit(dataset.repeat(), steps_per_epoch=int(dataset.cardinality()), epochs=epochs, verbose=0,
-              shuffle=False, callbacks=[meter])
+    model.fit(
+        dataset.repeat(),
+        steps_per_epoch=int(dataset.cardinality()),
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=[meter],
+    )
     measured = meter.epochs[1:]
     wall = sum(e[0] for e in measured)
-    return (statistics.median(examples / e[0] for e in measured), sum(e[1] for e in measured) / wall,
-            sum(e[2] for e in measured) / wall)
+    return (
+        statistics.median(examples / e[0] for e in measured),
+        sum(e[1] for e in measured) / wall,
+        sum(e[2] for e in measured) / wall,
+    )
 
 
 def _pipeline_rate(dataset, epochs: int, examples: int, workers) -> tuple[float, float]:
@@ -252,10 +281,12 @@ def _table(source, cluster, args) -> None:
         ROWS[3]: lambda: serve(rewritten, split, cluster.target, batch_size=batch_size),
     }
     model = _model(size, len(DEFAULT_CLASSES))
-    print(f"\nWorkload: {source.num_examples} JPEG files of {args.image_size}x{args.image_size} (shapes dataset), "
-          f"decoded, resized to {size + size // 8}, randomly cropped to {size} and augmented (flips, brightness, "
-          f"contrast, saturation, hue); batch {batch_size}; a CNN of {model.count_params():,} parameters; "
-          f"{args.epochs} epochs per row per repeat, {args.repeats} repeats.")
+    print(
+        f"\nWorkload: {source.num_examples} JPEG files of {args.image_size}x{args.image_size} (shapes dataset), "
+        f"decoded, resized to {size + size // 8}, randomly cropped to {size} and augmented (flips, brightness, "
+        f"contrast, saturation, hue); batch {batch_size}; a CNN of {model.count_params():,} parameters; "
+        f"{args.epochs} epochs per row per repeat, {args.repeats} repeats."
+    )
     print(f"Offload plan: {offload.describe()}")
     one_batch = local.take(1).cache()
     model.fit(one_batch.repeat(3), epochs=1, verbose=0, shuffle=False)  # build and trace once, outside the timings
@@ -267,29 +298,43 @@ def _table(source, cluster, args) -> None:
             rates[name].append(rate)
             training_cores[name].append(training)
             worker_cores[name].append(worker)
-    print(f"\nExamples/s of `model.fit`: median [min-max] over {args.repeats} repeats of each row's median over "
-          f"epochs 2-{args.epochs}; ratio to (b): median [min-max] of the ratios within each repeat; cores: the "
-          "CPU time each side used over those epochs per wall second, median over repeats.\n")
+    print(
+        f"\nExamples/s of `model.fit`: median [min-max] over {args.repeats} repeats of each row's median over "
+        f"epochs 2-{args.epochs}; ratio to (b): median [min-max] of the ratios within each repeat; cores: the "
+        "CPU time each side used over those epochs per wall second, median over repeats.\n"
+    )
     print("| row | examples/s | ratio to (b) | training-process cores | worker cores |")
     print("|---|---:|---:|---:|---:|")
     for name in variants:
-        print(f"| {name} | {_spread(rates[name])} | {_ratio_summary(rates[name], rates[ROWS[1]])} | "
-              f"{statistics.median(training_cores[name]):.2f} | {statistics.median(worker_cores[name]):.2f} |")
+        print(
+            f"| {name} | {_spread(rates[name])} | {_ratio_summary(rates[name], rates[ROWS[1]])} | "
+            f"{statistics.median(training_cores[name]):.2f} | {statistics.median(worker_cores[name]):.2f} |"
+        )
     ratio = statistics.median(a / b for a, b in zip(rates[ROWS[2]], rates[ROWS[1]]))
-    print(f"\n(c)/(b) = {_ratio_summary(rates[ROWS[2]], rates[ROWS[1]])}; target >= {TARGET_RATIO}: "
-          f"{'met' if ratio >= TARGET_RATIO else 'not met'}.")
-    alone = [_pipeline_rate(serve(rewritten, offload, cluster.target, batch_size=batch_size), args.epochs,
-                            source.num_examples, workers) for _ in range(args.repeats)]
-    print(f"The worker alone (its batches read without training): {_spread([rate for rate, _ in alone])} "
-          f"examples/s with {statistics.median(cores for _, cores in alone):.2f} worker cores busy: what one "
-          "worker core delivers of this pipeline.")
+    print(
+        f"\n(c)/(b) = {_ratio_summary(rates[ROWS[2]], rates[ROWS[1]])}; target >= {TARGET_RATIO}: "
+        f"{'met' if ratio >= TARGET_RATIO else 'not met'}."
+    )
+    alone = [
+        _pipeline_rate(
+            serve(rewritten, offload, cluster.target, batch_size=batch_size), args.epochs, source.num_examples, workers
+        )
+        for _ in range(args.repeats)
+    ]
+    print(
+        f"The worker alone (its batches read without training): {_spread([rate for rate, _ in alone])} "
+        f"examples/s with {statistics.median(cores for _, cores in alone):.2f} worker cores busy: what one "
+        "worker core delivers of this pipeline."
+    )
     batch_bytes = offload.batch_bytes  # from the static shapes, as plan_offload sized it
     if batch_bytes is None:
         return
     loopback = [batch_bytes * rate / batch_size for rate in rates[ROWS[2]]]
-    print(f"(c) moves {batch_bytes / 2**20:.2f} MiB per batch (uncompressed, as planned for loopback) from the worker "
-          f"to the training process: {statistics.median(loopback) / 2**20:.0f} MiB/s "
-          f"[{min(loopback) / 2**20:.0f}-{max(loopback) / 2**20:.0f}] over loopback.")
+    print(
+        f"(c) moves {batch_bytes / 2**20:.2f} MiB per batch (uncompressed, as planned for loopback) from the worker "
+        f"to the training process: {statistics.median(loopback) / 2**20:.0f} MiB/s "
+        f"[{min(loopback) / 2**20:.0f}-{max(loopback) / 2**20:.0f}] over loopback."
+    )
 
 
 def _spread(values: list[float]) -> str:

@@ -31,8 +31,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # The same models and pipelines as the profiler's overhead benchmark, so the two tables compare.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import keras  # noqa: E402
-from profiler_overhead import mlp, pipeline  # noqa: E402
+import keras
+from profiler_overhead import mlp, pipeline
 
 
 def repeated(sleep_seconds: float = 0.0):
@@ -69,8 +69,11 @@ def spread(values: list[float], digits: int = 3) -> str:
 def overhead(name: str, model, dataset, logdir: str, *, rounds: int, steps: int) -> None:
     from tfopt.profiling.monitor import Monitor
 
-    configs = {"plain": list, "default": lambda: [Monitor(logdir=logdir)],
-               "every 10": lambda: [Monitor(every_steps=10, logdir=logdir)]}
+    configs = {
+        "plain": list,
+        "default": lambda: [Monitor(logdir=logdir)],
+        "every 10": lambda: [Monitor(every_steps=10, logdir=logdir)],
+    }
     for make in configs.values():
         model.fit(dataset, steps_per_epoch=20, epochs=1, verbose=0, callbacks=make())
     rates: dict[str, list[float]] = {config: [] for config in configs}
@@ -101,8 +104,13 @@ def capture_seconds(model, dataset, logdir: str, *, captures: int = 3) -> list[f
     from tfopt.profiling.monitor import PROFILE_STEPS, Monitor
 
     clock, monitor = Clock(), Monitor(every_steps=50, profile_every=1, logdir=logdir)
-    model.fit(dataset, steps_per_epoch=(50 + PROFILE_STEPS + 1) * captures + 1, epochs=1, verbose=0,
-              callbacks=[clock, monitor])
+    model.fit(
+        dataset,
+        steps_per_epoch=(50 + PROFILE_STEPS + 1) * captures + 1,
+        epochs=1,
+        verbose=0,
+        callbacks=[clock, monitor],
+    )
     durations = [later - earlier for earlier, later in zip(clock.step_ends, clock.step_ends[1:])]
     durations.insert(0, float("nan"))  # the first step's start is not recorded: it is never a capture's
     median = statistics.median(durations[1:])
@@ -110,7 +118,7 @@ def capture_seconds(model, dataset, logdir: str, *, captures: int = 3) -> list[f
     added = []
     for profile in monitor.records_of("profile"):
         last = profile["step"] - first
-        added.append(sum(durations[last - PROFILE_STEPS:last + 1]) - (PROFILE_STEPS + 1) * median)
+        added.append(sum(durations[last - PROFILE_STEPS : last + 1]) - (PROFILE_STEPS + 1) * median)
     return added
 
 
@@ -125,10 +133,12 @@ def main() -> None:
     from tfopt.hardware import detect
 
     print(f"hardware: {detect().describe()}")
-    print(f"{args.rounds} rounds of {args.steps} steps. plain: steps/s after step 20 (median); default, every 10: "
-          "monitored / plain steps/s after step 20 in the same round, median [min-max]; per fit: the default "
-          "Monitor's added ms outside those steps (start, first steps, end), median [min-max]; wait: the "
-          "every-10 windows' median input wait %")
+    print(
+        f"{args.rounds} rounds of {args.steps} steps. plain: steps/s after step 20 (median); default, every 10: "
+        "monitored / plain steps/s after step 20 in the same round, median [min-max]; per fit: the default "
+        "Monitor's added ms outside those steps (start, first steps, end), median [min-max]; wait: the "
+        "every-10 windows' median input wait %"
+    )
     print(f"{'workload':<28} {'plain':>6}  {'default':>21}  {'every 10':>21}  {'per fit (ms)':>13}  {'wait':>5}")
     workloads = {
         "tiny MLP (w=64), in-memory": (mlp(64), repeated()),
@@ -137,13 +147,19 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="monitor-overhead-") as logdir:
         for index, (name, (model, dataset)) in enumerate(workloads.items()):
-            overhead(name, model, dataset, str(Path(logdir) / f"workload-{index}"), rounds=args.rounds,
-                     steps=args.steps)
+            overhead(
+                name, model, dataset, str(Path(logdir) / f"workload-{index}"), rounds=args.rounds, steps=args.steps
+            )
         model, dataset = workloads["MLP (w=512), in-memory"]
-        seconds = [added for repeat in range(args.capture_repeats)
-                   for added in capture_seconds(model, dataset, str(Path(logdir) / f"captures-{repeat}"))]
-    print(f"\none profiler capture (5 steps traced, then analysed), MLP (w=512), {len(seconds)} captures: "
-          f"{spread(seconds, 2)} s added per capture")
+        seconds = [
+            added
+            for repeat in range(args.capture_repeats)
+            for added in capture_seconds(model, dataset, str(Path(logdir) / f"captures-{repeat}"))
+        ]
+    print(
+        f"\none profiler capture (5 steps traced, then analysed), MLP (w=512), {len(seconds)} captures: "
+        f"{spread(seconds, 2)} s added per capture"
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,14 @@ def mlp(width: int):
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse", jit_compile=False)
     return model
 
@@ -42,6 +48,7 @@ def pipeline(*, sleep_seconds: float, parallel: bool, examples: int = 2048):
     features = np.random.default_rng(0).random((examples, FEATURES), dtype=np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((features, features[:, :1]))
     if sleep_seconds:
+
         def slow_identity(inputs, targets):
             time.sleep(sleep_seconds)
             return inputs, targets
@@ -65,14 +72,22 @@ def overhead(name: str, model, dataset, *, rounds: int, steps: int, warmup_steps
 
     plain, profiled = [], []
     for _ in range(rounds):
-        plain.append(time_training_steps(model, dataset, steps=steps, warmup_steps=warmup_steps,
-                                         batch_size=BATCH).steps_per_second)
+        plain.append(
+            time_training_steps(
+                model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=BATCH
+            ).steps_per_second
+        )
         with tempfile.TemporaryDirectory() as logdir:
-            profiled.append(capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=BATCH,
-                                    logdir=Path(logdir)).step_times.steps_per_second)
+            profiled.append(
+                capture(
+                    model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=BATCH, logdir=Path(logdir)
+                ).step_times.steps_per_second
+            )
     ratios = [p / q for p, q in zip(profiled, plain)]
-    print(f"{name:<34} {statistics.median(plain):>10.1f} {statistics.median(profiled):>10.1f} "
-          f"{statistics.median(ratios):>8.3f} {min(ratios):>6.3f}-{max(ratios):.3f}")
+    print(
+        f"{name:<34} {statistics.median(plain):>10.1f} {statistics.median(profiled):>10.1f} "
+        f"{statistics.median(ratios):>8.3f} {min(ratios):>6.3f}-{max(ratios):.3f}"
+    )
 
 
 def main() -> None:
@@ -99,12 +114,18 @@ def main() -> None:
     print("\nstep breakdown (ms per step, profiled run) and diagnosis")
     model = mlp(2048)
     for name, parallel in (("starved (serial sleeping map)", False), ("tuned (32 parallel, prefetch 4)", True)):
-        result = profile(model, pipeline(sleep_seconds=0.003, parallel=parallel), steps=args.steps,
-                         warmup_steps=args.warmup_steps)
-        parts = ", ".join(f"{category.removesuffix('_seconds')} {seconds * 1000:.1f}"
-                          for category, seconds in result.breakdown.categories.items() if seconds > 0)
-        print(f"{name:<34} wall step {result.breakdown.step_seconds_mean * 1000:.1f} ms: {parts}; "
-              f"{result.metrics.headline()}; {result.diagnosis.summary}")
+        result = profile(
+            model, pipeline(sleep_seconds=0.003, parallel=parallel), steps=args.steps, warmup_steps=args.warmup_steps
+        )
+        parts = ", ".join(
+            f"{category.removesuffix('_seconds')} {seconds * 1000:.1f}"
+            for category, seconds in result.breakdown.categories.items()
+            if seconds > 0
+        )
+        print(
+            f"{name:<34} wall step {result.breakdown.step_seconds_mean * 1000:.1f} ms: {parts}; "
+            f"{result.metrics.headline()}; {result.diagnosis.summary}"
+        )
 
 
 if __name__ == "__main__":

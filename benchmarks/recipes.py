@@ -62,20 +62,27 @@ def main() -> None:
     labels = rng.integers(0, 5, args.batch)
     data = one_batch_repeated(tf.data.Dataset.from_tensors((images, labels)))
     baseline = make_plan(small_cnn(args.image_size), data, hardware=hardware)
-    models = {name: build(baseline.replace(dtype_policy=cfg["dtype_policy"]).with_compile(
-        jit_compile=cfg["jit_compile"])).model for name, cfg in CONFIGS.items()}
+    models = {
+        name: build(
+            baseline.replace(dtype_policy=cfg["dtype_policy"]).with_compile(jit_compile=cfg["jit_compile"])
+        ).model
+        for name, cfg in CONFIGS.items()
+    }
 
     medians: dict[str, list[float]] = {name: [] for name in CONFIGS}
     for round_index in range(args.rounds):
         for name, model in models.items():
-            times = time_training_steps(model, data, steps=args.steps, warmup_steps=args.warmup_steps,
-                                        batch_size=args.batch)
+            times = time_training_steps(
+                model, data, steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch
+            )
             medians[name].append(times.median_seconds)
         print(f"round {round_index + 1}/{args.rounds} done", flush=True)
 
     reference = statistics.median(medians["float32"])
-    print(f"\nSmall CNN, batch {args.batch}, {args.image_size}x{args.image_size}x3, compute-only (one batch "
-          f"repeated); median of {args.rounds} rounds x {args.steps} steps.")
+    print(
+        f"\nSmall CNN, batch {args.batch}, {args.image_size}x{args.image_size}x3, compute-only (one batch "
+        f"repeated); median of {args.rounds} rounds x {args.steps} steps."
+    )
     print(f"Measured on: {hardware.describe()}")
     print(f"{'configuration':<18}{'step ms':>10}{'examples/s':>12}{'vs float32':>12}")
     for name in CONFIGS:

@@ -45,13 +45,21 @@ def worker(kind: str, replicas: int, steps: int) -> None:
 
     from tfopt.distribute import fit, make_strategy
 
-    strategy = {"mirrored": lambda: make_strategy("mirrored", devices=devices),
-                "multi_worker": lambda: make_strategy("multi_worker"),
-                "horovod": lambda: make_strategy("horovod")}[kind]()
+    strategy = {
+        "mirrored": lambda: make_strategy("mirrored", devices=devices),
+        "multi_worker": lambda: make_strategy("multi_worker"),
+        "horovod": lambda: make_strategy("horovod"),
+    }[kind]()
     global_batch = PER_REPLICA_BATCH * strategy.num_replicas_in_sync
     with strategy.scope():
-        model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"),
-                                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+        model = keras.Sequential(
+            [
+                keras.Input((256,)),
+                keras.layers.Dense(1024, activation="relu"),
+                keras.layers.Dense(1024, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     features = rng.normal(size=(global_batch * 4, 256)).astype("float32")
@@ -59,12 +67,27 @@ def worker(kind: str, replicas: int, steps: int) -> None:
     dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch, drop_remainder=True).repeat()
     ends = []
     timer = keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: ends.append(time.perf_counter()))
-    fit(model, dataset, strategy=strategy, epochs=1, steps_per_epoch=steps + WARMUP_STEPS, callbacks=[timer],
-        engine="tfopt")
-    measured = np.diff(ends[WARMUP_STEPS - 1:])
-    print("BENCH " + json.dumps({"steps_per_second": float(1 / np.median(measured)),
-                                 "replicas": int(strategy.num_replicas_in_sync),
-                                 "devices": trained_on(model.trainable_variables[0])}), flush=True)
+    fit(
+        model,
+        dataset,
+        strategy=strategy,
+        epochs=1,
+        steps_per_epoch=steps + WARMUP_STEPS,
+        callbacks=[timer],
+        engine="tfopt",
+    )
+    measured = np.diff(ends[WARMUP_STEPS - 1 :])
+    print(
+        "BENCH "
+        + json.dumps(
+            {
+                "steps_per_second": float(1 / np.median(measured)),
+                "replicas": int(strategy.num_replicas_in_sync),
+                "devices": trained_on(model.trainable_variables[0]),
+            }
+        ),
+        flush=True,
+    )
 
 
 def trained_on(variable) -> list[str]:
@@ -88,14 +111,29 @@ def run(kind: str, replicas: int, steps: int) -> dict:
         output = "\n".join(line.split("] ", 1)[1] for line in lines if line.startswith("[worker 0]"))
     elif kind == "horovod":
         horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent))
-        output = subprocess.run([horovodrun, "-np", str(replicas), "-H", f"127.0.0.1:{replicas}", "--gloo",
-                                 "--network-interfaces", "lo", *command], env=env, capture_output=True, text=True,
-                                timeout=900, check=True).stdout
+        output = subprocess.run(
+            [
+                horovodrun,
+                "-np",
+                str(replicas),
+                "-H",
+                f"127.0.0.1:{replicas}",
+                "--gloo",
+                "--network-interfaces",
+                "lo",
+                *command,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
+        ).stdout
         output = output.replace("[0]<stdout>:", "")
     else:
         output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=True).stdout
     line = next(line for line in output.splitlines() if line.startswith("BENCH "))
-    return json.loads(line[len("BENCH "):])
+    return json.loads(line[len("BENCH ") :])
 
 
 def header() -> str:
@@ -137,22 +175,30 @@ def main() -> None:
     kinds = ["mirrored", "multi_worker"]
     try:
         import horovod.tensorflow  # noqa: F401
+
         kinds.append("horovod")
     except ImportError:
         print("(horovod not installed: scripts/install_horovod.sh; its row is skipped)")
     # "1" and "2" are replicas (mirrored), workers or ranks; with several GPUs a worker holds one replica per GPU.
-    print(f"{'strategy':<14}{'1: steps/s (replicas)':>23}{f'{REPLICAS}: steps/s (replicas)':>23}{'ratio':>8}"
-          f"{'examples/s ratio':>18}  trained on ({REPLICAS}, process 0)")
+    print(
+        f"{'strategy':<14}{'1: steps/s (replicas)':>23}{f'{REPLICAS}: steps/s (replicas)':>23}{'ratio':>8}"
+        f"{'examples/s ratio':>18}  trained on ({REPLICAS}, process 0)"
+    )
     notes = []
     for kind in kinds:
         one, many = run(kind, 1, args.steps), run(kind, REPLICAS, args.steps)
         ratio = many["steps_per_second"] / one["steps_per_second"]
         examples = ratio * many["replicas"] / one["replicas"]
-        print(f"{kind:<14}{one['steps_per_second']:>19.2f} ({one['replicas']}){many['steps_per_second']:>19.2f} "
-              f"({many['replicas']}){ratio:>8.2f}{examples:>18.2f}  {', '.join(many['devices'])}", flush=True)
+        print(
+            f"{kind:<14}{one['steps_per_second']:>19.2f} ({one['replicas']}){many['steps_per_second']:>19.2f} "
+            f"({many['replicas']}){ratio:>8.2f}{examples:>18.2f}  {', '.join(many['devices'])}",
+            flush=True,
+        )
         notes.append(sharing_note(kind, many["devices"], detect()))
-    print(f"(each replica trains on a batch of {PER_REPLICA_BATCH}; {'; '.join(notes)}. Replicas that share a "
-          "device measure the strategy's overhead, not a speed-up.)")
+    print(
+        f"(each replica trains on a batch of {PER_REPLICA_BATCH}; {'; '.join(notes)}. Replicas that share a "
+        "device measure the strategy's overhead, not a speed-up.)"
+    )
 
 
 if __name__ == "__main__":

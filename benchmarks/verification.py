@@ -24,10 +24,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.keras_examples
 
-from tests import keras_examples  # noqa: E402
-
-import tfopt  # noqa: E402
-from tfopt.hardware import detect  # noqa: E402
+import tfopt
+from tests import keras_examples
+from tfopt.hardware import detect
 
 MODELS = {
     "transformer (float ids, 20k vocabulary)": keras_examples.transformer_classifier,
@@ -47,8 +46,10 @@ def main() -> None:
     bf16 = dataclasses.replace(machine, cpu_flags=machine.cpu_flags | {"avx512_bf16"})
     print(f"Measured on: {machine.describe()}; mixed precision tried as on a CPU with bf16 instructions.")
     print(f"{args.rounds} rounds, {args.steps} timed steps per side; apply's wall seconds, median [min-max].\n")
-    print("| model | default (verified) s | bf16 as asked s | default / as asked | default's speedup | "
-          "mixed precision in the default |")
+    print(
+        "| model | default (verified) s | bf16 as asked s | default / as asked | default's speedup | "
+        "mixed precision in the default |"
+    )
     print("|---|---|---|---|---|---|")
     for name, make in MODELS.items():
         seconds: dict[str, list[float]] = {"default": [], "asked": []}
@@ -64,8 +65,10 @@ def main() -> None:
                     decision = ("left out" if step.skipped else "kept") + ": " + step.detail.split("measured ")[-1]
                     speedup = result.summary().split(" examples/s (")[1].split(");")[0]
         ratios = [a / b for a, b in zip(seconds["default"], seconds["asked"])]
-        print(f"| {name} | {_spread(seconds['default'])} | {_spread(seconds['asked'])} | {_spread(ratios, 2)}x | "
-              f"{speedup} | {decision.split(' against')[0]} |")
+        print(
+            f"| {name} | {_spread(seconds['default'])} | {_spread(seconds['asked'])} | {_spread(ratios, 2)}x | "
+            f"{speedup} | {decision.split(' against')[0]} |"
+        )
 
 
 def _spread(values: list[float], digits: int = 1) -> str:

@@ -4,32 +4,59 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from tfopt.hardware import Gpu, Hardware  # noqa: E402
+from tfopt.hardware import Gpu, Hardware
 
 GIB = 2**30
 
 # What detect() would return on the machines tfopt must decide for, none of which the tests have.
 FAKE_HARDWARE = {
-    "v100": Hardware(gpus=(Gpu("Tesla V100-SXM2-16GB", (7, 0), 16 * GIB),), cpu_model="Intel Xeon",
-                     cpu_flags=frozenset({"avx2", "avx512f"}), cpu_count=8, host_memory_bytes=64 * GIB),
-    "t4": Hardware(gpus=(Gpu("Tesla T4", (7, 5), 15 * GIB),), cpu_model="Intel Xeon",
-                   cpu_flags=frozenset({"avx2"}), cpu_count=4, host_memory_bytes=16 * GIB),
-    "a100": Hardware(gpus=(Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40 * GIB),) * 2, cpu_model="AMD EPYC",
-                     cpu_flags=frozenset({"avx2"}), cpu_count=32, host_memory_bytes=256 * GIB),
-    "h100": Hardware(gpus=(Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * GIB),), cpu_model="Intel Xeon Platinum",
-                     cpu_flags=frozenset({"avx512f", "amx_bf16", "amx_tile"}), cpu_count=64,
-                     host_memory_bytes=512 * GIB),
-    "k80": Hardware(gpus=(Gpu("Tesla K80", (3, 7), 12 * GIB),), cpu_model="Intel Xeon",
-                    cpu_flags=frozenset({"avx2"}), cpu_count=4, host_memory_bytes=32 * GIB),
-    "tpu": Hardware(tpu_cores=8, cpu_model="AMD EPYC", cpu_flags=frozenset({"avx2"}), cpu_count=96,
-                    host_memory_bytes=300 * GIB),
-    "cpu_bf16": Hardware(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512f", "avx512_bf16"}), cpu_count=2,
-                         host_memory_bytes=24 * GIB),
-    "cpu_plain": Hardware(cpu_model="Intel Core i5", cpu_flags=frozenset({"avx2", "fma"}), cpu_count=4,
-                          host_memory_bytes=16 * GIB),
+    "v100": Hardware(
+        gpus=(Gpu("Tesla V100-SXM2-16GB", (7, 0), 16 * GIB),),
+        cpu_model="Intel Xeon",
+        cpu_flags=frozenset({"avx2", "avx512f"}),
+        cpu_count=8,
+        host_memory_bytes=64 * GIB,
+    ),
+    "t4": Hardware(
+        gpus=(Gpu("Tesla T4", (7, 5), 15 * GIB),),
+        cpu_model="Intel Xeon",
+        cpu_flags=frozenset({"avx2"}),
+        cpu_count=4,
+        host_memory_bytes=16 * GIB,
+    ),
+    "a100": Hardware(
+        gpus=(Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40 * GIB),) * 2,
+        cpu_model="AMD EPYC",
+        cpu_flags=frozenset({"avx2"}),
+        cpu_count=32,
+        host_memory_bytes=256 * GIB,
+    ),
+    "h100": Hardware(
+        gpus=(Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * GIB),),
+        cpu_model="Intel Xeon Platinum",
+        cpu_flags=frozenset({"avx512f", "amx_bf16", "amx_tile"}),
+        cpu_count=64,
+        host_memory_bytes=512 * GIB,
+    ),
+    "k80": Hardware(
+        gpus=(Gpu("Tesla K80", (3, 7), 12 * GIB),),
+        cpu_model="Intel Xeon",
+        cpu_flags=frozenset({"avx2"}),
+        cpu_count=4,
+        host_memory_bytes=32 * GIB,
+    ),
+    "tpu": Hardware(
+        tpu_cores=8, cpu_model="AMD EPYC", cpu_flags=frozenset({"avx2"}), cpu_count=96, host_memory_bytes=300 * GIB
+    ),
+    "cpu_bf16": Hardware(
+        cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512f", "avx512_bf16"}), cpu_count=2, host_memory_bytes=24 * GIB
+    ),
+    "cpu_plain": Hardware(
+        cpu_model="Intel Core i5", cpu_flags=frozenset({"avx2", "fma"}), cpu_count=4, host_memory_bytes=16 * GIB
+    ),
 }
 
 
@@ -55,8 +82,9 @@ def make_cnn(num_classes=3, image_size=12, compiled=True):
     outputs = keras.layers.Dense(num_classes, activation="softmax")(x)
     model = keras.Model(inputs, outputs, name="tiny_cnn")
     if compiled:
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+        )
     return model
 
 

@@ -21,9 +21,14 @@ def load(name):
     return module
 
 
-@pytest.mark.parametrize(("machine", "trains_on"), [("h100", "Keras trains on GPU:0 (NVIDIA H100 80GB HBM3)"),
-                                                    ("cpu_bf16", "Keras trains on the CPU"),
-                                                    ("tpu", "Keras trains on the TPU")])
+@pytest.mark.parametrize(
+    ("machine", "trains_on"),
+    [
+        ("h100", "Keras trains on GPU:0 (NVIDIA H100 80GB HBM3)"),
+        ("cpu_bf16", "Keras trains on the CPU"),
+        ("tpu", "Keras trains on the TPU"),
+    ],
+)
 def test_the_data_pipeline_benchmark_names_the_machine_and_the_training_device(monkeypatch, machine, trains_on):
     benchmark = load("data_pipeline")
     hardware = FAKE_HARDWARE[machine]
@@ -41,16 +46,19 @@ def test_the_scaling_benchmark_names_the_machine(monkeypatch, machine):
     assert load("scaling").header() == f"Measured on: {FAKE_HARDWARE[machine].describe()}"
 
 
-@pytest.mark.parametrize(("machine", "kind", "devices", "note"), [
-    ("cpu_bf16", "mirrored", ["CPU:0", "CPU:1"], "mirrored: 2 logical CPU devices over the same 2 cores"),
-    ("cpu_bf16", "multi_worker", ["CPU:0"], "multi_worker: 2 workers sharing the host's 2 cores"),
-    ("h100", "mirrored", ["CPU:0", "CPU:1"], "mirrored: 2 logical CPU devices over the same 64 cores"),
-    ("h100", "multi_worker", ["GPU:0"], "multi_worker: 2 workers sharing GPU:0"),
-    ("h100", "horovod", ["GPU:0"], "horovod: 2 ranks sharing GPU:0"),
-    ("a100", "mirrored", ["GPU:0", "GPU:1"], "mirrored: 2 GPUs, one replica each"),
-    ("a100", "multi_worker", ["GPU:0", "GPU:1"], "multi_worker: 2 workers sharing GPU:0, GPU:1"),
-    ("a100", "horovod", ["GPU:0"], "horovod: 2 ranks, a GPU each"),
-])
+@pytest.mark.parametrize(
+    ("machine", "kind", "devices", "note"),
+    [
+        ("cpu_bf16", "mirrored", ["CPU:0", "CPU:1"], "mirrored: 2 logical CPU devices over the same 2 cores"),
+        ("cpu_bf16", "multi_worker", ["CPU:0"], "multi_worker: 2 workers sharing the host's 2 cores"),
+        ("h100", "mirrored", ["CPU:0", "CPU:1"], "mirrored: 2 logical CPU devices over the same 64 cores"),
+        ("h100", "multi_worker", ["GPU:0"], "multi_worker: 2 workers sharing GPU:0"),
+        ("h100", "horovod", ["GPU:0"], "horovod: 2 ranks sharing GPU:0"),
+        ("a100", "mirrored", ["GPU:0", "GPU:1"], "mirrored: 2 GPUs, one replica each"),
+        ("a100", "multi_worker", ["GPU:0", "GPU:1"], "multi_worker: 2 workers sharing GPU:0, GPU:1"),
+        ("a100", "horovod", ["GPU:0"], "horovod: 2 ranks, a GPU each"),
+    ],
+)
 def test_the_scaling_benchmark_says_what_the_replicas_of_each_row_shared(machine, kind, devices, note):
     assert load("scaling").sharing_note(kind, devices, FAKE_HARDWARE[machine]) == note
 

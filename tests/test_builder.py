@@ -7,9 +7,9 @@ import tensorflow as tf
 
 from tests.conftest import make_cnn, make_images
 from tfopt.builder import build
-from tfopt.policies import dtype_policy_scope, set_dtype_policy
 from tfopt.errors import IncompatibleModelError
 from tfopt.plan import make_plan
+from tfopt.policies import dtype_policy_scope, set_dtype_policy
 
 
 def assert_same_weights(first, second):

@@ -21,15 +21,28 @@ X = np.random.default_rng(0).random((64, 8)).astype("float32")
 Y = np.arange(64) % 3
 
 
-@pytest.mark.parametrize("dataset, setting, words", [
-    (tf.data.Dataset.from_tensor_slices((X, Y)), "batch_size",
-     "The dataset is not batched: its inputs have shape (8,) per element, and the model's input takes batches of "
-     "shape (None, 8). Add .batch(BATCH_SIZE)"),
-    (tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(8), "input_shape",
-     "The dataset's inputs have shape (8, 5) per batch, and the model's input takes (None, 8)"),
-    (tf.data.Dataset.from_tensor_slices((X, np.arange(64) % 7)).batch(8), "classes",
-     "The labels of the first batch hold 3, outside the model's 3 classes (0 to 2): 4 of 8 labels are."),
-], ids=["unbatched", "feature_width", "labels_beyond_classes"])
+@pytest.mark.parametrize(
+    "dataset, setting, words",
+    [
+        (
+            tf.data.Dataset.from_tensor_slices((X, Y)),
+            "batch_size",
+            "The dataset is not batched: its inputs have shape (8,) per element, and the model's input takes batches of "
+            "shape (None, 8). Add .batch(BATCH_SIZE)",
+        ),
+        (
+            tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(8),
+            "input_shape",
+            "The dataset's inputs have shape (8, 5) per batch, and the model's input takes (None, 8)",
+        ),
+        (
+            tf.data.Dataset.from_tensor_slices((X, np.arange(64) % 7)).batch(8),
+            "classes",
+            "The labels of the first batch hold 3, outside the model's 3 classes (0 to 2): 4 of 8 labels are.",
+        ),
+    ],
+    ids=["unbatched", "feature_width", "labels_beyond_classes"],
+)
 def test_the_first_batch_that_does_not_fit_says_why(cpu_hardware, dataset, setting, words):
     with pytest.raises(DataError) as caught:
         tfopt.apply(_classifier(), dataset, recipes=[], hardware=cpu_hardware)

@@ -36,15 +36,26 @@ HARDWARE = re.compile(r"CPU: [^,]+, \d+ cores|\d+x [^(]+ \(cc \d+\.\d+|TPU: \d+ 
 NAMED_MACHINE = re.compile(r"[^.;:]{0,40}?(?:" + HARDWARE.pattern + ")")
 # A card without figures says so instead of naming a machine.
 NOT_MEASURED = "Not measured: "
-CARDS = ("mixed_precision", "xla", "data_pipeline", "tfrecord", "distribution", "batch_size", "grad_accum",
-         "data_service")
+CARDS = (
+    "mixed_precision",
+    "xla",
+    "data_pipeline",
+    "tfrecord",
+    "distribution",
+    "batch_size",
+    "grad_accum",
+    "data_service",
+)
 
 
 def blocks(page, language):
     """(info string, code, line number) of each fenced block of `language` on a page."""
     text = page.read_text()
-    return [(match.group(1).strip(), match.group(2), text[:match.start()].count("\n") + 1)
-            for match in FENCE.finditer(text) if match.group(1).strip().split(" ")[0] == language]
+    return [
+        (match.group(1).strip(), match.group(2), text[: match.start()].count("\n") + 1)
+        for match in FENCE.finditer(text)
+        if match.group(1).strip().split(" ")[0] == language
+    ]
 
 
 def page_id(page):
@@ -57,7 +68,8 @@ def test_every_recipe_has_a_method_card_and_the_guides_exist():
     for name in CARDS:
         text = (DOCS / "recipes" / f"{name}.md").read_text()
         assert MEASURED_ON.search(" ".join(text.split())) or NOT_MEASURED in text, (
-            f"{name}.md: say which hardware its numbers were measured on, or '{NOT_MEASURED}<why>' where it has none")
+            f"{name}.md: say which hardware its numbers were measured on, or '{NOT_MEASURED}<why>' where it has none"
+        )
         for heading in ("## When it helps", "## When it hurts", "## Use it", "## Interactions", "## References"):
             assert heading in text, f"{name}.md lacks the section {heading!r}"
 
@@ -67,14 +79,18 @@ def test_every_figure_names_the_machine_it_was_measured_on(page):
     for measured in MEASURED_ON.findall(" ".join(page.read_text().split())):
         assert NAMED_MACHINE.match(measured), (
             f"{page_id(page)}: 'measured on {measured[:60]}...' names no machine as tfopt.hardware.detect().describe() "
-            "writes it (CPU: <model>, <n> cores / <n>x <GPU> (cc ...) / TPU: ...)")
+            "writes it (CPU: <model>, <n> cores / <n>x <GPU> (cc ...) / TPU: ...)"
+        )
 
 
 def test_the_machine_pattern_takes_describe_and_rejects_vague_claims():
     assert NAMED_MACHINE.match("this project's machine (CPU: AMD EPYC, 2 cores with bf16 instructions")
     assert NAMED_MACHINE.match("1x NVIDIA H100 80GB HBM3 (cc 9.0, 79.1 GiB); CPU: Intel Xeon, 16 cores")
-    for vague in ("this project's 2-core CPU (TF 2.21)", "an H100 host, the tf.data guide's case",
-                  "a GPU. Nothing else: CPU: AMD EPYC, 2 cores"):
+    for vague in (
+        "this project's 2-core CPU (TF 2.21)",
+        "an H100 host, the tf.data guide's case",
+        "a GPU. Nothing else: CPU: AMD EPYC, 2 cores",
+    ):
         assert not NAMED_MACHINE.match(vague), vague
 
 
@@ -89,8 +105,14 @@ def make_model():
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(4, 3, activation="relu"),
-                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(5, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(5, activation="softmax"),
+        ]
+    )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
@@ -106,8 +128,16 @@ def snippet_namespace():
     images = rng.random((128, 16, 16, 3), dtype=np.float32)
     labels = rng.integers(0, 5, 128).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
-    return {"__name__": "__docs__", "tfopt": tfopt, "keras": keras, "tf": tf, "np": np, "model": make_model(),
-            "dataset": dataset, "make_model": make_model}
+    return {
+        "__name__": "__docs__",
+        "tfopt": tfopt,
+        "keras": keras,
+        "tf": tf,
+        "np": np,
+        "model": make_model(),
+        "dataset": dataset,
+        "make_model": make_model,
+    }
 
 
 SNIPPET_PAGES = [page for page in PAGES if blocks(page, "python") or blocks(page, "yaml")]
@@ -148,14 +178,18 @@ def test_snippets_run(page, tmp_path, monkeypatch):
             assert re.match(r"python no-run: \S", info), f"{where}: say why it cannot run here"
             compile(code, where, "exec")  # it must still be valid Python
             continue
-        exec(compile(code, where, "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(code, where, "exec"), namespace)
     for _, code, line in blocks(page, "yaml"):
         check_yaml(code, f"{page_id(page)}:{line}", tmp_path)
 
 
-COMMANDS = [pytest.param(command, id=f"{page_id(page)}:{line}")
-            for page in PAGES for _, code, line in blocks(page, "bash")
-            for command in code.splitlines() if command.startswith("tfopt-recipe ")]
+COMMANDS = [
+    pytest.param(command, id=f"{page_id(page)}:{line}")
+    for page in PAGES
+    for _, code, line in blocks(page, "bash")
+    for command in code.splitlines()
+    if command.startswith("tfopt-recipe ")
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

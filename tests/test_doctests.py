@@ -89,8 +89,11 @@ def test_every_public_name_has_a_docstring():
 
 
 def test_public_names_without_an_example_only_shrink():
-    missing = {name for name, value in public_objects().items()
-               if not has_example(value) and not (inspect.isclass(value) and issubclass(value, Exception))}
+    missing = {
+        name
+        for name, value in public_objects().items()
+        if not has_example(value) and not (inspect.isclass(value) and issubclass(value, Exception))
+    }
     new = sorted(missing - MISSING_EXAMPLES)
     assert not new, f"public names without a docstring example (add one, with +SKIP if it needs real data): {new}"
     fixed = sorted(MISSING_EXAMPLES - missing)

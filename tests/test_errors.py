@@ -16,12 +16,16 @@ def test_setting_is_a_keyword_that_leaves_the_message_alone():
     assert isinstance(error, ValueError)
 
 
-@pytest.mark.parametrize("error", [
-    RecipeConfigError("mixed_precision: policy='fp16' is not a policy.", setting="policy"),
-    DataError("synthetic: examples=0 is not a positive integer.", setting="examples"),
-    RecipeClashError("The recipe 'xla' appears twice.", recipes=("xla", "xla")),
-    NonFiniteLossError("Training stopped at step 3: the loss is nan.", step=3, last_good_checkpoint="ckpt-2"),
-], ids=lambda error: type(error).__name__)
+@pytest.mark.parametrize(
+    "error",
+    [
+        RecipeConfigError("mixed_precision: policy='fp16' is not a policy.", setting="policy"),
+        DataError("synthetic: examples=0 is not a positive integer.", setting="examples"),
+        RecipeClashError("The recipe 'xla' appears twice.", recipes=("xla", "xla")),
+        NonFiniteLossError("Training stopped at step 3: the loss is nan.", step=3, last_good_checkpoint="ckpt-2"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
 def test_pickling_keeps_type_message_and_attributes(error):
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is type(error)

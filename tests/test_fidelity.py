@@ -47,8 +47,7 @@ def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardw
 
     cnn, images = keras_examples.lstm_forecaster()
     lstm = build(make_plan(cnn, images, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
-    assert agreement(outcome(cnn, next(iter(images))), outcome(lstm.model, next(iter(images))),
-                     "mixed_bfloat16").agrees
+    assert agreement(outcome(cnn, next(iter(images))), outcome(lstm.model, next(iter(images))), "mixed_bfloat16").agrees
 
 
 def test_vae_keeps_its_class_train_step_and_weights_and_its_failing_layer_in_float32(cpu_hardware):
@@ -75,8 +74,9 @@ def test_loss_layer_model_on_dict_inputs_only(cpu_hardware):
     assert type(result.model.get_layer("ctc_loss")) is keras_examples.CTCLayer
     assert result.model.get_layer("ctc_loss").compute_dtype == "float32"  # it produces the output
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
-    assert outcome(user, batch).loss == pytest.approx(float(user.compute_loss(
-        x=batch, y_pred=user(batch, training=False), training=False)))
+    assert outcome(user, batch).loss == pytest.approx(
+        float(user.compute_loss(x=batch, y_pred=user(batch, training=False), training=False))
+    )
 
 
 def test_unregistered_custom_loss_is_the_users_own_and_gives_the_same_loss(cpu_hardware):
@@ -100,7 +100,9 @@ def test_kept_only_where_faster_beyond_noise(cpu_hardware):
     noisy = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.05, 0.97, 1.12))
     assert noisy.model is without.model and noisy.plan.applied[-1].detail.endswith("within noise")
     faster = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.3, 1.2, 1.4))
-    assert faster.model is with_bf16.model and "kept: measured 1.30x [1.20-1.40] over 3 rounds" in str(faster.plan.applied[-1])
+    assert faster.model is with_bf16.model and "kept: measured 1.30x [1.20-1.40] over 3 rounds" in str(
+        faster.plan.applied[-1]
+    )
 
 
 def test_summary_gives_the_spread_and_says_within_noise(cpu_hardware):
@@ -137,16 +139,22 @@ def test_nan_weights_are_refused_before_anything_is_measured(cpu_hardware):
     weights = user.get_weights()
     weights[-1] = np.full_like(weights[-1], np.nan)
     user.set_weights(weights)
-    with pytest.raises(tfopt.IncompatibleModelError, match=rf"weights hold NaN or Inf before any recipe "
-                                                           rf"\({user.weights[-1].path}\)"):
+    with pytest.raises(
+        tfopt.IncompatibleModelError,
+        match=rf"weights hold NaN or Inf before any recipe "
+        rf"\({user.weights[-1].path}\)",
+    ):
         tfopt.apply(user, data, hardware=cpu_hardware)
 
 
 def test_nan_inputs_are_refused_before_anything_is_measured(cpu_hardware):
     user, data = keras_examples.lstm_forecaster()
     poisoned = data.map(lambda x, y: (x * np.nan, y))
-    with pytest.raises(tfopt.IncompatibleModelError, match=r"predictions and loss on the first batch of your data "
-                                                           r"are not finite \(NaN or inf\)"):
+    with pytest.raises(
+        tfopt.IncompatibleModelError,
+        match=r"predictions and loss on the first batch of your data "
+        r"are not finite \(NaN or inf\)",
+    ):
         tfopt.apply(user, poisoned, hardware=cpu_hardware)
 
 
@@ -155,8 +163,11 @@ def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware
     import tfopt.optimize
 
     measured = tfopt.optimize._kept_if_faster
-    monkeypatch.setattr(tfopt.optimize, "_kept_if_faster", lambda built, without, recipes, ratios: measured(
-        built, without, recipes, tuple(0.5 for _ in ratios)))
+    monkeypatch.setattr(
+        tfopt.optimize,
+        "_kept_if_faster",
+        lambda built, without, recipes, ratios: measured(built, without, recipes, tuple(0.5 for _ in ratios)),
+    )
     user, data = keras_examples.lstm_forecaster()
     result = tfopt.apply(user, data, hardware=cpu_hardware, steps=6, warmup_steps=1)
     assert result.plan.dtype_policy == "float32" and not result.plan.jit_compile
@@ -166,9 +177,11 @@ def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware
     assert len(result.speedup_rounds) == 3 and result.dataset is not data  # the tuned pipeline stays
 
 
-@pytest.mark.parametrize("make", [keras_examples.lstm_forecaster, keras_examples.vae,
-                                  keras_examples.transformer_classifier],
-                         ids=["lstm_custom_loss", "vae_own_train_step", "float_ids_custom_layer"])
+@pytest.mark.parametrize(
+    "make",
+    [keras_examples.lstm_forecaster, keras_examples.vae, keras_examples.transformer_classifier],
+    ids=["lstm_custom_loss", "vae_own_train_step", "float_ids_custom_layer"],
+)
 def test_training_the_result_learns_what_plain_keras_learns(make):
     """Two epochs of the model tfopt gives back (float32 here, where the hardware has no 16-bit units) end at
     the weights two epochs of plain Keras reach from the same start: the same train_step, loss, optimizer

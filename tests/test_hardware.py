@@ -42,19 +42,32 @@ def test_describe():
 UUIDS = ["GPU-1a2b3c4d-0000", "GPU-1a2b9999-0000", "GPU-77ee0000-0000", "GPU-c0ffee00-0000"]
 
 
-@pytest.mark.parametrize(("visible", "count", "expected"), [
-    (None, 3, [0, 1, 2]), ("1,0", 3, [1, 0]), ("", 2, []), (" 2 , 0", 3, [2, 0]),
-    # CUDA stops at the first entry that names no GPU: out of range, negative, empty, not a number.
-    ("0,5,1", 2, [0]), ("0,-1,1", 3, [0]), ("1,,0", 3, [1]), ("1,GPU-77ee", 4, [1]), ("-1", 2, []),
-    ("1gpu,0", 2, [1, 0]),  # an index is read as strtoul reads it
-    ("0,1,0", 3, []),  # a GPU listed twice: CUDA shows none
-    # UUIDs, or unique prefixes of them, by NVML's own UUIDs.
-    (f"{UUIDS[3]},{UUIDS[0]}", 4, [3, 0]), ("GPU-77ee,GPU-c0f", 4, [2, 3]),
-    ("GPU-c0ffee00-0000,GPU-1a2b,GPU-77ee", 4, [3]),  # "GPU-1a2b" is ambiguous: the list ends there
-    ("GPU-77ee,GPU-0bad,GPU-c0f", 4, [2]), ("GPU-77ee,1", 4, [2]), ("GPU-77ee,GPU-77ee0000", 4, []),
-    # MIG instances are slices NVML's whole-GPU figures do not describe: none is mapped.
-    ("MIG-4b1f0c1e-6e2c-5a5a-8a5b-3f0e1c2d3b4a", 4, []),
-])
+@pytest.mark.parametrize(
+    ("visible", "count", "expected"),
+    [
+        (None, 3, [0, 1, 2]),
+        ("1,0", 3, [1, 0]),
+        ("", 2, []),
+        (" 2 , 0", 3, [2, 0]),
+        # CUDA stops at the first entry that names no GPU: out of range, negative, empty, not a number.
+        ("0,5,1", 2, [0]),
+        ("0,-1,1", 3, [0]),
+        ("1,,0", 3, [1]),
+        ("1,GPU-77ee", 4, [1]),
+        ("-1", 2, []),
+        ("1gpu,0", 2, [1, 0]),  # an index is read as strtoul reads it
+        ("0,1,0", 3, []),  # a GPU listed twice: CUDA shows none
+        # UUIDs, or unique prefixes of them, by NVML's own UUIDs.
+        (f"{UUIDS[3]},{UUIDS[0]}", 4, [3, 0]),
+        ("GPU-77ee,GPU-c0f", 4, [2, 3]),
+        ("GPU-c0ffee00-0000,GPU-1a2b,GPU-77ee", 4, [3]),  # "GPU-1a2b" is ambiguous: the list ends there
+        ("GPU-77ee,GPU-0bad,GPU-c0f", 4, [2]),
+        ("GPU-77ee,1", 4, [2]),
+        ("GPU-77ee,GPU-77ee0000", 4, []),
+        # MIG instances are slices NVML's whole-GPU figures do not describe: none is mapped.
+        ("MIG-4b1f0c1e-6e2c-5a5a-8a5b-3f0e1c2d3b4a", 4, []),
+    ],
+)
 def test_visible_gpu_nvml_indices_read_the_variable_as_cuda_does(monkeypatch, visible, count, expected):
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -66,10 +79,14 @@ def test_visible_gpu_nvml_indices_read_the_variable_as_cuda_does(monkeypatch, vi
 def _fake_nvml(monkeypatch, *, gpus: int):
     """pynvml for a machine whose NVML GPU i has (i + 1) * 10 GiB and the UUID UUIDS[i]."""
     nvml = types.SimpleNamespace(
-        NVMLError=RuntimeError, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: gpus,
+        NVMLError=RuntimeError,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: gpus,
         nvmlDeviceGetHandleByIndex=lambda index: index,
         nvmlDeviceGetUUID=lambda handle: UUIDS[handle].encode(),  # bytes, as older bindings return it
-        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(total=(handle + 1) * 10 * 2**30))
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(total=(handle + 1) * 10 * 2**30),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
 
 

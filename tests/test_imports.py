@@ -36,8 +36,7 @@ def imported_modules(name, path, known):
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                           for alias in node.names)
+            targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
     edges = set()
     for target in targets:
         parts = target.split(".")
@@ -61,7 +60,7 @@ def find_cycle(graph):
         stack.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == "open":
-                return [*stack[stack.index(target):], target]
+                return [*stack[stack.index(target) :], target]
             if target not in state and (cycle := visit(target)):
                 return cycle
         state[node] = "done"

@@ -30,18 +30,22 @@ def test_small_cnn_trains_and_outputs_probabilities():
 
 def test_text_transformer_trains_on_token_ids():
     keras.utils.set_random_seed(0)
-    model = text_transformer(sequence_length=12, vocab_size=30, classes=2, embed_dim=8, num_heads=2, ff_dim=16,
-                             num_layers=1)
+    model = text_transformer(
+        sequence_length=12, vocab_size=30, classes=2, embed_dim=8, num_heads=2, ff_dim=16, num_layers=1
+    )
     x = np.random.default_rng(0).integers(0, 30, size=(8, 12)).astype(np.int32)
     y = np.array([0, 1] * 4, dtype=np.int32)
     assert np.isfinite(_train_two_steps(model, x, y))
     assert model.predict(x, verbose=0).shape == (8, 2)
 
 
-@pytest.mark.parametrize("builder, kwargs", [
-    (small_cnn, dict(input_shape=[16, 16, 3], classes=3, filters=[4])),
-    (text_transformer, dict(sequence_length=8, vocab_size=20, embed_dim=8, ff_dim=8, num_layers=1)),
-])
+@pytest.mark.parametrize(
+    "builder, kwargs",
+    [
+        (small_cnn, dict(input_shape=[16, 16, 3], classes=3, filters=[4])),
+        (text_transformer, dict(sequence_length=8, vocab_size=20, embed_dim=8, ff_dim=8, num_layers=1)),
+    ],
+)
 def test_outputs_stay_float32_under_mixed_float16(builder, kwargs):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
@@ -62,13 +66,16 @@ def test_text_transformer_can_be_cloned_from_its_config():
     assert clone.get_layer("embedding").get_config()["vocab_size"] == 20
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: small_cnn(input_shape=[16, 16]), "input_shape: expected a list of 3 positive integers"),
-    (lambda: small_cnn(classes=0), "classes: expected a positive integer; received 0"),
-    (lambda: small_cnn(dropout=1.5), "dropout: expected a rate in [0, 1); received 1.5"),
-    (lambda: text_transformer(embed_dim=10, num_heads=4), "embed_dim=10 is not a multiple of num_heads=4"),
-    (lambda: text_transformer(num_layers=True), "num_layers: expected a positive integer; received True"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: small_cnn(input_shape=[16, 16]), "input_shape: expected a list of 3 positive integers"),
+        (lambda: small_cnn(classes=0), "classes: expected a positive integer; received 0"),
+        (lambda: small_cnn(dropout=1.5), "dropout: expected a rate in [0, 1); received 1.5"),
+        (lambda: text_transformer(embed_dim=10, num_heads=4), "embed_dim=10 is not a multiple of num_heads=4"),
+        (lambda: text_transformer(num_layers=True), "num_layers: expected a positive integer; received True"),
+    ],
+)
 def test_bad_arguments_raise_value_errors_naming_the_argument(call, message):
     with pytest.raises(ValueError) as error:
         call()
@@ -82,26 +89,33 @@ def test_resolve_model_finds_builtins_and_keras_applications():
 
 
 def test_resolve_model_imports_from_the_search_paths(tmp_path):
-    (tmp_path / "my_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent("""
         def build(units=3):
             return units
-    """))
+    """)
+    )
     builder = resolve_model("my_models:build", search_paths=[tmp_path])
     assert builder(units=5) == 5
 
 
-@pytest.mark.parametrize("name, message", [
-    ("ResNet5", "Did you mean 'ResNet50'?"),
-    ("resnet50", "Did you mean 'ResNet50'?"),
-    ("small_cn", "Did you mean 'small_cnn'?"),
-    ("no_such_module_xyz:build", "Cannot import module 'no_such_module_xyz'"),
-    ("tfopt.models:small_cnx", "has no attribute 'small_cnx' (model 'tfopt.models:small_cnx'). Did you mean "
-                               "'small_cnn'?"),
-    ("tfopt.models:MODELS", "names a dict, not a function"),
-    ("os.path:join", "names Python's standard library module 'os.path', which builds no model"),
-    ("bad path:x", "is not an import path"),
-    ("", "must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("ResNet5", "Did you mean 'ResNet50'?"),
+        ("resnet50", "Did you mean 'ResNet50'?"),
+        ("small_cn", "Did you mean 'small_cnn'?"),
+        ("no_such_module_xyz:build", "Cannot import module 'no_such_module_xyz'"),
+        (
+            "tfopt.models:small_cnx",
+            "has no attribute 'small_cnx' (model 'tfopt.models:small_cnx'). Did you mean 'small_cnn'?",
+        ),
+        ("tfopt.models:MODELS", "names a dict, not a function"),
+        ("os.path:join", "names Python's standard library module 'os.path', which builds no model"),
+        ("bad path:x", "is not an import path"),
+        ("", "must be a non-empty string"),
+    ],
+)
 def test_resolve_model_errors_name_the_closest_valid_name(name, message):
     with pytest.raises(ValueError) as error:
         resolve_model(name)

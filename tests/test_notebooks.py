@@ -34,10 +34,10 @@ def execute(notebook, workdir, **env):
     Returns the executed notebook; raises nbclient's CellExecutionError at the first failing cell.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    client = nbclient.NotebookClient(notebook, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT_SECONDS,
-                                     resources={"metadata": {"path": str(workdir)}})
-    environment = {**os.environ, "TFOPT_NOTEBOOK_SMOKE": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                   **env}
+    client = nbclient.NotebookClient(
+        notebook, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT_SECONDS, resources={"metadata": {"path": str(workdir)}}
+    )
+    environment = {**os.environ, "TFOPT_NOTEBOOK_SMOKE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **env}
     environment.pop("MPLBACKEND", None)  # the inline backend must draw the plots into the outputs
     environment.pop("COLAB_RELEASE_TAG", None)
     environment.pop("KAGGLE_KERNEL_RUN_TYPE", None)
@@ -59,8 +59,12 @@ def text_of(notebook):
 
 
 def outputs_with(notebook, mime):
-    return [output.data[mime] for cell in notebook.cells for output in cell.get("outputs", [])
-            if "data" in output and mime in output.data]
+    return [
+        output.data[mime]
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if "data" in output and mime in output.data
+    ]
 
 
 def test_there_are_notebooks():
@@ -105,8 +109,12 @@ def test_quickstart(executed):
     # The chosen plan is explained for every recipe, and the T4/A100/TPU decisions are the documented ones.
     assert re.search(r"dtype policy '(mixed_bfloat16|mixed_float16|float32)', because ", text)
     runtimes = ("Colab T4", "Kaggle P100", "Kaggle 2x T4", "Colab A100", "Colab TPU v2-8")
-    rows = {name: line[len(name):].split() for line in text.splitlines() for name in runtimes
-            if line.startswith(name + " ")}
+    rows = {
+        name: line[len(name) :].split()
+        for line in text.splitlines()
+        for name in runtimes
+        if line.startswith(name + " ")
+    }
     assert rows == {  # dtype policy, XLA, strategy, global batch (the notebook's batch is 32)
         "Colab T4": ["mixed_float16", "True", "one_device", "32"],
         "Kaggle P100": ["float32", "True", "one_device", "32"],
@@ -128,10 +136,17 @@ def test_data_pipeline(executed):
     verified = json.loads(re.search(r"verified: (\{.*\})", text).group(1).replace("'", '"'))
     assert verified["num_examples"] == 5 * 16 and verified["num_shards"] == 8 and verified["bytes"] > 0
     assert re.search(r"damaged copy rejected: .*part-00003\.tfrecord", text)
-    rows = re.findall(r"^(naive|naive \+ data_pipeline|TFRecord \+ optimized|compute-only ceiling) +([\d.]+) +", text,
-                      flags=re.MULTILINE)
-    assert [name for name, _ in rows] == ["naive", "naive + data_pipeline", "TFRecord + optimized",
-                                          "compute-only ceiling"]
+    rows = re.findall(
+        r"^(naive|naive \+ data_pipeline|TFRecord \+ optimized|compute-only ceiling) +([\d.]+) +",
+        text,
+        flags=re.MULTILINE,
+    )
+    assert [name for name, _ in rows] == [
+        "naive",
+        "naive + data_pipeline",
+        "TFRecord + optimized",
+        "compute-only ceiling",
+    ]
     assert all(float(rate) > 0 for _, rate in rows)
     assert len(outputs_with(notebook, "image/png")) == 1, "the comparison plot is missing"
 
@@ -143,14 +158,18 @@ def test_recipes(executed):
     assert re.search(r"exit code 2: .*mixed_precison.*mixed_precision", text), "the typo was not reported"
     cli_summary = re.search(r"my_cnn: [\d.]+ -> [\d.]+ steps/s \(([\d.]+)x", text)
     assert cli_summary and float(cli_summary.group(1)) > 0
-    assert (workdir / "runs" / "cli" / "recipe.yaml").is_file() and (workdir / "runs" / "python" / "report.md").is_file()
-    rows = re.findall(r"^\| (baseline only|data_pipeline|mixed_precision|default) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|",
-                      "\n".join(outputs_with(notebook, "text/markdown")), flags=re.MULTILINE)
+    assert (workdir / "runs" / "cli" / "recipe.yaml").is_file() and (
+        workdir / "runs" / "python" / "report.md"
+    ).is_file()
+    rows = re.findall(
+        r"^\| (baseline only|data_pipeline|mixed_precision|default) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|",
+        "\n".join(outputs_with(notebook, "text/markdown")),
+        flags=re.MULTILINE,
+    )
     assert [row[0] for row in rows] == ["baseline only", "data_pipeline", "mixed_precision", "default"]
     for _, before, after, speedup in rows:
         assert float(speedup) == pytest.approx(float(after) / float(before), abs=0.01)
     assert len(outputs_with(notebook, "image/png")) == 1
-
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):
@@ -166,8 +185,13 @@ def test_a_failing_cell_fails_the_run(tmp_path):
 
 
 def test_kernel_runs_this_python(tmp_path):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import os, sys, tfopt\nprint(sys.executable)\nprint(os.environ['TFOPT_NOTEBOOK_SMOKE'])\nprint(tfopt.__file__)")])
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "import os, sys, tfopt\nprint(sys.executable)\nprint(os.environ['TFOPT_NOTEBOOK_SMOKE'])\nprint(tfopt.__file__)"
+            )
+        ]
+    )
     lines = text_of(execute(notebook, tmp_path))[0].split()
     assert os.path.realpath(lines[0]) == os.path.realpath(sys.executable)
     assert lines[1] == "1"

@@ -32,7 +32,7 @@ def test_functional_cnn(cpu_hardware):
     for measurement in (result.before, result.after):
         assert len(measurement.real.seconds) == len(measurement.ceiling.seconds) >= 2  # rounds of 2 steps or more
         assert measurement.real.batch_size == 8
-        assert 0 < measurement.ceiling_ratio and measurement.flops_per_step is None  # no MFU on a CPU
+        assert measurement.ceiling_ratio > 0 and measurement.flops_per_step is None  # no MFU on a CPU
     assert result.speedup > 0
     # The user's model is untouched, and the returned model starts from the user's weights: measuring
     # trained it for a few steps, and those steps were rolled back.
@@ -43,14 +43,18 @@ def test_functional_cnn(cpu_hardware):
     json.dumps(result.to_dict())
     assert "examples/s" in result.summary() and "<table>" in result._repr_html_()
     # On a CPU the accelerator metrics do not apply, and the line says so instead of a "utilization".
-    assert "input efficiency" in result.summary() and "CPU only: accelerator busy % and MFU do not apply" in \
-        result.summary() and "utilization" not in result.summary()
+    assert (
+        "input efficiency" in result.summary()
+        and "CPU only: accelerator busy % and MFU do not apply" in result.summary()
+        and "utilization" not in result.summary()
+    )
     assert result.to_dict()["metrics"]["before"]["accelerator"] == "cpu"
 
 
 def test_sequential(cpu_hardware):
-    model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Flatten(),
-                              keras.layers.Dense(3, activation="softmax")])
+    model = keras.Sequential(
+        [keras.Input((12, 12, 3)), keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")]
+    )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     result = tfopt.apply(model, make_images(), recipes=[MixedPrecision()], hardware=cpu_hardware, **FAST)
     assert result.model.layers[-1].compute_dtype == "float32"
@@ -81,8 +85,13 @@ def test_subclassed_with_model_fn(cpu_hardware):
 def test_resnet50_small(cpu_hardware):
     model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=3)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    result = tfopt.apply(model, make_images(count=8, image_size=32, batch_size=4), recipes=BF16_AS_ASKED,
-                         hardware=cpu_hardware, measure_speed=False)  # what is built is checked, not its speed
+    result = tfopt.apply(
+        model,
+        make_images(count=8, image_size=32, batch_size=4),
+        recipes=BF16_AS_ASKED,
+        hardware=cpu_hardware,
+        measure_speed=False,
+    )  # what is built is checked, not its speed
     assert result.plan.dtype_policy == "mixed_bfloat16"
     assert result.model.get_layer("conv1_conv").compute_dtype == "bfloat16"
     assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=1, verbose=0).history["loss"][0])
@@ -97,23 +106,34 @@ def test_without_measuring(cpu_hardware):
     assert len(text.splitlines()) == 4 and "tf.Tensor" not in text and len(text) < 1000
 
 
-@pytest.mark.parametrize("call, error, words", [
-    (lambda: tfopt.apply("model", make_images()), IncompatibleModelError, "Expected a keras.Model"),
-    (lambda: tfopt.apply(make_cnn(), [1, 2, 3]), DataError, "Expected a tf.data.Dataset"),
-    (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["mixed_precison"]), RecipeConfigError,
-     "Did you mean 'mixed_precision'"),
-    (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["xla", "xla"]), RecipeClashError, "appears twice"),
-    (lambda: tfopt.apply(make_cnn(), make_images(), recipes="fast"), RecipeConfigError, "Pass 'default'"),
-    (lambda: tfopt.apply(make_cnn(), make_images(), steps=1), TfoptError, "steps >= 2"),
-])
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda: tfopt.apply("model", make_images()), IncompatibleModelError, "Expected a keras.Model"),
+        (lambda: tfopt.apply(make_cnn(), [1, 2, 3]), DataError, "Expected a tf.data.Dataset"),
+        (
+            lambda: tfopt.apply(make_cnn(), make_images(), recipes=["mixed_precison"]),
+            RecipeConfigError,
+            "Did you mean 'mixed_precision'",
+        ),
+        (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["xla", "xla"]), RecipeClashError, "appears twice"),
+        (lambda: tfopt.apply(make_cnn(), make_images(), recipes="fast"), RecipeConfigError, "Pass 'default'"),
+        (lambda: tfopt.apply(make_cnn(), make_images(), steps=1), TfoptError, "steps >= 2"),
+    ],
+)
 def test_bad_input_is_one_clear_error(call, error, words, cpu_hardware):
     with pytest.raises(error, match=words):
         call()
 
 
 def test_yaml_style_items(cpu_hardware):
-    result = tfopt.apply(make_cnn(), make_images(), recipes=[{"mixed_precision": {"policy": "float32"}}, "xla"],
-                         measure_speed=False, hardware=cpu_hardware)
+    result = tfopt.apply(
+        make_cnn(),
+        make_images(),
+        recipes=[{"mixed_precision": {"policy": "float32"}}, "xla"],
+        measure_speed=False,
+        hardware=cpu_hardware,
+    )
     assert result.plan.dtype_policy == "float32"
     assert [step.skipped for step in result.plan.applied] == [True, True]
 
@@ -126,8 +146,15 @@ def test_training_the_result(cpu_hardware):
 
 
 def test_profiled_apply_has_a_report(cpu_hardware, tmp_path):
-    result = tfopt.apply(make_cnn(), make_images(count=64), profile=True, logdir=str(tmp_path),
-                         hardware=cpu_hardware, steps=4, warmup_steps=1)
+    result = tfopt.apply(
+        make_cnn(),
+        make_images(count=64),
+        profile=True,
+        logdir=str(tmp_path),
+        hardware=cpu_hardware,
+        steps=4,
+        warmup_steps=1,
+    )
     assert result.before is result.before_profile.measurement and result.after is result.after_profile.measurement
     assert list((tmp_path / "before").rglob("*.xplane.pb")) and list((tmp_path / "after").rglob("*.xplane.pb"))
     report = result.report()
@@ -148,8 +175,14 @@ def test_one_device_distribution_measures_under_its_strategy(cpu_hardware):
     touch the optimizer's variables, which must happen inside the strategy's scope ("Need to be inside
     `with strategy.scope()`" on the H100). With faked CPU hardware one_device is this machine's first
     device: its CPU here, the GPU on a GPU machine."""
-    result = tfopt.apply(make_cnn(), make_images(), recipes=[{"distribution": {"strategy": "one_device"}}],
-                         hardware=cpu_hardware, steps=2, warmup_steps=1)
+    result = tfopt.apply(
+        make_cnn(),
+        make_images(),
+        recipes=[{"distribution": {"strategy": "one_device"}}],
+        hardware=cpu_hardware,
+        steps=2,
+        warmup_steps=1,
+    )
     assert isinstance(result.strategy, tf.distribute.OneDeviceStrategy)
     assert result.plan.strategy == "one_device" and result.plan.applied[-1].recipe == "distribution"
     assert not result.plan.applied[-1].skipped and result.plan.batch_size == 8  # one replica: batch kept
@@ -185,9 +218,14 @@ def test_a_second_apply_in_a_notebook_measures_the_users_tf32_baseline(monkeypat
 def test_a_recipe_that_cannot_serve_the_plan_fails_before_anything_is_built(cpu_hardware):
     builds = []
     with pytest.raises(RecipeConfigError, match="strategy='tpu' but no TPU"):
-        tfopt.apply(None, make_images(), recipes=[{"distribution": {"strategy": "tpu"}}], hardware=cpu_hardware,
-                    model_fn=lambda: builds.append(1) or make_cnn(compiled=False),
-                    compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"})
+        tfopt.apply(
+            None,
+            make_images(),
+            recipes=[{"distribution": {"strategy": "tpu"}}],
+            hardware=cpu_hardware,
+            model_fn=lambda: builds.append(1) or make_cnn(compiled=False),
+            compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"},
+        )
     assert builds == []
 
 
@@ -210,9 +248,16 @@ def test_a_failed_apply_gives_the_user_back_their_tf32_setting(monkeypatch):
 
     try:
         with pytest.raises(IncompatibleModelError, match="out of host memory"):
-            tfopt.apply(None, make_images(), recipes=[{"mixed_precision": {"policy": "float32", "tf32": False}}],
-                        hardware=FAKE_HARDWARE["a100"], model_fn=model_fn, steps=2, warmup_steps=1,
-                        compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"})
+            tfopt.apply(
+                None,
+                make_images(),
+                recipes=[{"mixed_precision": {"policy": "float32", "tf32": False}}],
+                hardware=FAKE_HARDWARE["a100"],
+                model_fn=model_fn,
+                steps=2,
+                warmup_steps=1,
+                compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"},
+            )
         assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
         assert tfopt.plan._users_tf32_before_build is None
     finally:

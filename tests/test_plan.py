@@ -35,7 +35,8 @@ def test_repr_shows_decisions_not_tensors(cpu_hardware):
     assert text.splitlines() == [
         "Plan(batch_size=8, dtype_policy='mixed_bfloat16', jit_compile=False, strategy='default', "
         f"hardware={cpu_hardware.describe()!r}, applied=1 steps)",
-        "  mixed_precision: bf16: the CPU has it"]
+        "  mixed_precision: bf16: the CPU has it",
+    ]
     assert "tf.Tensor" not in text and "array" not in text
 
 
@@ -47,10 +48,13 @@ def test_plan_is_immutable(cpu_hardware):
         plan.compile_config["jit_compile"] = True
 
 
-@pytest.mark.parametrize("bad_model, words", [
-    (object(), "Expected a keras.Model"),
-    (None, "model=None"),
-])
+@pytest.mark.parametrize(
+    "bad_model, words",
+    [
+        (object(), "Expected a keras.Model"),
+        (None, "model=None"),
+    ],
+)
 def test_not_a_model(bad_model, words, cpu_hardware):
     with pytest.raises(IncompatibleModelError, match=words):
         make_plan(bad_model, make_images(), hardware=cpu_hardware)
@@ -69,21 +73,34 @@ def test_uncompiled_model(cpu_hardware):
         make_plan(make_cnn(compiled=False), make_images(), hardware=cpu_hardware)
 
 
-@pytest.mark.parametrize("dataset, error, words", [
-    (np.zeros((4, 12, 12, 3)), DataError, "Expected a tf.data.Dataset"),
-    (tf.data.Dataset.from_tensor_slices((np.zeros((0, 12, 12, 3), "float32"), np.zeros(0))).batch(2),
-     DataError, "empty"),
-    (tf.data.Dataset.from_tensor_slices(tuple(np.zeros((4, 2), "float32") for _ in range(4))).batch(2), DataError,
-     r"tuple of 4; Keras' fit\(\) takes inputs, \(inputs, targets\)"),
-])
+@pytest.mark.parametrize(
+    "dataset, error, words",
+    [
+        (np.zeros((4, 12, 12, 3)), DataError, "Expected a tf.data.Dataset"),
+        (
+            tf.data.Dataset.from_tensor_slices((np.zeros((0, 12, 12, 3), "float32"), np.zeros(0))).batch(2),
+            DataError,
+            "empty",
+        ),
+        (
+            tf.data.Dataset.from_tensor_slices(tuple(np.zeros((4, 2), "float32") for _ in range(4))).batch(2),
+            DataError,
+            r"tuple of 4; Keras' fit\(\) takes inputs, \(inputs, targets\)",
+        ),
+    ],
+)
 def test_bad_datasets(dataset, error, words, cpu_hardware):
     with pytest.raises(error, match=words):
         make_plan(make_cnn(), dataset, hardware=cpu_hardware)
 
 
 def test_compile_override(cpu_hardware):
-    plan = make_plan(make_cnn(compiled=False), make_images(), hardware=cpu_hardware,
-                     compile={"optimizer": keras.optimizers.SGD(0.1), "loss": "sparse_categorical_crossentropy"})
+    plan = make_plan(
+        make_cnn(compiled=False),
+        make_images(),
+        hardware=cpu_hardware,
+        compile={"optimizer": keras.optimizers.SGD(0.1), "loss": "sparse_categorical_crossentropy"},
+    )
     assert plan.compile_config["optimizer"]["class_name"] == "SGD"
     with pytest.raises(IncompatibleModelError, match="compile= needs at least 'optimizer'"):
         make_plan(make_cnn(), make_images(), hardware=cpu_hardware, compile={"loss": "mse"})
@@ -117,8 +134,9 @@ def test_a_build_that_turns_tf32_off_leaves_the_next_baseline_the_users(tf32_as_
 
     a100 = FAKE_HARDWARE["a100"]
     first = make_plan(make_cnn(), make_images(), hardware=a100)
-    assert first.tf32 is True and first.applied[0].detail.startswith("float32 baseline: TF32 on this GPU (compute "
-                                                                     "capability 8.0 >= 8.0")
+    assert first.tf32 is True and first.applied[0].detail.startswith(
+        "float32 baseline: TF32 on this GPU (compute capability 8.0 >= 8.0"
+    )
     build(MixedPrecision(policy="float32", tf32=False)(first))
     assert not _tf32_on() and users_tf32_setting() is True  # off for the model to train; the user's is on
     again = make_plan(make_cnn(), make_images(), hardware=a100)

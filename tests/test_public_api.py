@@ -9,8 +9,11 @@ import tfopt.errors
 
 CALLS = {"apply", "profile", "diagnose", "compare", "load_recipe", "chain", "Monitor"}
 RESULTS = {"ApplyResult", "Profile", "Report"}
-ERRORS = {name for name, value in vars(tfopt.errors).items()
-          if inspect.isclass(value) and issubclass(value, tfopt.errors.TfoptError)}
+ERRORS = {
+    name
+    for name, value in vars(tfopt.errors).items()
+    if inspect.isclass(value) and issubclass(value, tfopt.errors.TfoptError)
+}
 PUBLIC = {"__version__", *CALLS, *RESULTS, *ERRORS}
 
 
@@ -32,7 +35,7 @@ def test_building_blocks_live_in_their_subpackages():
 
 
 def test_apply_is_a_function_even_after_its_module_loads():
-    import tfopt.optimize  # noqa: F401
+    import tfopt.optimize
 
     assert callable(tfopt.apply) and tfopt.DataError is tfopt.errors.DataError
 
@@ -41,8 +44,11 @@ def test_only_package_init_modules_declare_all():
     import pathlib
 
     package = pathlib.Path(tfopt.__file__).parent
-    declaring = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
-                       if path.name != "__init__.py" and "\n__all__" in "\n" + path.read_text())
+    declaring = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" and "\n__all__" in "\n" + path.read_text()
+    )
     assert declaring == []
 
 

@@ -22,11 +22,14 @@ def test_unknown_name_lists_known_and_closest():
     assert "data_pipeline" in str(error.value)
 
 
-@pytest.mark.parametrize("item, recipe", [
-    ("xla", Xla()),
-    ({"xla": None}, Xla()),
-    ({"mixed_precision": {"policy": "mixed_bfloat16"}}, MixedPrecision(policy="mixed_bfloat16")),
-])
+@pytest.mark.parametrize(
+    "item, recipe",
+    [
+        ("xla", Xla()),
+        ({"xla": None}, Xla()),
+        ({"mixed_precision": {"policy": "mixed_bfloat16"}}, MixedPrecision(policy="mixed_bfloat16")),
+    ],
+)
 def test_items(item, recipe):
     assert registry.from_item(item) == recipe
 
@@ -45,10 +48,17 @@ def test_chain_orders_by_stage_and_nests():
 def test_batch_size_is_searched_after_numerics_and_compile_and_before_placement():
     # The search times the step mixed precision and XLA made; distribution multiplies the per-replica batch
     # it found; gradient accumulation is set from the final batch.
-    combined = chain(GradAccum(steps=2), Distribution(), BatchSize(batch_size=16), Xla(), MixedPrecision(),
-                     DataPipeline())
+    combined = chain(
+        GradAccum(steps=2), Distribution(), BatchSize(batch_size=16), Xla(), MixedPrecision(), DataPipeline()
+    )
     assert [recipe.name for recipe in combined.recipes] == [
-        "data_pipeline", "mixed_precision", "xla", "batch_size", "distribution", "grad_accum"]
+        "data_pipeline",
+        "mixed_precision",
+        "xla",
+        "batch_size",
+        "distribution",
+        "grad_accum",
+    ]
 
 
 def test_chain_rejects_duplicates():

@@ -92,11 +92,14 @@ def test_no_gpu_means_nothing_to_configure(monkeypatch):
     assert configure_gpu_memory(growth=True) == [] and gpu_memory_in_force(growth=False, limit_bytes=2**30)
 
 
-@pytest.mark.parametrize("settings, words, setting", [
-    ({"growth": "yes"}, "Expected true or false", "growth"),
-    ({"growth": False, "limit_bytes": 10}, "at least 1 MiB", "limit_bytes"),
-    ({"limit_bytes": 2**30}, "exclude each other", "growth"),
-])
+@pytest.mark.parametrize(
+    "settings, words, setting",
+    [
+        ({"growth": "yes"}, "Expected true or false", "growth"),
+        ({"growth": False, "limit_bytes": 10}, "at least 1 MiB", "limit_bytes"),
+        ({"limit_bytes": 2**30}, "exclude each other", "growth"),
+    ],
+)
 def test_bad_settings(monkeypatch, settings, words, setting):
     FakeGpuConfig(monkeypatch)
     with pytest.raises(RecipeConfigError, match=words) as error:

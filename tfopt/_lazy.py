@@ -31,6 +31,7 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
         ...
         AttributeError: module 'demo' has no attribute 'cbrt'; public names are ['sqrt']
     """
+
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}; public names are {sorted(exports)}")

@@ -22,8 +22,8 @@ from typing import Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
-from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.model_copy import copy_keras_object, copy_model
+from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.policies import dtype_policy_scope, set_dtype_policy
 
 _log = logging.getLogger("tfopt")
@@ -97,11 +97,13 @@ def build(plan: Plan) -> Built:
         plan = _settle_xla(model, plan)
         model.compile(**_compile_arguments(plan))
         if plan.dtype_policy == "mixed_float16" and not isinstance(
-                model.optimizer, keras.optimizers.LossScaleOptimizer):
+            model.optimizer, keras.optimizers.LossScaleOptimizer
+        ):
             # Keras wraps the optimizer only when the *model's* policy is mixed_float16; a model_fn that
             # pins its own dtype escapes that, and fp16 gradients then underflow. Wrap it ourselves.
-            model.compile(**{**_compile_arguments(plan),
-                             "optimizer": keras.optimizers.LossScaleOptimizer(model.optimizer)})
+            model.compile(
+                **{**_compile_arguments(plan), "optimizer": keras.optimizers.LossScaleOptimizer(model.optimizer)}
+            )
     dataset, service, plan = _served(plan, unsettled)
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
@@ -121,9 +123,13 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
     offload, why = plan.data_service.planned_again(unsettled, batch_size=plan.batch_size)
     if offload is not None:
         try:
-            served, cluster = serve_offload(unsettled, offload, batch_size=plan.batch_size,
-                                            static=tf_batch_dimension(plan.dataset.element_spec) is not None,
-                                            batches_per_pass=int(plan.dataset.cardinality()))
+            served, cluster = serve_offload(
+                unsettled,
+                offload,
+                batch_size=plan.batch_size,
+                static=tf_batch_dimension(plan.dataset.element_spec) is not None,
+                batches_per_pass=int(plan.dataset.cardinality()),
+            )
             return served, cluster, _offloaded(plan, offload, offload.describe())
         except tf.errors.OpError as error:  # the service cannot rebuild it (a resource it cannot serialize)
             why = f"left local: the tf.data service could not take the pipeline ({describe_error(error)})"
@@ -150,11 +156,11 @@ def _create_model(plan: Plan) -> Any:
                 f"tfopt could not copy your model {getattr(plan.model_fn.args[0], 'name', '')!r} "
                 f"({type(error).__name__}: {error}). Pass model_fn=a function that creates it "
                 "(tfopt.apply(model, dataset, model_fn=make_model)): tfopt calls it under the plan's "
-                "settings and copies your model's weights into it.") from error
+                "settings and copies your model's weights into it."
+            ) from error
         raise IncompatibleModelError(f"model_fn raised {type(error).__name__}: {error}") from error
     if not isinstance(model, keras.Model):
-        raise IncompatibleModelError(
-            f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
+        raise IncompatibleModelError(f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
     if not model.built and not model.weights:
         model(plan.sample_inputs)  # a model never called has no variables until its first call
     return model
@@ -181,8 +187,11 @@ def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
     """
     import tensorflow as tf
 
-    blockers = [f"layer {layer.name!r} ({type(layer).__name__}) does not support XLA"
-                for layer in model._flatten_layers(include_self=False) if not getattr(layer, "supports_jit", True)]
+    blockers = [
+        f"layer {layer.name!r} ({type(layer).__name__}) does not support XLA"
+        for layer in model._flatten_layers(include_self=False)
+        if not getattr(layer, "supports_jit", True)
+    ]
     if blockers:
         return blockers
     forward = tf.function(lambda inputs: model(inputs, training=True), jit_compile=True)
@@ -202,8 +211,7 @@ def _settle_xla(model: Any, plan: Plan) -> Plan:
     blockers = xla_blockers(model, plan.sample_inputs)
     if blockers:
         _log.warning("xla: off: %s", "; ".join(blockers))
-        return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers),
-                                                           skipped=True)
+        return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers), skipped=True)
     dataset, dropped = static_batches(plan.dataset, plan.batch_size)
     if dataset is plan.dataset:  # the batches were static already
         return plan
@@ -216,14 +224,16 @@ def _copy_weights(source: Any, target: Any) -> None:
         raise IncompatibleModelError(
             "The model made by model_fn has no weights before its first call and cannot be called on a batch "
             "of your data, so your model's weights cannot be copied into it. Build it in model_fn (call it on "
-            "a batch, or build its parts), or pass model=None to start from model_fn's own weights.")
+            "a batch, or build its parts), or pass model=None to start from model_fn's own weights."
+        )
     try:
         target.set_weights(weights)
     except ValueError as error:
         raise IncompatibleModelError(
             f"The model built by model_fn does not match the model you passed, so its weights cannot be "
             f"copied ({error}). Make model_fn create the same architecture, or pass model=None to start "
-            "from model_fn's own initial weights.") from error
+            "from model_fn's own initial weights."
+        ) from error
 
 
 def _compile_arguments(plan: Plan) -> dict[str, Any]:
@@ -242,13 +252,17 @@ def _compile_arguments(plan: Plan) -> dict[str, Any]:
         else:
             changed[key] = config
     try:
-        arguments.update(keras.saving.deserialize_keras_object(
-            changed, custom_objects=_custom_objects(plan.compile_objects.values())))
+        arguments.update(
+            keras.saving.deserialize_keras_object(
+                changed, custom_objects=_custom_objects(plan.compile_objects.values())
+            )
+        )
     except (TypeError, ValueError) as error:
         raise IncompatibleModelError(
             f"The model's compile arguments {sorted(changed)} could not be made again after a recipe changed "
             f"them ({error}). Register custom optimizers and learning-rate schedules with "
-            "@keras.saving.register_keras_serializable(), or leave out the recipe that changes them.") from error
+            "@keras.saving.register_keras_serializable(), or leave out the recipe that changes them."
+        ) from error
     optimizer = arguments.get("optimizer")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and plan.dtype_policy != "mixed_float16":
         arguments["optimizer"] = optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model

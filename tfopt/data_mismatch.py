@@ -39,20 +39,27 @@ def _input_mismatch(model: Any, inputs: Any) -> DataError | None:
         return None
     given = [tuple(tf.convert_to_tensor(tensor).shape) for tensor in tf.nest.flatten(inputs)]
     if len(given) != len(expected):
-        return DataError(f"The dataset's inputs are {len(given)} tensor(s) of shapes {given}, and the model takes "
-                         f"{len(expected)} input(s) of shapes {expected}. Make each element (inputs, labels) with "
-                         "the inputs the model was built for.")
+        return DataError(
+            f"The dataset's inputs are {len(given)} tensor(s) of shapes {given}, and the model takes "
+            f"{len(expected)} input(s) of shapes {expected}. Make each element (inputs, labels) with "
+            "the inputs the model was built for."
+        )
     for index, (data_shape, model_shape) in enumerate(zip(given, expected)):
         name = f" {model.inputs[index].name!r}" if len(expected) > 1 else ""
         if len(data_shape) == len(model_shape) - 1 and _fits(data_shape, model_shape[1:]):
-            return DataError(f"The dataset is not batched: its inputs have shape {data_shape} per element, and the "
-                             f"model's input{name} takes batches of shape {model_shape}. Add .batch(BATCH_SIZE) to "
-                             "the pipeline (keras' fit batches arrays, not a tf.data.Dataset).",
-                             setting="batch_size")
+            return DataError(
+                f"The dataset is not batched: its inputs have shape {data_shape} per element, and the "
+                f"model's input{name} takes batches of shape {model_shape}. Add .batch(BATCH_SIZE) to "
+                "the pipeline (keras' fit batches arrays, not a tf.data.Dataset).",
+                setting="batch_size",
+            )
         if not _fits(data_shape, model_shape):
-            return DataError(f"The dataset's inputs have shape {data_shape} per batch, and the model's input{name} "
-                             f"takes {model_shape} (None: any size). Build the model for the data's shape, or "
-                             "reshape the data.", setting="input_shape")
+            return DataError(
+                f"The dataset's inputs have shape {data_shape} per batch, and the model's input{name} "
+                f"takes {model_shape} (None: any size). Build the model for the data's shape, or "
+                "reshape the data.",
+                setting="input_shape",
+            )
     return None
 
 
@@ -74,11 +81,15 @@ def _label_mismatch(model: Any, targets: Any) -> DataError | None:
     outside = labels[(labels < 0) | (labels >= classes)]
     if outside.size == 0:
         return None
-    return DataError(f"The labels of the first batch hold {outside.flat[0].item()!r}, outside the model's {classes} "
-                     f"classes (0 to {classes - 1}): {outside.size} of {labels.size} labels are. Give the model as "
-                     "many outputs as the data has classes, or map the labels to 0..classes-1.", setting="classes")
+    return DataError(
+        f"The labels of the first batch hold {outside.flat[0].item()!r}, outside the model's {classes} "
+        f"classes (0 to {classes - 1}): {outside.size} of {labels.size} labels are. Give the model as "
+        "many outputs as the data has classes, or map the labels to 0..classes-1.",
+        setting="classes",
+    )
 
 
 def _fits(data_shape: tuple, model_shape: tuple) -> bool:
     return len(data_shape) == len(model_shape) and all(
-        expected is None or given is None or given == expected for given, expected in zip(data_shape, model_shape))
+        expected is None or given is None or given == expected for given, expected in zip(data_shape, model_shape)
+    )

@@ -94,9 +94,12 @@ class NonFiniteLossError(TfoptError, FloatingPointError):
 
     def with_checkpoint(self, path: str | None) -> NonFiniteLossError:
         """The same error with the last good checkpoint named in the message."""
-        where = (f" The last good checkpoint is {path}; it was written before the loss went bad, and "
-                 "train() resumes from it when started again with the same checkpoint_dir."
-                 if path else " No checkpoint had been written yet.")
+        where = (
+            f" The last good checkpoint is {path}; it was written before the loss went bad, and "
+            "train() resumes from it when started again with the same checkpoint_dir."
+            if path
+            else " No checkpoint had been written yet."
+        )
         return NonFiniteLossError(f"{self}{where}", step=self.step, last_good_checkpoint=path)
 
 

@@ -71,10 +71,15 @@ class Agreement:
         return all(error is None or error <= self.tolerance for error in (self.predictions_error, self.loss_error))
 
     def __str__(self) -> str:
-        parts = [f"{what} by {error:.1%}" for what, error in
-                 (("predictions differ", self.predictions_error), ("the loss", self.loss_error)) if error is not None]
-        return (f"{self.policy} against your model on the first batch: {', '.join(parts) or 'nothing to compare'} "
-                f"(tolerance {self.tolerance:.0%})")
+        parts = [
+            f"{what} by {error:.1%}"
+            for what, error in (("predictions differ", self.predictions_error), ("the loss", self.loss_error))
+            if error is not None
+        ]
+        return (
+            f"{self.policy} against your model on the first batch: {', '.join(parts) or 'nothing to compare'} "
+            f"(tolerance {self.tolerance:.0%})"
+        )
 
 
 def outcome(model: Any, batch: Any) -> Outcome:
@@ -101,11 +106,11 @@ def _outcome_in_scope(model: Any, batch: Any) -> Outcome:
     except NotImplementedError:  # no call(): a model whose train_step calls its parts
         outputs = None
     if outputs is not None:
-        predictions = np.concatenate([np.asarray(tf.cast(tensor, tf.float64)).ravel()
-                                      for tensor in tf.nest.flatten(outputs)])
+        predictions = np.concatenate(
+            [np.asarray(tf.cast(tensor, tf.float64)).ravel() for tensor in tf.nest.flatten(outputs)]
+        )
         if model._compile_loss is not None or model.losses or type(model).compute_loss is not keras.Model.compute_loss:
-            loss = float(model.compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights,
-                                            training=False))
+            loss = float(model.compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights, training=False))
     with training_state_restored(model):
         strategy = model.distribute_strategy
         logs = strategy.run(model.train_step, args=(batch,))
@@ -129,8 +134,11 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
     import numpy as np
 
     predictions_error = loss_error = None
-    if reference.predictions is not None and optimized.predictions is not None \
-            and reference.predictions.shape == optimized.predictions.shape:
+    if (
+        reference.predictions is not None
+        and optimized.predictions is not None
+        and reference.predictions.shape == optimized.predictions.shape
+    ):
         scale = max(float(np.linalg.norm(reference.predictions - reference.predictions.mean())), 1e-12)
         predictions_error = float(np.linalg.norm(optimized.predictions - reference.predictions)) / scale
         if not np.isfinite(predictions_error):
@@ -139,8 +147,12 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
         loss_error = abs(optimized.loss - reference.loss) / max(abs(reference.loss), 1e-6)
         if not np.isfinite(loss_error):
             loss_error = float("inf")
-    return Agreement(policy=policy, predictions_error=predictions_error, loss_error=loss_error,
-                     tolerance=TOLERANCE.get(policy, TOLERANCE["float32"]))
+    return Agreement(
+        policy=policy,
+        predictions_error=predictions_error,
+        loss_error=loss_error,
+        tolerance=TOLERANCE.get(policy, TOLERANCE["float32"]),
+    )
 
 
 def reference_outcome(model: Any, batch: Any) -> Outcome:
@@ -161,7 +173,8 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
         raise IncompatibleModelError(
             f"Your model's weights hold NaN or Inf before any recipe ({listed(nan_weights)}): training would only "
             "spread them, and a speedup of a training that computes NaN means nothing. Load or initialise the "
-            "weights again.")
+            "weights again."
+        )
     try:
         result = outcome(model, batch)
     except Exception as error:
@@ -170,15 +183,20 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
             raise mismatch from error
         raise IncompatibleModelError(
             f"Your model fails on the first batch of your data, before any recipe: {describe_error(error)}. "
-            "Check that model.fit(dataset) trains as it is; tfopt optimizes a training that runs.") from error
-    broken = [what for what, values in (("predictions", result.predictions), ("loss", result.loss))
-              if values is not None and not np.all(np.isfinite(values))]
+            "Check that model.fit(dataset) trains as it is; tfopt optimizes a training that runs."
+        ) from error
+    broken = [
+        what
+        for what, values in (("predictions", result.predictions), ("loss", result.loss))
+        if values is not None and not np.all(np.isfinite(values))
+    ]
     if broken:
         raise IncompatibleModelError(
             f"Your model's {' and '.join(broken)} on the first batch of your data are not finite (NaN or inf), "
             "before any recipe: its weights or that batch hold NaN or infinite values. Check "
             "np.isfinite(w).all() for w in model.get_weights() and the data; a speedup of a training that "
-            "computes NaN means nothing.")
+            "computes NaN means nothing."
+        )
     return result
 
 
@@ -230,13 +248,17 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                 raise IncompatibleModelError(
                     f"The optimized setup fails on the first batch although your model trains on it: "
                     f"{describe_error(error)}. Recipes applied: {_recipes(plan)}; leave them out one by one to "
-                    "find the one at fault, and report it to tfopt.") from error
+                    "find the one at fault, and report it to tfopt."
+                ) from error
             layer = failing_layer(error, model)
             if layer is None or layer.dtype_policy.name == "float32" or len(kept) == _MOST_LAYERS_KEPT:
                 where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "the model"
                 return _without_mixed_precision(
-                    built, baseline_policy, f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give "
-                    "that layer dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out")
+                    built,
+                    baseline_policy,
+                    f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give "
+                    "that layer dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out",
+                )
             layer.dtype_policy = "float32"
             kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
             continue
@@ -244,8 +266,9 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         if not checked.agrees and plan.dtype_policy != baseline_policy:
             return _without_mixed_precision(built, baseline_policy, str(checked))
         if not checked.agrees:
-            plan = plan.record("fidelity", f"{checked}: not from precision; check the recipes applied "
-                                           f"({_recipes(plan)})")
+            plan = plan.record(
+                "fidelity", f"{checked}: not from precision; check the recipes applied ({_recipes(plan)})"
+            )
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
         return dataclasses.replace(built, plan=plan)
@@ -256,10 +279,14 @@ def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Bu
     plan = built.plan
     steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
     # The pipeline the first build serves (from tf.data service workers, if any) feeds the rebuilt model too.
-    rebuilt = build(plan.replace(dtype_policy=baseline_policy, applied=steps, data_service=None).record(
-        "mixed_precision", f"left out: {why}", skipped=True))
-    return dataclasses.replace(rebuilt, dataset=built.dataset, service=built.service,
-                               plan=rebuilt.plan.replace(data_service=plan.data_service))
+    rebuilt = build(
+        plan.replace(dtype_policy=baseline_policy, applied=steps, data_service=None).record(
+            "mixed_precision", f"left out: {why}", skipped=True
+        )
+    )
+    return dataclasses.replace(
+        rebuilt, dataset=built.dataset, service=built.service, plan=rebuilt.plan.replace(data_service=plan.data_service)
+    )
 
 
 def _recipes(plan: Any) -> str:

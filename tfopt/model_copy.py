@@ -19,9 +19,17 @@ import types
 from typing import Any
 
 # What `compile()` creates on a model: dropped from a copy, which is compiled afresh.
-_TRAINER_STATE = ("optimizer", "train_function", "test_function", "predict_function",
-                  "_compile_loss", "_compile_metrics", "_loss_tracker", "_compile_config",
-                  "_compiled_trainable_state")
+_TRAINER_STATE = (
+    "optimizer",
+    "train_function",
+    "test_function",
+    "predict_function",
+    "_compile_loss",
+    "_compile_metrics",
+    "_loss_tracker",
+    "_compile_config",
+    "_compiled_trainable_state",
+)
 _ATOMIC = (types.FunctionType, types.MethodType, types.ModuleType, types.BuiltinFunctionType, type)
 
 
@@ -45,7 +53,7 @@ def copy_model(model: Any) -> Any:
     """
     dropped = {name: model.__dict__[name] for name in _TRAINER_STATE if name in model.__dict__}
     twin = copy_keras_object(model, leave_out=dropped)
-    twin.__dict__.update({name: None for name in dropped})
+    twin.__dict__.update(dict.fromkeys(dropped))
     if "compiled" in model.__dict__:
         twin.__dict__["compiled"] = False
     return twin

@@ -100,8 +100,12 @@ class TokenAndPositionEmbedding(layers.Layer):
         return (*input_shape, self.embed_dim)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "vocab_size": self.vocab_size,
-                "sequence_length": self.sequence_length, "embed_dim": self.embed_dim}
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "sequence_length": self.sequence_length,
+            "embed_dim": self.embed_dim,
+        }
 
 
 def text_transformer(
@@ -130,17 +134,27 @@ def text_transformer(
     Returns:
         An uncompiled functional `keras.Model` named "text_transformer".
     """
-    sizes = dict(sequence_length=sequence_length, vocab_size=vocab_size, classes=classes, embed_dim=embed_dim,
-                 num_heads=num_heads, ff_dim=ff_dim, num_layers=num_layers)
+    sizes = dict(
+        sequence_length=sequence_length,
+        vocab_size=vocab_size,
+        classes=classes,
+        embed_dim=embed_dim,
+        num_heads=num_heads,
+        ff_dim=ff_dim,
+        num_layers=num_layers,
+    )
     for size_name, size in sizes.items():
         _check_positive_ints(size_name, size)
     _check_rate("dropout", dropout)
     if embed_dim % num_heads:
-        raise ValueError(f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}: each head "
-                         f"gets embed_dim / num_heads dimensions. Use e.g. embed_dim={num_heads * 32}.")
+        raise ValueError(
+            f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}: each head "
+            f"gets embed_dim / num_heads dimensions. Use e.g. embed_dim={num_heads * 32}."
+        )
     inputs = keras.Input((sequence_length,), dtype="int32", name="tokens")
-    x = TokenAndPositionEmbedding(vocab_size=vocab_size, sequence_length=sequence_length,
-                                  embed_dim=embed_dim, name="embedding")(inputs)
+    x = TokenAndPositionEmbedding(
+        vocab_size=vocab_size, sequence_length=sequence_length, embed_dim=embed_dim, name="embedding"
+    )(inputs)
     for index in range(num_layers):
         attention = layers.MultiHeadAttention(num_heads, embed_dim // num_heads, name=f"attention{index}")(x, x)
         attention = layers.Dropout(dropout, name=f"attention_dropout{index}")(attention)
@@ -156,8 +170,9 @@ def text_transformer(
 MODELS: dict[str, Callable[..., keras.Model]] = {"small_cnn": small_cnn, "text_transformer": text_transformer}
 
 
-def resolve_model(name: str, *, search_paths: Sequence[str | os.PathLike] = (),
-                  import_code: bool = True) -> Callable[..., Any] | None:
+def resolve_model(
+    name: str, *, search_paths: Sequence[str | os.PathLike] = (), import_code: bool = True
+) -> Callable[..., Any] | None:
     """Finds the function that builds the model a recipe file names.
 
     Looked up in this order: an import path `package.module:function` (the only way a recipe file runs
@@ -197,7 +212,8 @@ def resolve_model(name: str, *, search_paths: Sequence[str | os.PathLike] = (),
     raise ValueError(
         f"Unknown model {name!r}.{hint} Expected a tfopt built-in ({', '.join(MODELS)}), a "
         f"keras.applications model (e.g. ResNet50, MobileNetV2, EfficientNetB0; `tfopt-recipe list` "
-        f"shows all), or an import path 'package.module:function'.")
+        f"shows all), or an import path 'package.module:function'."
+    )
 
 
 def application_names() -> list[str]:
@@ -206,19 +222,24 @@ def application_names() -> list[str]:
 
 
 def _application_names() -> list[str]:
-    return sorted(name for name in dir(keras.applications)
-                  if name[:1].isupper() and callable(getattr(keras.applications, name)))
+    return sorted(
+        name for name in dir(keras.applications) if name[:1].isupper() and callable(getattr(keras.applications, name))
+    )
 
 
 def _checked_module_name(path: str) -> str:
     """The module of an import path, refused where it is malformed or Python's standard library."""
     if not _IMPORT_PATH.match(path):
-        raise ValueError(f"{path!r} is not an import path: expected 'package.module:function' (dotted "
-                         "Python names, one colon), e.g. 'my_project.models:build_model'.")
+        raise ValueError(
+            f"{path!r} is not an import path: expected 'package.module:function' (dotted "
+            "Python names, one colon), e.g. 'my_project.models:build_model'."
+        )
     module_name = path.split(":")[0]
     if module_name.split(".")[0] in sys.stdlib_module_names:
-        raise ValueError(f"Model {path!r} names Python's standard library module {module_name!r}, which builds no "
-                         "model; name the function of your own module that returns a keras.Model.")
+        raise ValueError(
+            f"Model {path!r} names Python's standard library module {module_name!r}, which builds no "
+            "model; name the function of your own module that returns a keras.Model."
+        )
     return module_name
 
 
@@ -233,9 +254,10 @@ def _find_module(path: str, search_paths: Sequence[str | os.PathLike]) -> None:
         if spec is None:
             raise ValueError(
                 f"Cannot find module {module_name!r} of model {path!r}. The module must be installed, or live "
-                "next to the recipe file or in the working directory.")
+                "next to the recipe file or in the working directory."
+            )
         locations = list(spec.submodule_search_locations or [])
-    return None
+    return
 
 
 def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Callable[..., Any]:
@@ -247,29 +269,37 @@ def _import_callable(path: str, search_paths: Sequence[str | os.PathLike]) -> Ca
         except ModuleNotFoundError as error:
             if error.name is None or not (module_name == error.name or module_name.startswith(error.name + ".")):
                 # The module exists but itself imports something missing: say so, not "cannot import".
-                raise ValueError(f"Importing module {module_name!r} of model {path!r} raised "
-                                 f"ModuleNotFoundError: {error}") from error
+                raise ValueError(
+                    f"Importing module {module_name!r} of model {path!r} raised ModuleNotFoundError: {error}"
+                ) from error
             raise ValueError(
                 f"Cannot import module {module_name!r} of model {path!r}: {error}. The module must be "
-                "installed, or live next to the recipe file or in the working directory.") from error
-        except Exception as error:  # noqa: BLE001 - any error raised by the user's module is reported
-            raise ValueError(f"Importing module {module_name!r} of model {path!r} raised "
-                             f"{type(error).__name__}: {error}") from error
+                "installed, or live next to the recipe file or in the working directory."
+            ) from error
+        except Exception as error:
+            raise ValueError(
+                f"Importing module {module_name!r} of model {path!r} raised {type(error).__name__}: {error}"
+            ) from error
     target: Any = module
     for part in attribute_path.split("."):
         if not hasattr(target, part):
             public = [attribute for attribute in dir(target) if not attribute.startswith("_")]
             hint = did_you_mean(part, public)
-            raise ValueError(f"{getattr(target, '__name__', module_name)!r} has no attribute {part!r} "
-                             f"(model {path!r}).{hint}")
+            raise ValueError(
+                f"{getattr(target, '__name__', module_name)!r} has no attribute {part!r} (model {path!r}).{hint}"
+            )
         target = getattr(target, part)
     if not callable(target):
-        raise ValueError(f"Model {path!r} names a {type(target).__name__}, not a function: expected a "
-                         "function (or class) that returns a keras.Model.")
+        raise ValueError(
+            f"Model {path!r} names a {type(target).__name__}, not a function: expected a "
+            "function (or class) that returns a keras.Model."
+        )
     defined_in = str(getattr(target, "__module__", None) or "")
     if inspect.isbuiltin(target) or defined_in.split(".")[0] in sys.stdlib_module_names:
-        raise ValueError(f"Model {path!r} is {defined_in or 'a built-in'}.{getattr(target, '__name__', part)}, "
-                         "which builds no model; name the function of your own module that returns a keras.Model.")
+        raise ValueError(
+            f"Model {path!r} is {defined_in or 'a built-in'}.{getattr(target, '__name__', part)}, "
+            "which builds no model; name the function of your own module that returns a keras.Model."
+        )
     return target
 
 
@@ -292,11 +322,13 @@ def _softmax_head(x: Any, classes: int) -> Any:
 
 def _check_positive_ints(name: str, value: Any, *, length: int | None = None, sequence: bool = False) -> None:
     values = list(value) if sequence and isinstance(value, (list, tuple)) else [value]
-    valid = (not sequence or isinstance(value, (list, tuple))) and values and all(
-        isinstance(item, int) and not isinstance(item, bool) and item >= 1 for item in values)
+    valid = (
+        (not sequence or isinstance(value, (list, tuple)))
+        and values
+        and all(isinstance(item, int) and not isinstance(item, bool) and item >= 1 for item in values)
+    )
     if not valid or (length is not None and len(values) != length):
-        expected = (f"a list of {length or 'one or more'} positive integers" if sequence
-                    else "a positive integer")
+        expected = f"a list of {length or 'one or more'} positive integers" if sequence else "a positive integer"
         raise ValueError(f"{name}: expected {expected}; received {value!r}.")
 
 

@@ -20,8 +20,8 @@ from tfopt.fidelity import first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan, put_tf32_in_force
 from tfopt.profiling import capture
-from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
 
 _log = logging.getLogger("tfopt")
@@ -98,9 +98,14 @@ class ApplyResult:
 
         if self.before_profile is None or self.after_profile is None:
             raise MeasurementError("No profiles to report: call tfopt.apply(..., profile=True).")
-        return compare(self.before_profile, self.after_profile, applied=self.plan.applied,
-                       price_per_hour=price_per_hour, steps_per_epoch=steps_per_epoch,
-                       speedup_rounds=self.speedup_rounds)
+        return compare(
+            self.before_profile,
+            self.after_profile,
+            applied=self.plan.applied,
+            price_per_hour=price_per_hour,
+            steps_per_epoch=steps_per_epoch,
+            speedup_rounds=self.speedup_rounds,
+        )
 
     @property
     def speedup_range(self) -> tuple[float, float] | None:
@@ -124,8 +129,11 @@ class ApplyResult:
             "strategy": self.plan.strategy,
             "before": self.before.to_dict() if self.before else None,
             "after": self.after.to_dict() if self.after else None,
-            "metrics": ({side: self._metrics(side).to_dict() for side in ("before", "after")}
-                        if self.before and self.after else None),
+            "metrics": (
+                {side: self._metrics(side).to_dict() for side in ("before", "after")}
+                if self.before and self.after
+                else None
+            ),
             "speedup": self.speedup,
             "speedup_rounds": list(self.speedup_rounds),
             "tuning": self.tuning.to_dict() if self.tuning else None,
@@ -137,8 +145,10 @@ class ApplyResult:
         if self.before is None or self.after is None:
             return f"applied {len(self.plan.applied)} recipe steps (not measured)"
         ratio = f"{self.speedup:.2f}x" + (describe_rounds(self.speedup_rounds) if self.speedup_rounds else "")
-        return (f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
-                f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}")
+        return (
+            f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
+            f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}"
+        )
 
     def _metrics(self, side: str) -> Metrics:
         profile = getattr(self, f"{side}_profile")
@@ -149,11 +159,16 @@ class ApplyResult:
         return f"ApplyResult({self.summary()}; model={self.model.name!r}, {self.plan!r})"
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(step.recipe)}</td><td>{'skipped' if step.skipped else 'applied'}"
-                       f"</td><td>{html.escape(step.detail)}</td></tr>" for step in self.plan.applied)
-        return (f"<div><b>tfopt</b>: {html.escape(self.summary())}<br>"
-                f"<small>{html.escape(self.plan.hardware.describe())}</small>"
-                f"<table><tr><th>recipe</th><th></th><th>what and why</th></tr>{rows}</table></div>")
+        rows = "".join(
+            f"<tr><td>{html.escape(step.recipe)}</td><td>{'skipped' if step.skipped else 'applied'}"
+            f"</td><td>{html.escape(step.detail)}</td></tr>"
+            for step in self.plan.applied
+        )
+        return (
+            f"<div><b>tfopt</b>: {html.escape(self.summary())}<br>"
+            f"<small>{html.escape(self.plan.hardware.describe())}</small>"
+            f"<table><tr><th>recipe</th><th></th><th>what and why</th></tr>{rows}</table></div>"
+        )
 
 
 def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
@@ -171,12 +186,16 @@ def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
     if recipes == "default":
         return chain(DataPipeline(), MixedPrecision(), Xla())
     if recipes == "auto":
-        raise RecipeConfigError("recipes='auto' is decided by timing trials of the model on its data, so it has "
-                                "no fixed recipe list: pass it to tfopt.apply(model, dataset, recipes='auto'), or "
-                                "call tfopt.auto.tune(plan).")
+        raise RecipeConfigError(
+            "recipes='auto' is decided by timing trials of the model on its data, so it has "
+            "no fixed recipe list: pass it to tfopt.apply(model, dataset, recipes='auto'), or "
+            "call tfopt.auto.tune(plan)."
+        )
     if isinstance(recipes, str) or not isinstance(recipes, Sequence):
-        raise RecipeConfigError(f"recipes={recipes!r} is not valid. Pass 'default', 'auto', a recipe, or a list "
-                                "of recipes (objects, names, or {name: {settings}} items).")
+        raise RecipeConfigError(
+            f"recipes={recipes!r} is not valid. Pass 'default', 'auto', a recipe, or a list "
+            "of recipes (objects, names, or {name: {settings}} items)."
+        )
     return chain(*(item if isinstance(item, Recipe) else from_item(item) for item in recipes))
 
 
@@ -186,7 +205,7 @@ def apply(
     recipes: str | Recipe | Sequence[Any] = "default",
     *,
     model_fn: Callable[[], Any] | None = None,
-    compile: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors keras' compile()
+    compile: Mapping[str, Any] | None = None,
     batch_size: int | None = None,
     steps: int = 20,
     warmup_steps: int = 5,
@@ -246,25 +265,42 @@ def apply(
     source = None
     if _is_source(dataset):
         if not batch_size:
-            raise DataError("A tfopt.data source was passed as the dataset: give batch_size= so tfopt can "
-                            "build the pipeline.")
+            raise DataError(
+                "A tfopt.data source was passed as the dataset: give batch_size= so tfopt can build the pipeline."
+            )
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
     if recipe is not None:
         recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
     try:
-        return _applied(baseline, recipe, measuring=measure_speed or profile, verifying=_decided_by_hardware(recipe),
-                        tune_budget_seconds=tune_budget_seconds,
-                        on_tune_progress=on_tune_progress, profile=profile, steps=steps, warmup_steps=warmup_steps,
-                        hardware=hardware, logdir=logdir)
+        return _applied(
+            baseline,
+            recipe,
+            measuring=measure_speed or profile,
+            verifying=_decided_by_hardware(recipe),
+            tune_budget_seconds=tune_budget_seconds,
+            on_tune_progress=on_tune_progress,
+            profile=profile,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            hardware=hardware,
+            logdir=logdir,
+        )
     except BaseException:
         put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
         raise
 
 
-def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifying: frozenset[str],
-             tune_budget_seconds: float,
-             on_tune_progress: Callable[[Any], None] | None, **evidence: Any) -> ApplyResult:
+def _applied(
+    baseline: Plan,
+    recipe: Recipe | None,
+    *,
+    measuring: bool,
+    verifying: frozenset[str],
+    tune_budget_seconds: float,
+    on_tune_progress: Callable[[Any], None] | None,
+    **evidence: Any,
+) -> ApplyResult:
     """`apply` from the baseline plan on: trials, builds, the first-batch check and measurements (recipe None:
     "auto"). The optimized setup runs the first batch before anything is measured, so a recipe that breaks
     the model is left out (or the error raised) before minutes of measuring are spent."""
@@ -279,8 +315,7 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
     if recipe is None:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
         from tfopt.auto import tune
 
-        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress,
-                      built=built_baseline)
+        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress, built=built_baseline)
         optimized = tuning.plan
     else:  # timed trials (a batch-size search) run here, never in a recipe call
         recipe, optimized = recipe.measured_and_applied(baseline)
@@ -303,9 +338,11 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
                 # The offload as the build made it (it may have left the pipeline local), said as it said it.
                 offload_steps = tuple(step for step in built.plan.applied if step.recipe == "data_service")
                 plan = optimized.with_compile(jit_compile=built_baseline.plan.jit_compile).replace(
-                    dtype_policy=built_baseline.plan.dtype_policy, tf32=built_baseline.plan.tf32,
+                    dtype_policy=built_baseline.plan.dtype_policy,
+                    tf32=built_baseline.plan.tf32,
                     data_service=built.plan.data_service,
-                    applied=tuple(step for step in optimized.applied if step.recipe != "data_service") + offload_steps)
+                    applied=tuple(step for step in optimized.applied if step.recipe != "data_service") + offload_steps,
+                )
                 # Offloaded, the pipeline is the one stream the service serves (one cluster, one job for both).
                 dataset = built.dataset if built.plan.data_service is not None else optimized.dataset
                 without = dataclasses.replace(built_baseline, dataset=dataset, plan=plan, service=built.service)
@@ -317,16 +354,29 @@ def _applied(baseline: Plan, recipe: Recipe | None, *, measuring: bool, verifyin
             before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
             rounds = side_by_side.ratios(after_index, 0)
             if evidence["profile"]:
-                before_profile, after_profile = (_profiled(side, name, measured, **evidence) for side, name, measured
-                                                 in ((built_baseline, "before", before), (built, "after", after)))
+                before_profile, after_profile = (
+                    _profiled(side, name, measured, **evidence)
+                    for side, name, measured in ((built_baseline, "before", before), (built, "after", after))
+                )
             put_tf32_in_force(built.plan.tf32)  # the model handed back trains under its own setting
     except BaseException:
         built.close()
         raise
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
-    return ApplyResult(model=built.model, dataset=built.dataset, strategy=built.strategy, plan=built.plan,
-                       baseline_plan=baseline, before=before, after=after, before_profile=before_profile,
-                       after_profile=after_profile, tuning=tuning, speedup_rounds=rounds, service=built.service)
+    return ApplyResult(
+        model=built.model,
+        dataset=built.dataset,
+        strategy=built.strategy,
+        plan=built.plan,
+        baseline_plan=baseline,
+        before=before,
+        after=after,
+        before_profile=before_profile,
+        after_profile=after_profile,
+        tuning=tuning,
+        speedup_rounds=rounds,
+        service=built.service,
+    )
 
 
 def _decided_by_hardware(recipe: Recipe | None) -> frozenset[str]:
@@ -336,9 +386,12 @@ def _decided_by_hardware(recipe: Recipe | None) -> frozenset[str]:
     from tfopt.recipes import MixedPrecision, Xla
 
     recipes = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
-    return frozenset(item.name for item in recipes
-                     if (isinstance(item, MixedPrecision) and item.policy == "auto")
-                     or (isinstance(item, Xla) and item.jit_compile == "auto"))
+    return frozenset(
+        item.name
+        for item in recipes
+        if (isinstance(item, MixedPrecision) and item.policy == "auto")
+        or (isinstance(item, Xla) and item.jit_compile == "auto")
+    )
 
 
 def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
@@ -354,8 +407,10 @@ def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
 def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratios: tuple[float, ...]) -> Any:
     """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
     median, low, high = spread(ratios)
-    measured = (f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(ratios)} rounds against the same setup "
-                f"without {' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})")
+    measured = (
+        f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(ratios)} rounds against the same setup "
+        f"without {' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})"
+    )
     if low > 1.0:
         plan = built.plan
         for name in recipes:
@@ -371,25 +426,52 @@ def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratios: tuple[
     return dataclasses.replace(without, plan=plan)
 
 
-def _measured_side_by_side(sides: list[Any], *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware,
-                           logdir: str | None) -> Any:
+def _measured_side_by_side(
+    sides: list[Any], *, profile: bool, steps: int, warmup_steps: int, hardware: Hardware, logdir: str | None
+) -> Any:
     """Measures the setups in alternating rounds, each under its own TF32 setting."""
     from tfopt.profiling.measurement import Side, measure_side_by_side
 
     _log.info("measuring %d setups side by side (%d warm-up + %d steps each)", len(sides), warmup_steps, steps)
     return measure_side_by_side(
-        [Side(side.model, side.dataset, side.plan.batch_size,
-              before_round=functools.partial(put_tf32_in_force, side.plan.tf32)) for side in sides],
-        steps=steps, warmup_steps=warmup_steps, hardware=hardware)
+        [
+            Side(
+                side.model,
+                side.dataset,
+                side.plan.batch_size,
+                before_round=functools.partial(put_tf32_in_force, side.plan.tf32),
+            )
+            for side in sides
+        ],
+        steps=steps,
+        warmup_steps=warmup_steps,
+        hardware=hardware,
+    )
 
 
-def _profiled(built: Any, side: str, measurement: Measurement, *, profile: bool, steps: int, warmup_steps: int,
-              hardware: Hardware, logdir: str | None) -> capture.Profile:
+def _profiled(
+    built: Any,
+    side: str,
+    measurement: Measurement,
+    *,
+    profile: bool,
+    steps: int,
+    warmup_steps: int,
+    hardware: Hardware,
+    logdir: str | None,
+) -> capture.Profile:
     """A TF Profiler capture of one side ("before" or "after"), analysed and diagnosed with its measurement."""
     put_tf32_in_force(built.plan.tf32)  # trials built since this model was may have switched TF32
     _log.info("profiling %s (%d warm-up + %d steps under the TF Profiler)", side, warmup_steps, steps)
-    profiled = capture.profile(built.model, built.dataset, steps=steps, warmup_steps=warmup_steps, hardware=hardware,
-                               logdir=f"{logdir}/{side}" if logdir else None, measurement=measurement)
+    profiled = capture.profile(
+        built.model,
+        built.dataset,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        hardware=hardware,
+        logdir=f"{logdir}/{side}" if logdir else None,
+        measurement=measurement,
+    )
     if built.plan.data_service is None:
         return profiled
     return dataclasses.replace(profiled, served_bytes_per_batch=built.plan.data_service.batch_bytes)

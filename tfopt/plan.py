@@ -113,9 +113,11 @@ class Plan:
         # The generated repr printed the sample batch (a whole image tensor), the dataset and the model:
         # show the decisions instead.
         steps = "".join(f"\n  {step}" for step in self.applied)
-        return (f"Plan(batch_size={self.batch_size}, dtype_policy={self.dtype_policy!r}, "
-                f"jit_compile={self.jit_compile}, strategy={self.strategy!r}, "
-                f"hardware={self.hardware.describe()!r}, applied={len(self.applied)} steps){steps}")
+        return (
+            f"Plan(batch_size={self.batch_size}, dtype_policy={self.dtype_policy!r}, "
+            f"jit_compile={self.jit_compile}, strategy={self.strategy!r}, "
+            f"hardware={self.hardware.describe()!r}, applied={len(self.applied)} steps){steps}"
+        )
 
     def replace(self, **changes: Any) -> Plan:
         """Returns a copy with `changes` applied (a thin `dataclasses.replace`)."""
@@ -135,7 +137,7 @@ class Plan:
             step = self.applied[index]
             if step.recipe == recipe and not step.skipped:
                 amended = dataclasses.replace(step, detail=f"{step.detail}; {detail}")
-                return self.replace(applied=(*self.applied[:index], amended, *self.applied[index + 1:]))
+                return self.replace(applied=(*self.applied[:index], amended, *self.applied[index + 1 :]))
         return self.record(recipe, detail)
 
 
@@ -145,7 +147,7 @@ def make_plan(
     *,
     hardware: Hardware,
     model_fn: Callable[[], Any] | None = None,
-    compile: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors keras' compile()
+    compile: Mapping[str, Any] | None = None,
     source: Any = None,
 ) -> Plan:
     """Turns the user's model and dataset into the first Plan, the honest baseline.
@@ -177,18 +179,21 @@ def make_plan(
     import tensorflow as tf
 
     if model is None and model_fn is None:
-        raise IncompatibleModelError("Received model=None and no model_fn: pass a Keras model, or a "
-                                     "model_fn that creates one.")
+        raise IncompatibleModelError(
+            "Received model=None and no model_fn: pass a Keras model, or a model_fn that creates one."
+        )
     if model is not None and not isinstance(model, keras.Model):
         raise IncompatibleModelError(
             f"Expected a keras.Model, received {type(model).__module__}.{type(model).__name__}. "
             "tfopt works on Keras 3 models: build your model with `keras` (not `tf.keras` from "
-            "Keras 2 or another framework) and pass it, or pass model_fn=a function that creates it.")
+            "Keras 2 or another framework) and pass it, or pass model_fn=a function that creates it."
+        )
     if not isinstance(dataset, tf.data.Dataset):
         raise DataError(
             f"Expected a tf.data.Dataset, received {type(dataset).__module__}.{type(dataset).__name__}. "
             "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), or pass a "
-            "tfopt.data source.")
+            "tfopt.data source."
+        )
     compile_objects = _compile_objects(model, compile)
     sample_inputs = _first_inputs(dataset)
     tf32 = users_tf32_setting()
@@ -251,9 +256,11 @@ def put_tf32_in_force(tf32: bool) -> None:
 def tf32_note(hardware: Hardware) -> str:
     """What float32 means on a GPU with TF32, for the plan and the report."""
     major, minor = hardware.min_compute_capability
-    return (f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow runs "
-            "float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE "
-            "float32")
+    return (
+        f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow runs "
+        "float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE "
+        "float32"
+    )
 
 
 def _compile_objects(model: Any, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -262,14 +269,16 @@ def _compile_objects(model: Any, compile_kwargs: Mapping[str, Any] | None) -> di
         if "optimizer" not in compile_kwargs:
             raise IncompatibleModelError(
                 f"compile= needs at least 'optimizer' (and 'loss' unless the model computes its own); received "
-                f"keys {sorted(compile_kwargs)}.")
+                f"keys {sorted(compile_kwargs)}."
+            )
         return dict(compile_kwargs)
     given = getattr(model, "_compile_config", None) if model is not None and model.compiled else None
     if given is None:
         raise IncompatibleModelError(
             "The model is not compiled, so tfopt does not know the optimizer and loss to train with. "
             "Call model.compile(optimizer=..., loss=...) first, or pass compile=dict(optimizer=..., "
-            "loss=..., metrics=...) to tfopt.apply.")
+            "loss=..., metrics=...) to tfopt.apply."
+        )
     return dict(given.config)
 
 
@@ -289,15 +298,18 @@ def _first_inputs(dataset: Any) -> Any:
     try:
         element = next(iter(dataset.take(1)))
     except StopIteration:
-        raise DataError("The dataset is empty: it yielded no batch. Check the files or arrays it reads "
-                        "(and that .batch(..., drop_remainder=True) leaves at least one batch).") from None
+        raise DataError(
+            "The dataset is empty: it yielded no batch. Check the files or arrays it reads "
+            "(and that .batch(..., drop_remainder=True) leaves at least one batch)."
+        ) from None
     except tf.errors.OpError as error:
         raise DataError(f"Reading the first batch of the dataset failed: {error.message}") from error
     if isinstance(element, tuple) and len(element) > 3:
         raise DataError(
             f"A dataset element is a tuple of {len(element)}; Keras' fit() takes inputs, (inputs, targets) or "
             "(inputs, targets, sample_weights). Put several inputs in one list or dict: "
-            "dataset.map(lambda a, b, c, y: ((a, b, c), y)).")
+            "dataset.map(lambda a, b, c, y: ((a, b, c), y))."
+        )
     return keras.utils.unpack_x_y_sample_weight(element)[0]
 
 

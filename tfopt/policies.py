@@ -36,10 +36,18 @@ def dtype_policy_scope(policy: str) -> Iterator[None]:
 
 # Layers that read integers (ids, indices, categories, strings) or raw features: under a mixed policy Keras
 # casts a layer's floating inputs to 16 bits before `call`, which rounds ids above 256 in bfloat16.
-_READS_IDS_OR_RAW_FEATURES = ("layers.Embedding", "layers.StringLookup", "layers.IntegerLookup",
-                              "layers.CategoryEncoding", "layers.Hashing", "layers.HashedCrossing",
-                              "layers.Discretization", "layers.Normalization", "layers.TextVectorization",
-                              "utils.FeatureSpace")
+_READS_IDS_OR_RAW_FEATURES = (
+    "layers.Embedding",
+    "layers.StringLookup",
+    "layers.IntegerLookup",
+    "layers.CategoryEncoding",
+    "layers.Hashing",
+    "layers.HashedCrossing",
+    "layers.Discretization",
+    "layers.Normalization",
+    "layers.TextVectorization",
+    "utils.FeatureSpace",
+)
 
 
 def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
@@ -75,20 +83,27 @@ def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
     import keras
 
     defaults = {"float32", model_dtype_policy(model)}
-    layers = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
-              if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults]
+    layers = [
+        layer
+        for layer in model._flatten_layers(include_self=True, recursive=True)
+        if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults
+    ]
     kept: dict[str, list[Any]] = {}
     if policy in ("mixed_float16", "mixed_bfloat16"):
         reading = _holding_id_readers(model)
         outputs = _output_layers(model, sample_inputs)
-        kept = {"reading ids or raw features": [layer for layer in layers if id(layer) in reading],
-                "producing the outputs": [layer for layer in layers if id(layer) in outputs
-                                          and id(layer) not in reading]}
+        kept = {
+            "reading ids or raw features": [layer for layer in layers if id(layer) in reading],
+            "producing the outputs": [layer for layer in layers if id(layer) in outputs and id(layer) not in reading],
+        }
     float32 = {id(layer) for group in kept.values() for layer in group}
     for layer in layers:
         layer.dtype_policy = "float32" if id(layer) in float32 else policy
-    return [f"{why}: {', '.join(_describe(layer) for layer in group if layer is not model) or 'the model itself'}"
-            for why, group in kept.items() if group]
+    return [
+        f"{why}: {', '.join(_describe(layer) for layer in group if layer is not model) or 'the model itself'}"
+        for why, group in kept.items()
+        if group
+    ]
 
 
 def _describe(layer: Any) -> str:
@@ -99,8 +114,10 @@ def _holding_id_readers(model: Any) -> set[int]:
     """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
     import keras
 
-    readers = tuple(getattr(getattr(keras, module), name)
-                    for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES))
+    readers = tuple(
+        getattr(getattr(keras, module), name)
+        for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES)
+    )
     holding: set[int] = set()
 
     def visit(layer: Any) -> bool:
@@ -144,6 +161,7 @@ def _output_layers(model: Any, sample_inputs: Any) -> set[int]:
             for tensor in tf.nest.flatten(result):
                 made_by.setdefault(id(tensor), layer)
             return result
+
         return record
 
     for layer in sublayers:

@@ -28,8 +28,8 @@ _RECIPES = {
 # Names that were recipes and are settings of the process now (`tfopt.runtime`): what to write instead.
 _PROCESS_SETTINGS = {
     "gpu_memory": "gpu_memory is a setting of the process, not a recipe: TensorFlow fixes it before any plan "
-                  "exists. In a recipe file write `runtime: {gpu_memory_growth: true}` (or gpu_memory_limit_bytes: "
-                  "N); in Python call tfopt.runtime.configure_gpu_memory(growth=True) at the top of the script.",
+    "exists. In a recipe file write `runtime: {gpu_memory_growth: true}` (or gpu_memory_limit_bytes: "
+    "N); in Python call tfopt.runtime.configure_gpu_memory(growth=True) at the top of the script.",
 }
 
 
@@ -62,8 +62,9 @@ def get(name: str) -> type:
     if name in _PROCESS_SETTINGS:
         raise RecipeConfigError(_PROCESS_SETTINGS[name])
     if name not in _RECIPES:
-        raise RecipeConfigError(f"Unknown recipe {name!r}.{did_you_mean(str(name), _RECIPES)} "
-                                f"Known recipes: {', '.join(names())}.")
+        raise RecipeConfigError(
+            f"Unknown recipe {name!r}.{did_you_mean(str(name), _RECIPES)} Known recipes: {', '.join(names())}."
+        )
     module, _, cls = _RECIPES[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -93,19 +94,27 @@ def from_item(item: Any) -> Any:
         ((name, settings),) = item.items()
         settings, settings_path = ({} if settings is None else settings), (name,)
     else:
-        raise RecipeItemError(f"received {item!r}; expected a recipe name or a one-key mapping "
-                              "{name: {settings}}, e.g. `- xla` or `- mixed_precision: {policy: auto}`")
+        raise RecipeItemError(
+            f"received {item!r}; expected a recipe name or a one-key mapping "
+            "{name: {settings}}, e.g. `- xla` or `- mixed_precision: {policy: auto}`"
+        )
     try:
         cls = get(name)
     except RecipeConfigError as error:
         raise RecipeItemError(str(error)) from None
     if not isinstance(settings, dict):
-        raise RecipeItemError(f"{name}: received {settings!r}; expected a mapping of settings, e.g. "
-                              f"`- {name}: {{setting: value}}` or just `- {name}`", settings_path)
+        raise RecipeItemError(
+            f"{name}: received {settings!r}; expected a mapping of settings, e.g. "
+            f"`- {name}: {{setting: value}}` or just `- {name}`",
+            settings_path,
+        )
     valid = settings_of(cls)
     for key in settings:
         if key not in valid:
-            raise RecipeItemError(f"{name}: unknown setting {key!r} (received {key}: {settings[key]!r})."
-                                  f"{did_you_mean(str(key), valid)} Valid "
-                                  f"settings: {', '.join(valid) or '(none)'}.", (*settings_path, key))
+            raise RecipeItemError(
+                f"{name}: unknown setting {key!r} (received {key}: {settings[key]!r})."
+                f"{did_you_mean(str(key), valid)} Valid "
+                f"settings: {', '.join(valid) or '(none)'}.",
+                (*settings_path, key),
+            )
     return cls(**settings)

@@ -27,12 +27,14 @@ from tfopt.errors import RecipeConfigError
 
 _log = logging.getLogger("tfopt")
 
-_TOO_LATE = ("GPU memory settings must be made before TensorFlow initialises the GPUs (its first op or "
-             "device query), and this process already did. Call tfopt.runtime.configure_gpu_memory({args}) at the "
-             "top of your script, before building models or datasets; in a notebook, restart the kernel and call it "
-             "in the first cell. Or set the environment variable TF_FORCE_GPU_ALLOW_GROWTH=true before Python "
-             "starts (for memory growth), or write the setting under `runtime:` in the recipe file: "
-             "`tfopt-recipe run` applies it first.")
+_TOO_LATE = (
+    "GPU memory settings must be made before TensorFlow initialises the GPUs (its first op or "
+    "device query), and this process already did. Call tfopt.runtime.configure_gpu_memory({args}) at the "
+    "top of your script, before building models or datasets; in a notebook, restart the kernel and call it "
+    "in the first cell. Or set the environment variable TF_FORCE_GPU_ALLOW_GROWTH=true before Python "
+    "starts (for memory growth), or write the setting under `runtime:` in the recipe file: "
+    "`tfopt-recipe run` applies it first."
+)
 
 
 def configure_gpu_memory(*, growth: bool = True, limit_bytes: int | None = None) -> list[str]:
@@ -64,12 +66,15 @@ def configure_gpu_memory(*, growth: bool = True, limit_bytes: int | None = None)
         try:
             if limit_bytes is not None:
                 tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_bytes // 2**20)])  # in MiB
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_bytes // 2**20)]
+                )  # in MiB
             else:
                 tf.config.experimental.set_memory_growth(gpu, growth)
         except RuntimeError as error:
-            raise RecipeConfigError(f"gpu_memory: TensorFlow refused the setting ({error}). " + _TOO_LATE.format(
-                args=f"growth={growth}, limit_bytes={limit_bytes}")) from error
+            raise RecipeConfigError(
+                f"gpu_memory: TensorFlow refused the setting ({error}). "
+                + _TOO_LATE.format(args=f"growth={growth}, limit_bytes={limit_bytes}")
+            ) from error
     return [gpu.name for gpu in gpus]
 
 
@@ -87,15 +92,21 @@ def check_gpu_memory(*, growth: Any, limit_bytes: Any) -> None:
     """
     if not isinstance(growth, bool):
         raise RecipeConfigError(f"gpu_memory: growth={growth!r}. Expected true or false.", setting="growth")
-    if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int)
-                                    or limit_bytes < 2**20):
-        raise RecipeConfigError(f"gpu_memory: limit_bytes={limit_bytes!r}. Expected a number of bytes of at least "
-                                "1 MiB (e.g. 4294967296 for 4 GiB), or null for no limit.", setting="limit_bytes")
+    if limit_bytes is not None and (
+        isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 2**20
+    ):
+        raise RecipeConfigError(
+            f"gpu_memory: limit_bytes={limit_bytes!r}. Expected a number of bytes of at least "
+            "1 MiB (e.g. 4294967296 for 4 GiB), or null for no limit.",
+            setting="limit_bytes",
+        )
     if growth and limit_bytes is not None:
         raise RecipeConfigError(
             f"gpu_memory: growth=True and limit_bytes={limit_bytes} exclude each other (TensorFlow refuses memory "
             "growth on a device with a memory limit). Set growth false to cap memory, or drop limit_bytes to grow "
-            "as needed.", setting="growth")
+            "as needed.",
+            setting="growth",
+        )
 
 
 def gpu_memory_in_force(*, growth: bool, limit_bytes: int | None) -> bool:
@@ -134,5 +145,8 @@ def join_cluster(*, communication_timeout_seconds: float | None) -> Any | None:
     if cluster.launcher not in ("tf_config", "slurm") or cluster.num_workers < 2:
         return None
     _log.info("joining the cluster: %s", cluster.reason)
-    return make_strategy("multi_worker", communication_timeout_seconds=communication_timeout_seconds,
-                         cluster_resolver="slurm" if cluster.launcher == "slurm" else "tf_config")
+    return make_strategy(
+        "multi_worker",
+        communication_timeout_seconds=communication_timeout_seconds,
+        cluster_resolver="slurm" if cluster.launcher == "slurm" else "tf_config",
+    )

@@ -30,12 +30,13 @@ def closest(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str | 
     match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=cutoff)
     if match:
         return lowered[match[0]]
-    return next((choice for choice in choices
-                 if len(word) >= 3 and (choice.startswith(word) or word.startswith(choice))), None)
+    return next(
+        (choice for choice in choices if len(word) >= 3 and (choice.startswith(word) or word.startswith(choice))), None
+    )
 
 
 def did_you_mean(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str:
-    """" Did you mean 'name'?" for the closest known name, or "" (to append to a message).
+    """ " Did you mean 'name'?" for the closest known name, or "" (to append to a message).
 
     Example:
         >>> did_you_mean("xal", ["xla", "batch_size"])

@@ -19,8 +19,9 @@ def test_input_bound_bf16_cpu():
 def test_not_input_bound_plain_cpu_tries_only_xla():
     chosen = choose_candidates(FAKE_HARDWARE["cpu_plain"], input_efficiency=0.97)
     assert list(chosen.recipes) == ["xla"]
-    assert chosen.not_tried["data_pipeline"] == ("not input-bound: real training reaches 97% of the compute-only "
-                                                 "ceiling")
+    assert chosen.not_tried["data_pipeline"] == (
+        "not input-bound: real training reaches 97% of the compute-only ceiling"
+    )
     assert "lacks bfloat16 instructions" in chosen.not_tried["mixed_precision"]
 
 
@@ -29,9 +30,16 @@ def test_v100_tries_float16():
 
 
 def test_diagnosis_decides_input_boundness_and_names_recipes_it_cannot_compare():
-    starved = StepBreakdown(source="trace", hardware_type="GPU", step_seconds=(0.1,), input_seconds=0.01,
-                            device_compute_seconds=0.02, other_seconds=0.07, device_busy_seconds=0.02,
-                            xla_kernel_percent=100.0)
+    starved = StepBreakdown(
+        source="trace",
+        hardware_type="GPU",
+        step_seconds=(0.1,),
+        input_seconds=0.01,
+        device_compute_seconds=0.02,
+        other_seconds=0.07,
+        device_busy_seconds=0.02,
+        xla_kernel_percent=100.0,
+    )
     diagnosis = diagnose_breakdown(starved, FAKE_HARDWARE["a100"])
     chosen = choose_candidates(FAKE_HARDWARE["a100"], input_efficiency=0.95, diagnosis=diagnosis)
     assert list(chosen.recipes) == ["data_pipeline", "mixed_bfloat16", "xla"]
@@ -44,12 +52,28 @@ def test_a_parallel_pipeline_on_a_saturated_host_tries_local_service_workers():
     on a 2-core host, one and two from 4 cores on, settings of one recipe that search never combines."""
     import dataclasses
 
-    starved = StepBreakdown(source="trace", hardware_type="GPU", step_seconds=(0.1,), input_seconds=0.04,
-                            device_compute_seconds=0.02, other_seconds=0.04, device_busy_seconds=0.02,
-                            xla_kernel_percent=100.0)
+    starved = StepBreakdown(
+        source="trace",
+        hardware_type="GPU",
+        step_seconds=(0.1,),
+        input_seconds=0.04,
+        device_compute_seconds=0.02,
+        other_seconds=0.04,
+        device_busy_seconds=0.02,
+        xla_kernel_percent=100.0,
+    )
     diagnosis = diagnose_breakdown(starved, FAKE_HARDWARE["a100"])
-    host_limited = PipelineStages(stages=(), batches=4, cpu_count=16, bottleneck=None, margin=None,
-                                  host_limited=True, recipe="data_service", fix="the host is the limit", notes=())
+    host_limited = PipelineStages(
+        stages=(),
+        batches=4,
+        cpu_count=16,
+        bottleneck=None,
+        margin=None,
+        host_limited=True,
+        recipe="data_service",
+        fix="the host is the limit",
+        notes=(),
+    )
     offload = dataclasses.replace(diagnosis, hotspots=Hotspots(stages=host_limited, layers=None))
     two_cores = dataclasses.replace(FAKE_HARDWARE["cpu_bf16"], cpu_count=2)
     chosen = choose_candidates(two_cores, input_efficiency=0.5, diagnosis=offload)
@@ -61,7 +85,13 @@ def test_a_parallel_pipeline_on_a_saturated_host_tries_local_service_workers():
     plain = choose_candidates(two_cores, input_efficiency=0.5, diagnosis=diagnosis)
     assert not any(label.startswith("data_service") for label in plain.recipes)
     assert plain.not_tried["data_service"] == "the input pipeline was not read stage by stage (no profile)"
-    sequential = dataclasses.replace(offload, hotspots=Hotspots(
-        stages=dataclasses.replace(host_limited, host_limited=False, recipe="data_pipeline"), layers=None))
-    assert "not yet parallel" in choose_candidates(two_cores, input_efficiency=0.5,
-                                                   diagnosis=sequential).not_tried["data_service"]
+    sequential = dataclasses.replace(
+        offload,
+        hotspots=Hotspots(
+            stages=dataclasses.replace(host_limited, host_limited=False, recipe="data_pipeline"), layers=None
+        ),
+    )
+    assert (
+        "not yet parallel"
+        in choose_candidates(two_cores, input_efficiency=0.5, diagnosis=sequential).not_tried["data_service"]
+    )

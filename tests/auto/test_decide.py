@@ -50,8 +50,13 @@ def test_loss_deviation_is_the_largest_step_difference_relative_to_the_loss_scal
 
 
 def test_faster_beyond_noise_with_sound_numerics_is_kept():
-    verdict = judge(trial(0.08, losses=(2.0, 1.81, 1.6, 1.5)), reference_examples_per_second=160.0,
-                    reference_losses=LOSSES, noise=0.05, loss_tolerance=0.02)
+    verdict = judge(
+        trial(0.08, losses=(2.0, 1.81, 1.6, 1.5)),
+        reference_examples_per_second=160.0,
+        reference_losses=LOSSES,
+        noise=0.05,
+        loss_tolerance=0.02,
+    )
     assert verdict.kept and verdict.ratio == pytest.approx(1.25)
     assert verdict.loss_deviation == pytest.approx(0.01 / 2.0)  # relative to the largest baseline loss
     assert verdict.reason == "kept: 1.25x baseline, loss within 0.50%"
@@ -76,25 +81,42 @@ def test_slower_is_rejected_with_the_ratio():
 
 def test_faster_but_broken_numerics_is_rejected():
     broken = trial(0.05, losses=(2.0, 1.8, 2.4, 3.1))
-    verdict = judge(broken, reference_examples_per_second=160.0, reference_losses=LOSSES, noise=0.03,
-                    loss_tolerance=0.02)
+    verdict = judge(
+        broken, reference_examples_per_second=160.0, reference_losses=LOSSES, noise=0.03, loss_tolerance=0.02
+    )
     assert not verdict.kept and not verdict.numerics_ok and verdict.ratio == pytest.approx(2.0)
     assert "loss differs 80.0% from float32" in verdict.reason
 
 
 def test_nan_loss_is_rejected():
-    verdict = judge(trial(0.05, losses=(2.0, math.nan, math.nan, math.nan)), reference_examples_per_second=160.0,
-                    reference_losses=LOSSES, noise=0.03)
+    verdict = judge(
+        trial(0.05, losses=(2.0, math.nan, math.nan, math.nan)),
+        reference_examples_per_second=160.0,
+        reference_losses=LOSSES,
+        noise=0.03,
+    )
     assert not verdict.numerics_ok and "loss is not finite" in verdict.reason
 
 
 def test_failed_declined_and_unfinished_trials():
-    failed = judge(TrialResult(("xla",), error="InvalidArgumentError: no XLA kernel"),
-                   reference_examples_per_second=1.0, reference_losses=LOSSES, noise=0.03)
-    declined = judge(TrialResult(("xla",), skipped="xla: layer 'lookup' does not support XLA"),
-                     reference_examples_per_second=1.0, reference_losses=LOSSES, noise=0.03)
-    unfinished = judge(TrialResult(("xla",), stopped_by_budget=True), reference_examples_per_second=1.0,
-                       reference_losses=LOSSES, noise=0.03)
+    failed = judge(
+        TrialResult(("xla",), error="InvalidArgumentError: no XLA kernel"),
+        reference_examples_per_second=1.0,
+        reference_losses=LOSSES,
+        noise=0.03,
+    )
+    declined = judge(
+        TrialResult(("xla",), skipped="xla: layer 'lookup' does not support XLA"),
+        reference_examples_per_second=1.0,
+        reference_losses=LOSSES,
+        noise=0.03,
+    )
+    unfinished = judge(
+        TrialResult(("xla",), stopped_by_budget=True),
+        reference_examples_per_second=1.0,
+        reference_losses=LOSSES,
+        noise=0.03,
+    )
     assert (failed.status, failed.reason) == ("failed", "failed: InvalidArgumentError: no XLA kernel")
     assert declined.status == "failed" and declined.reason.startswith("not applicable: xla: layer")
     assert unfinished.status == "not measured" and unfinished.ratio is None

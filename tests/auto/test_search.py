@@ -30,8 +30,13 @@ class FakeMachine:
         if configuration in self.errors:
             raise RuntimeError(f"{' + '.join(configuration)} does not build")
         seconds = self.baseline.pop(0) if not configuration else self.step_seconds[configuration]
-        return TrialResult(configuration, StepTimes((seconds,) * 8, BATCH), compile_seconds=1.0,
-                           losses=self.losses.get(configuration, LOSSES), wall_seconds=self.trial_seconds)
+        return TrialResult(
+            configuration,
+            StepTimes((seconds,) * 8, BATCH),
+            compile_seconds=1.0,
+            losses=self.losses.get(configuration, LOSSES),
+            wall_seconds=self.trial_seconds,
+        )
 
 
 def run_search(machine, candidates, budget=1000.0, **kwargs):
@@ -43,8 +48,9 @@ def decisions(table):
 
 
 def test_order_and_greedy_combination():
-    machine = FakeMachine({("data",): 0.05, ("bf16",): 0.08, ("xla",): 0.2, ("data", "bf16"): 0.03,
-                           ("data", "bf16", "xla"): 0.06})
+    machine = FakeMachine(
+        {("data",): 0.05, ("bf16",): 0.08, ("xla",): 0.2, ("data", "bf16"): 0.03, ("data", "bf16", "xla"): 0.06}
+    )
     table = run_search(machine, ["data", "bf16", "xla"])
     # baseline, each alone, baseline again, then on top of the best (data): bf16 (faster alone), then xla.
     assert machine.runs == [(), ("data",), ("bf16",), ("xla",), (), ("data", "bf16"), ("data", "bf16", "xla")]
@@ -52,9 +58,23 @@ def test_order_and_greedy_combination():
     assert table.baseline_examples_per_second == pytest.approx(100.0)
     assert table.noise_fraction == pytest.approx(0.03)  # identical baseline runs: the floor
     assert [row.configuration for row in table.rows] == [
-        "baseline", "data", "bf16", "xla", "baseline", "data + bf16", "data + bf16 + xla"]
+        "baseline",
+        "data",
+        "bf16",
+        "xla",
+        "baseline",
+        "data + bf16",
+        "data + bf16 + xla",
+    ]
     assert [row.status for row in table.rows] == [
-        "baseline", "kept", "kept", "rejected", "baseline", "kept", "rejected"]
+        "baseline",
+        "kept",
+        "kept",
+        "rejected",
+        "baseline",
+        "kept",
+        "rejected",
+    ]
     assert table.rows[5].ratio == pytest.approx(0.1 / 0.03)  # against the baseline
     assert "kept: 1.67x data" in table.rows[5].reason  # against the best so far
     assert table.chosen_examples_per_second == pytest.approx(BATCH / 0.03)
@@ -98,8 +118,7 @@ def test_noise_from_the_baseline_repeat_decides_ties():
 
 
 def test_broken_numerics_are_never_kept_nor_combined():
-    machine = FakeMachine({("data",): 0.05, ("fp16",): 0.02},
-                          losses={("fp16",): (2.0, float("nan"), float("nan"))})
+    machine = FakeMachine({("data",): 0.05, ("fp16",): 0.02}, losses={("fp16",): (2.0, float("nan"), float("nan"))})
     table = run_search(machine, ["data", "fp16"])
     assert table.chosen == ("data",)
     assert ("data", "fp16") not in machine.runs
@@ -130,8 +149,10 @@ def test_budget_exhaustion_skips_trials_and_keeps_the_budget():
     statuses = {row.configuration: row.status for row in table.rows}
     assert statuses["xla"] == "not run" and statuses["data + bf16"] == "not run"
     assert table.chosen == ("data",)
-    assert decisions(table)["bf16"] == (False, "faster alone: 1.25x baseline, same numerics; not combined: the "
-                                               "time budget ran out")
+    assert decisions(table)["bf16"] == (
+        False,
+        "faster alone: 1.25x baseline, same numerics; not combined: the time budget ran out",
+    )
 
 
 def test_progress_events_cover_every_trial():
@@ -139,8 +160,14 @@ def test_progress_events_cover_every_trial():
     machine = FakeMachine({("data",): 0.05})
     run_search(machine, ["data"], on_progress=events.append)
     assert [event.message for event in events] == [
-        "trial 1: baseline", "baseline: 100.0 examples/s", "trial 2: data", "data: 200.0 examples/s",
-        "trial 3: baseline", "baseline: 100.0 examples/s", "chose data"]
+        "trial 1: baseline",
+        "baseline: 100.0 examples/s",
+        "trial 2: data",
+        "data: 200.0 examples/s",
+        "trial 3: baseline",
+        "baseline: 100.0 examples/s",
+        "chose data",
+    ]
     assert events[-1].elapsed_seconds == 30.0 and events[-1].trials_done == 3 == events[-1].trials_planned
 
 

@@ -111,8 +111,13 @@ def test_tune_end_to_end(cpu_hardware):
     assert {"mixed_bfloat16", "xla"} <= labels
     assert {decision.candidate for decision in table.decisions} >= {"mixed_bfloat16", "xla"}
     assert set(tuning.recipe.recipes) == {
-        {"data_pipeline": DataPipeline(), "mixed_bfloat16": MixedPrecision(policy="mixed_bfloat16"),
-         "xla": Xla(jit_compile=True)}[label] for label in table.chosen}
+        {
+            "data_pipeline": DataPipeline(),
+            "mixed_bfloat16": MixedPrecision(policy="mixed_bfloat16"),
+            "xla": Xla(jit_compile=True),
+        }[label]
+        for label in table.chosen
+    }
     auto_steps = [step for step in tuning.plan.applied if step.recipe == "auto"]
     assert len(auto_steps) == len(table.decisions)
     assert table.elapsed_seconds <= 25 * 1.1
@@ -122,8 +127,15 @@ def test_tune_end_to_end(cpu_hardware):
 
 def test_apply_auto(cpu_hardware):
     user_model = make_cnn()
-    result = tfopt.apply(user_model, make_images(count=48), recipes="auto", hardware=cpu_hardware,
-                         tune_budget_seconds=20, steps=3, warmup_steps=1)
+    result = tfopt.apply(
+        user_model,
+        make_images(count=48),
+        recipes="auto",
+        hardware=cpu_hardware,
+        tune_budget_seconds=20,
+        steps=3,
+        warmup_steps=1,
+    )
     assert any(step.recipe == "auto" for step in result.plan.applied)
     assert result.after.real.examples_per_second > 0
     assert len(result.tuning.table.decisions) == sum(step.recipe == "auto" for step in result.plan.applied)
@@ -147,7 +159,8 @@ def test_several_steps_per_call_is_refused_with_the_fix(cpu_hardware):
 
 def test_trial_models_build_their_optimizer_in_the_plans_strategy(cpu_hardware):
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware).replace(
-        strategy="one_device", strategy_options={"device": "/cpu:0"})
+        strategy="one_device", strategy_options={"device": "/cpu:0"}
+    )
     compiled = TrialRunner(plan, {}, **FAST)._compiled(plan)
     model = compiled.built.model
     assert model.distribute_strategy is compiled.built.strategy
@@ -176,8 +189,9 @@ def test_tf32_is_part_of_the_trial_model_key(cpu_hardware):
     assert _model_key(plan) == _model_key(plan.replace(dataset=make_images(count=16)))  # data alone: shared
 
 
-def test_every_trial_runs_under_its_plans_tf32_and_leaves_the_baselines(cpu_hardware, monkeypatch,
-                                                                         tf32_as_tensorflow_starts):
+def test_every_trial_runs_under_its_plans_tf32_and_leaves_the_baselines(
+    cpu_hardware, monkeypatch, tf32_as_tensorflow_starts
+):
     """TensorFlow's TF32 switch is process-wide: a cached model runs under its own plan's setting again, and
     after a trial the process is as the baseline has it (for the next trial and apply's "before")."""
     import tensorflow as tf
@@ -186,8 +200,13 @@ def test_every_trial_runs_under_its_plans_tf32_and_leaves_the_baselines(cpu_hard
 
     seen = []
     timed = trials._timed
-    monkeypatch.setattr(trials, "_timed", lambda *args, **kwargs: seen.append(
-        bool(tf.config.experimental.tensor_float_32_execution_enabled())) or timed(*args, **kwargs))
+    monkeypatch.setattr(
+        trials,
+        "_timed",
+        lambda *args, **kwargs: (
+            seen.append(bool(tf.config.experimental.tensor_float_32_execution_enabled())) or timed(*args, **kwargs)
+        ),
+    )
     plan = make_plan(make_cnn(), make_images(count=48), hardware=cpu_hardware)
     assert plan.tf32 is True
     ieee = MixedPrecision(policy="mixed_bfloat16", tf32=False)

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.processes import alive, kill_all, processes_with
 from tfopt.cli import main
 from tfopt.data import generate_shapes
 from tfopt.hardware import detect
 from tfopt.recipe_file import load_recipe
-from tests.processes import alive, kill_all, processes_with
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -38,7 +38,8 @@ def shapes_dir(tmp_path_factory):
 @pytest.fixture()
 def model_modules(tmp_path):
     """A module of model functions next to the recipe files, some of which fail."""
-    (tmp_path / "cli_test_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "cli_test_models.py").write_text(
+        textwrap.dedent("""
         from os import system
         from shutil import rmtree
 
@@ -50,7 +51,8 @@ def model_modules(tmp_path):
 
         def returns_a_string(**kwargs):
             return "not a model"
-    """))
+    """)
+    )
     (tmp_path / "cli_test_broken.py").write_text("import definitely_not_installed_package\n")
     return tmp_path
 
@@ -68,60 +70,182 @@ MALFORMED = [
     ("top-level-list", "- model\n- data\n", [], 2, ["must be a mapping of sections", "line 1"]),
     ("empty-file", "", [], 2, ["is empty"]),
     ("missing-file", None, [], 2, ["does not exist"]),
-    ("python-tag", "model: !!python/object/apply:os.system [ls]\n" + TINY_DATA, [], 2, ["!!python/object/apply:os.system", "line 1"]),
+    (
+        "python-tag",
+        "model: !!python/object/apply:os.system [ls]\n" + TINY_DATA,
+        [],
+        2,
+        ["!!python/object/apply:os.system", "line 1"],
+    ),
     ("duplicate-key", GOOD + "train: {}\ntrain: {}\n", [], 2, ["appears twice", "line 4"]),
     ("unknown-section", GOOD + "trian: {epochs: 1}\n", [], 2, ["Did you mean 'train'?", "line 3"]),
     ("unknown-train-key", GOOD + "train:\n  epocs: 1\n", [], 2, ["Did you mean 'epochs'?", "line 4"]),
-    ("epochs-wrong-type", GOOD + "train:\n  epochs: many\n", [], 2, ["train.epochs: \"many\" is a string", "line 4"]),
+    ("epochs-wrong-type", GOOD + "train:\n  epochs: many\n", [], 2, ['train.epochs: "many" is a string', "line 4"]),
     ("negative-epochs", GOOD + "train:\n  epochs: -1\n", [], 2, ["train.epochs: -1 is out of range", "line 4"]),
     ("negative-steps", GOOD + "profile:\n  steps: -5\n", [], 2, ["profile.steps: -5 is out of range", "line 4"]),
     ("zero-warmup", GOOD + "profile:\n  warmup_steps: 0\n", [], 2, ["expected an integer >= 1", "line 4"]),
     ("negative-learning-rate", GOOD + "train: {learning_rate: -0.1}\n", [], 2, ["expected a number > 0", "line 3"]),
     ("unknown-optimizer", GOOD + "train: {optimizer: adamm}\n", [], 2, ["Did you mean 'adam'?", "line 3"]),
-    ("unknown-recipe", GOOD + "recipes:\n  - mixed_precission: {}\n", [], 2, ["Did you mean 'mixed_precision'?", "line 4"]),
-    ("unknown-recipe-setting", GOOD + "recipes:\n  - xla: {jit: true}\n", [], 2, ["Did you mean 'jit_compile'?", "line 4"]),
-    ("bad-recipe-value", GOOD + "recipes:\n  - mixed_precision:\n      policy: fp16\n", [], 2,
-     ["policy='fp16' is not a policy", "line 5"]),
+    (
+        "unknown-recipe",
+        GOOD + "recipes:\n  - mixed_precission: {}\n",
+        [],
+        2,
+        ["Did you mean 'mixed_precision'?", "line 4"],
+    ),
+    (
+        "unknown-recipe-setting",
+        GOOD + "recipes:\n  - xla: {jit: true}\n",
+        [],
+        2,
+        ["Did you mean 'jit_compile'?", "line 4"],
+    ),
+    (
+        "bad-recipe-value",
+        GOOD + "recipes:\n  - mixed_precision:\n      policy: fp16\n",
+        [],
+        2,
+        ["policy='fp16' is not a policy", "line 5"],
+    ),
     ("duplicate-recipe", GOOD + "recipes: [xla, xla]\n", [], 2, ["appears twice", "line 3"]),
     ("unknown-model", "model: {name: ResNet500}\n" + TINY_DATA, [], 2, ["Did you mean 'ResNet50'?", "line 1"]),
-    ("unknown-model-argument", "model:\n  name: small_cnn\n  filtres: [4]\n" + TINY_DATA, [], 2,
-     ["Did you mean 'filters'?", "line 3"]),
-    ("import-path-syntax", "model: {name: 'my models:build'}\n" + TINY_DATA, [], 2, ["is not an import path", "line 1"]),
-    ("import-path-no-module", "model: {name: 'no_such_package.models:build'}\n" + TINY_DATA, [], 2,
-     ["Cannot import module 'no_such_package.models'", "line 1"]),
-    ("import-path-no-function", "model: {name: 'cli_test_models:biuld'}\n" + TINY_DATA, [], 2,
-     ["has no attribute 'biuld'", "line 1"]),
-    ("import-path-module-raises", "model: {name: 'cli_test_broken:build'}\n" + TINY_DATA, [], 2,
-     ["raised ModuleNotFoundError", "definitely_not_installed_package", "line 1"]),
-    ("import-path-standard-library", "model: {name: 'os:system', command: 'touch X'}\n" + TINY_DATA, [], 2,
-     ["Python's standard library module 'os', which builds no model", "line 1"]),
-    ("import-path-builtin-reexported", "model: {name: 'cli_test_models:system', command: 'touch X'}\n" + TINY_DATA, [],
-     2, ["is posix.system, which builds no model", "line 1"]),
-    ("import-path-stdlib-reexported", "model: {name: 'cli_test_models:rmtree', path: '.'}\n" + TINY_DATA, [], 2,
-     ["is shutil.rmtree, which builds no model", "line 1"]),
-    ("model-input-shape-not-the-data", "model: {name: small_cnn, filters: [4], input_shape: [8, 8, 1]}\n" + TINY_DATA,
-     [], 2, ["The dataset's inputs have shape (4, 8, 8, 3) per batch, and the model's input takes (None, 8, 8, 1)",
-             "Fix model.input_shape", "line 1"]),
-    ("model-classes-fewer-than-labels", "model: {name: small_cnn, filters: [4], classes: 2}\n" + TINY_DATA, [], 2,
-     ["outside the model's 2 classes (0 to 1)", "Fix model.classes", "line 1"]),
-    ("model-raises-runtime-error", "model: {name: 'cli_test_models:raises_runtime_error'}\n" + TINY_DATA, [], 1,
-     ["raised RuntimeError: boom: no such layer on this machine", "line 1"]),
-    ("model-rejects-arguments", "model: {name: 'cli_test_models:raises_value_error'}\n" + TINY_DATA, [], 2,
-     ["rejected its arguments: ValueError: units must be positive", "line 1"]),
-    ("model-returns-non-model", "model: {name: 'cli_test_models:returns_a_string'}\n" + TINY_DATA, [], 1,
-     ["returned a str, expected a keras.Model", "line 1"]),
-    ("keras-application-input-too-small", "model: {name: ResNet50}\n" + TINY_DATA, [], 2,
-     ["model ResNet50 rejected its arguments", "line 1"]),
-    ("unknown-data-source", "model: {name: small_cnn}\ndata: {source: imagefolder}\n", [], 2,
-     ["Did you mean 'image_folder'?", "line 2"]),
-    ("missing-data-directory", "model: {name: small_cnn}\ndata: {source: image_folder, path: no/such/dir}\n", [], 2,
-     ["image_folder", "line 2"]),
-    ("empty-image-folder", "model: {name: small_cnn}\ndata: {source: image_folder, path: empty_classes}\n", [], 2,
-     ["hold no images", "line 2"]),
-    ("empty-numpy-dataset", "model: {name: small_cnn}\ndata: {source: numpy, x: empty.npz}\n", [], 2,
-     ["holds zero examples", "line 2"]),
-    ("tfds-not-prepared-offline", "model: {name: small_cnn}\ndata: {source: tfds, name: mnist, data_dir: no_tfds}\n",
-     [], 2, ["download is false", "line 2"]),
+    (
+        "unknown-model-argument",
+        "model:\n  name: small_cnn\n  filtres: [4]\n" + TINY_DATA,
+        [],
+        2,
+        ["Did you mean 'filters'?", "line 3"],
+    ),
+    (
+        "import-path-syntax",
+        "model: {name: 'my models:build'}\n" + TINY_DATA,
+        [],
+        2,
+        ["is not an import path", "line 1"],
+    ),
+    (
+        "import-path-no-module",
+        "model: {name: 'no_such_package.models:build'}\n" + TINY_DATA,
+        [],
+        2,
+        ["Cannot import module 'no_such_package.models'", "line 1"],
+    ),
+    (
+        "import-path-no-function",
+        "model: {name: 'cli_test_models:biuld'}\n" + TINY_DATA,
+        [],
+        2,
+        ["has no attribute 'biuld'", "line 1"],
+    ),
+    (
+        "import-path-module-raises",
+        "model: {name: 'cli_test_broken:build'}\n" + TINY_DATA,
+        [],
+        2,
+        ["raised ModuleNotFoundError", "definitely_not_installed_package", "line 1"],
+    ),
+    (
+        "import-path-standard-library",
+        "model: {name: 'os:system', command: 'touch X'}\n" + TINY_DATA,
+        [],
+        2,
+        ["Python's standard library module 'os', which builds no model", "line 1"],
+    ),
+    (
+        "import-path-builtin-reexported",
+        "model: {name: 'cli_test_models:system', command: 'touch X'}\n" + TINY_DATA,
+        [],
+        2,
+        ["is posix.system, which builds no model", "line 1"],
+    ),
+    (
+        "import-path-stdlib-reexported",
+        "model: {name: 'cli_test_models:rmtree', path: '.'}\n" + TINY_DATA,
+        [],
+        2,
+        ["is shutil.rmtree, which builds no model", "line 1"],
+    ),
+    (
+        "model-input-shape-not-the-data",
+        "model: {name: small_cnn, filters: [4], input_shape: [8, 8, 1]}\n" + TINY_DATA,
+        [],
+        2,
+        [
+            "The dataset's inputs have shape (4, 8, 8, 3) per batch, and the model's input takes (None, 8, 8, 1)",
+            "Fix model.input_shape",
+            "line 1",
+        ],
+    ),
+    (
+        "model-classes-fewer-than-labels",
+        "model: {name: small_cnn, filters: [4], classes: 2}\n" + TINY_DATA,
+        [],
+        2,
+        ["outside the model's 2 classes (0 to 1)", "Fix model.classes", "line 1"],
+    ),
+    (
+        "model-raises-runtime-error",
+        "model: {name: 'cli_test_models:raises_runtime_error'}\n" + TINY_DATA,
+        [],
+        1,
+        ["raised RuntimeError: boom: no such layer on this machine", "line 1"],
+    ),
+    (
+        "model-rejects-arguments",
+        "model: {name: 'cli_test_models:raises_value_error'}\n" + TINY_DATA,
+        [],
+        2,
+        ["rejected its arguments: ValueError: units must be positive", "line 1"],
+    ),
+    (
+        "model-returns-non-model",
+        "model: {name: 'cli_test_models:returns_a_string'}\n" + TINY_DATA,
+        [],
+        1,
+        ["returned a str, expected a keras.Model", "line 1"],
+    ),
+    (
+        "keras-application-input-too-small",
+        "model: {name: ResNet50}\n" + TINY_DATA,
+        [],
+        2,
+        ["model ResNet50 rejected its arguments", "line 1"],
+    ),
+    (
+        "unknown-data-source",
+        "model: {name: small_cnn}\ndata: {source: imagefolder}\n",
+        [],
+        2,
+        ["Did you mean 'image_folder'?", "line 2"],
+    ),
+    (
+        "missing-data-directory",
+        "model: {name: small_cnn}\ndata: {source: image_folder, path: no/such/dir}\n",
+        [],
+        2,
+        ["image_folder", "line 2"],
+    ),
+    (
+        "empty-image-folder",
+        "model: {name: small_cnn}\ndata: {source: image_folder, path: empty_classes}\n",
+        [],
+        2,
+        ["hold no images", "line 2"],
+    ),
+    (
+        "empty-numpy-dataset",
+        "model: {name: small_cnn}\ndata: {source: numpy, x: empty.npz}\n",
+        [],
+        2,
+        ["holds zero examples", "line 2"],
+    ),
+    (
+        "tfds-not-prepared-offline",
+        "model: {name: small_cnn}\ndata: {source: tfds, name: mnist, data_dir: no_tfds}\n",
+        [],
+        2,
+        ["download is false", "line 2"],
+    ),
     ("bad-set-syntax", GOOD, ["--set", "train.epochs"], 2, ["expected key.path=value"]),
     ("bad-set-key", GOOD, ["--set", "train.epoch=2"], 2, ["Did you mean 'epochs'?", "--set train.epoch=2"]),
     ("steps-too-small", GOOD, ["--steps", "1"], 2, ["profile.steps: 1 is out of range", "--set profile.steps=1"]),
@@ -129,8 +253,9 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("case, text, extra, code, fragments", MALFORMED, ids=[case[0] for case in MALFORMED])
-def test_malformed_recipes_fail_with_a_one_paragraph_message(tmp_path, model_modules, monkeypatch, capsys,
-                                                             case, text, extra, code, fragments):
+def test_malformed_recipes_fail_with_a_one_paragraph_message(
+    tmp_path, model_modules, monkeypatch, capsys, case, text, extra, code, fragments
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty_classes" / "cats").mkdir(parents=True)
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), "float32"), y=np.zeros((0,), "int32"))
@@ -177,13 +302,15 @@ def test_validate_prints_a_summary_and_json(tmp_path, capsys):
 
 def test_validate_and_dry_run_find_a_model_module_without_running_it(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "side_effect_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "side_effect_models.py").write_text(
+        textwrap.dedent("""
         import pathlib
         pathlib.Path("IMPORTED").write_text("the module's top-level code ran")
 
         def build(input_shape, classes, units=3):
             pathlib.Path("CALLED").write_text("the model function ran")
-    """))
+    """)
+    )
     (tmp_path / "recipe.yaml").write_text("model: {name: 'side_effect_models:build', units: 5}\n" + TINY_DATA)
     exit_code, out, err = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
     assert exit_code == 0, err
@@ -204,8 +331,10 @@ def test_validate_fetches_no_data_and_an_offline_run_says_so_at_the_download_lin
         raise OSError(101, "Network is unreachable")
 
     monkeypatch.setattr(socket, "create_connection", no_network)
-    (tmp_path / "recipe.yaml").write_text("model: {name: small_cnn}\ndata:\n  source: tfds\n  name: mnist\n"
-                                          f"  data_dir: {tmp_path / 'tfds'}\n  download: true\n")
+    (tmp_path / "recipe.yaml").write_text(
+        "model: {name: small_cnn}\ndata:\n  source: tfds\n  name: mnist\n"
+        f"  data_dir: {tmp_path / 'tfds'}\n  download: true\n"
+    )
     exit_code, out, err = run_cli(capsys, "validate", tmp_path / "recipe.yaml")
     assert exit_code == 0, err
     assert "data: the tfds dataset is not prepared yet; `run` downloads it (download: true), validate does not" in out
@@ -228,8 +357,17 @@ def test_dry_run_prints_the_resolved_recipe_and_plan_and_writes_nothing(tmp_path
 def test_list_names_recipes_models_and_sources(capsys):
     exit_code, out, _ = run_cli(capsys, "list")
     assert exit_code == 0
-    for name in ("mixed_precision", "xla", "data_pipeline", "small_cnn", "text_transformer", "ResNet50",
-                 "image_folder", "synthetic", "tfds"):
+    for name in (
+        "mixed_precision",
+        "xla",
+        "data_pipeline",
+        "small_cnn",
+        "text_transformer",
+        "ResNet50",
+        "image_folder",
+        "synthetic",
+        "tfds",
+    ):
         assert name in out
     exit_code, out, _ = run_cli(capsys, "list", "--json")
     listing = json.loads(out)
@@ -243,10 +381,19 @@ def test_no_command_prints_usage_and_exits_2(capsys):
 
 
 def _subprocess(*code_lines: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-                   "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, "-c", "\n".join(code_lines)], capture_output=True, text=True,
-                          cwd=REPO, env=environment, timeout=300)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join(code_lines)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("argument, expected", [("--help", "usage: tfopt-recipe"), ("--version", "tfopt-recipe 0.")])
@@ -267,10 +414,15 @@ def test_help_and_version_do_not_import_tensorflow(argument, expected):
 
 def test_a_real_process_prints_no_traceback_for_a_bad_recipe(tmp_path):
     (tmp_path / "bad.yaml").write_text(GOOD + "train:\n  epochs: -3\n")
-    process = _subprocess("import sys", "from tfopt.cli import main", f"sys.exit(main(['validate', {str(tmp_path / 'bad.yaml')!r}]))")
+    process = _subprocess(
+        "import sys", "from tfopt.cli import main", f"sys.exit(main(['validate', {str(tmp_path / 'bad.yaml')!r}]))"
+    )
     assert process.returncode == 2
     assert "Traceback" not in process.stderr
-    assert f"train.epochs: -3 is out of range; expected an integer >= 0 ({tmp_path / 'bad.yaml'}, line 4)." in process.stderr
+    assert (
+        f"train.epochs: -3 is out of range; expected an integer >= 0 ({tmp_path / 'bad.yaml'}, line 4)."
+        in process.stderr
+    )
 
 
 def _tiny_overrides(recipe_path: pathlib.Path, shapes_dir: pathlib.Path) -> list[str]:
@@ -280,8 +432,10 @@ def _tiny_overrides(recipe_path: pathlib.Path, shapes_dir: pathlib.Path) -> list
     if data["source"] == "image_folder":
         overrides += [f"data.path={shapes_dir}", "data.image_size=[32, 32]"]  # 32x32: ResNet50's minimum
     elif data["source"] == "synthetic":
-        overrides += ["data.examples=16", "data.sequence_length=16" if data.get("kind") == "tokens"
-                      else "data.image_size=[16, 16]"]
+        overrides += [
+            "data.examples=16",
+            "data.sequence_length=16" if data.get("kind") == "tokens" else "data.image_size=[16, 16]",
+        ]
     return [argument for override in overrides for argument in ("--set", override)]
 
 
@@ -296,8 +450,15 @@ def test_every_shipped_recipe_validates_and_runs(recipe_path, shapes_dir, tmp_pa
     assert "Traceback" not in err
     summary = out.strip().splitlines()[-1]
     assert " steps/s (" in summary and summary.endswith(f"trained to step 2; report: {out_dir / 'report.html'}")
-    assert {"recipe.yaml", "report.html", "report.json", "report.md", "tensorboard", "checkpoints", "training.json"} <= {
-        item.name for item in out_dir.iterdir()}
+    assert {
+        "recipe.yaml",
+        "report.html",
+        "report.json",
+        "report.md",
+        "tensorboard",
+        "checkpoints",
+        "training.json",
+    } <= {item.name for item in out_dir.iterdir()}
     rerun = load_recipe(out_dir / "recipe.yaml")
     assert rerun.train.steps_per_epoch == 2 and rerun.profile.steps == 2
 
@@ -313,8 +474,9 @@ def test_convert_writes_the_recipe_data_as_tfrecord_files(tmp_path, capsys):
     exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records")
     assert exit_code == 0 and shards[3].read_bytes() == whole, err  # the damaged shard is written again
     assert f"{shards[3].name} is corrupted" in err and "writing the conversion again" in err
-    exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records",
-                                  "--overwrite", "--quiet")
+    exit_code, out, err = run_cli(
+        capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "records", "--overwrite", "--quiet"
+    )
     assert exit_code == 0 and shards[3].read_bytes() == whole, err
     (tmp_path / "a-file").write_text("mine\n")
     exit_code, out, err = run_cli(capsys, "convert", tmp_path / "recipe.yaml", "--out", tmp_path / "a-file")
@@ -338,8 +500,9 @@ def test_a_damaged_file_met_while_running_is_named(tmp_path, capsys, damage):
         broken.write_bytes(whole[:40] + bytes(byte ^ 0xFF for byte in whole[40:104]) + whole[104:])
         data = f"data: {{source: tfrecord, path: {tmp_path / 'records'}, image_size: [16, 16], batch_size: 4}}\n"
         words = f"{broken.name} is corrupted"
-    (tmp_path / "recipe.yaml").write_text("model: {name: small_cnn, filters: [4]}\n" + data +
-                                          "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n")
+    (tmp_path / "recipe.yaml").write_text(
+        "model: {name: small_cnn, filters: [4]}\n" + data + "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n"
+    )
     exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
     assert exit_code == 1 and words in err, err
 
@@ -351,9 +514,11 @@ def starved_recipe(tmp_path_factory):
     directory = tmp_path_factory.mktemp("starved")
     images = generate_shapes(directory / "shapes", images_per_class=8, image_size=512)
     path = directory / "starved.yaml"
-    path.write_text(f"model: {{name: small_cnn, filters: [4]}}\n"
-                    f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: 8}}\n"
-                    "profile: {steps: 4, warmup_steps: 1}\n")
+    path.write_text(
+        f"model: {{name: small_cnn, filters: [4]}}\n"
+        f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: 8}}\n"
+        "profile: {steps: 4, warmup_steps: 1}\n"
+    )
     return path
 
 
@@ -390,8 +555,10 @@ def test_diagnose_names_the_data_pipeline_for_a_starved_input_and_changes_nothin
 
 
 def test_a_diverging_run_exits_1_with_one_paragraph(tmp_path, capsys):
-    (tmp_path / "recipe.yaml").write_text(GOOD + "train: {optimizer: sgd, learning_rate: 1e30, steps_per_epoch: 3}\n"
-                                          "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n")
+    (tmp_path / "recipe.yaml").write_text(
+        GOOD + "train: {optimizer: sgd, learning_rate: 1e30, steps_per_epoch: 3}\n"
+        "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n"
+    )
     exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run")
     assert exit_code == 1 and out == ""
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -399,13 +566,16 @@ def test_a_diverging_run_exits_1_with_one_paragraph(tmp_path, capsys):
     assert f"The partial outputs of this run are in {tmp_path / 'run'}." in err
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    (["--resume"], "--resume needs --out RUN_DIR"),
-    (["--workers", "2"], "--workers 2 needs a distribution recipe"),
-    (["--workers", "0"], "--workers 0: expected 2 or more worker processes"),
-    (["--workers", "1"], "--workers 1: expected 2 or more worker processes; for one process, run without"),
-    (["--tune-budget", "soon"], "'soon' is not a duration"),
-])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--resume"], "--resume needs --out RUN_DIR"),
+        (["--workers", "2"], "--workers 2 needs a distribution recipe"),
+        (["--workers", "0"], "--workers 0: expected 2 or more worker processes"),
+        (["--workers", "1"], "--workers 1: expected 2 or more worker processes; for one process, run without"),
+        (["--tune-budget", "soon"], "'soon' is not a duration"),
+    ],
+)
 def test_run_option_mistakes_exit_2(tmp_path, capsys, extra, fragment):
     (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [xla]\n")
     try:
@@ -435,11 +605,24 @@ def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, 
     calls = []
     monkeypatch.setattr(tfopt.runtime, "configure_gpu_memory", lambda **kwargs: calls.append(("gpu", kwargs)) or [])
     real_load = tfopt.recipe_file.load_recipe
-    monkeypatch.setattr(tfopt.recipe_file, "load_recipe", lambda *args, **kwargs: calls.append(("load",)) or real_load(
-        *args, **kwargs))
+    monkeypatch.setattr(
+        tfopt.recipe_file, "load_recipe", lambda *args, **kwargs: calls.append(("load",)) or real_load(*args, **kwargs)
+    )
     (tmp_path / "recipe.yaml").write_text("runtime: {gpu_memory_growth: true}\n" + GOOD + "recipes: []\n")
-    exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--quiet", "--out", tmp_path / "run",
-                                "--set", "train.epochs=0", "--steps", "2", "--set", "profile.warmup_steps=1")
+    exit_code, _, err = run_cli(
+        capsys,
+        "run",
+        tmp_path / "recipe.yaml",
+        "--quiet",
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "train.epochs=0",
+        "--steps",
+        "2",
+        "--set",
+        "profile.warmup_steps=1",
+    )
     assert exit_code == 0, err
     assert calls[:2] == [("gpu", {"growth": True, "limit_bytes": None}), ("load",)]
     saved = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
@@ -470,8 +653,10 @@ KILLED_CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, capsys):
     """Mirrors tests/training/test_fit.py's SIGKILL test, through the recipe runner and `run --resume`."""
-    (tmp_path / "recipe.yaml").write_text(GOOD + "train: {epochs: 3, steps_per_epoch: 4, checkpoint_every_steps: 2}\n"
-                                          "recipes: [data_pipeline]\nprofile: {steps: 2, warmup_steps: 1}\n")
+    (tmp_path / "recipe.yaml").write_text(
+        GOOD + "train: {epochs: 3, steps_per_epoch: 4, checkpoint_every_steps: 2}\n"
+        "recipes: [data_pipeline]\nprofile: {steps: 2, warmup_steps: 1}\n"
+    )
     (tmp_path / "child.py").write_text(KILLED_CHILD)
     run_dir = tmp_path / "run"
     killed = _subprocess_script(tmp_path / "child.py", tmp_path / "recipe.yaml", run_dir, "7")
@@ -491,17 +676,27 @@ def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, ca
     assert training["history"]["loss"][0] == partial["history"]["loss"][0]
     resumed_report = json.loads((run_dir / "report.json").read_text())
     assert {**resumed_report, "training": None} == {**json.loads(report), "training": None}  # measured once
-    assert [window["step"] for window in resumed_report["training"]["windows"]] == \
-        [window["step"] for window in training["monitor"]]
+    assert [window["step"] for window in resumed_report["training"]["windows"]] == [
+        window["step"] for window in training["monitor"]
+    ]
     assert "## Training (tfopt.Monitor)" in (run_dir / "report.md").read_text()
     assert out.strip().endswith(f"trained to step 12; report: {run_dir / 'report.html'}")
 
 
 def _subprocess_script(script: pathlib.Path, *arguments) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-                   "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, str(script), *map(str, arguments)], capture_output=True, text=True,
-                          cwd=REPO, env=environment, timeout=300)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -509,15 +704,35 @@ def _subprocess_script(script: pathlib.Path, *arguments) -> subprocess.Completed
 def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir, tmp_path, capsys):
     recipe = REPO / "recipes" / "small_cnn.yaml"
     out_dir = tmp_path / "run"
-    exit_code, out, err = run_cli(capsys, "run", recipe, "--workers", "2", "--out", out_dir, "--quiet", "--steps", "2",
-                                  *_tiny_overrides(recipe, shapes_dir), "--set", "train.steps_per_epoch=3")
+    exit_code, out, err = run_cli(
+        capsys,
+        "run",
+        recipe,
+        "--workers",
+        "2",
+        "--out",
+        out_dir,
+        "--quiet",
+        "--steps",
+        "2",
+        *_tiny_overrides(recipe, shapes_dir),
+        "--set",
+        "train.steps_per_epoch=3",
+    )
     assert exit_code == 0, err
     training = json.loads((out_dir / "training.json").read_text())
     assert (training["engine"], training["replicas"], training["global_step"]) == ("tfopt.distribute.fit", 2, 3)
     assert "[worker 0]" in err and "[worker 1]" in err  # both ran; their TF start-up noise is filtered out
     assert "absl::InitializeLog" not in err
     assert sorted(item.name for item in out_dir.iterdir()) == [
-        "checkpoints", "recipe.yaml", "report.html", "report.json", "report.md", "tensorboard", "training.json"]
+        "checkpoints",
+        "recipe.yaml",
+        "report.html",
+        "report.json",
+        "report.md",
+        "tensorboard",
+        "training.json",
+    ]
     assert not any(path.name.startswith(".tfopt_worker") for path in (out_dir / "checkpoints").iterdir())
     assert out.strip().endswith(f"trained to step 3 on 2 replicas; report: {out_dir / 'report.html'}")
 
@@ -529,14 +744,31 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_sec
     from tfopt.errors import TfoptError
     from tfopt.run.directory import LOCK_NAME, run_dir_lock
 
-    (tmp_path / "recipe.yaml").write_text(GOOD.replace("examples: 16", "examples: 4000") + "train: {epochs: 100}\n"
-                                          "recipes: [{distribution: {strategy: auto}}]\n"
-                                          "profile: {steps: 2, warmup_steps: 1}\n")
+    (tmp_path / "recipe.yaml").write_text(
+        GOOD.replace("examples: 16", "examples: 4000") + "train: {epochs: 100}\n"
+        "recipes: [{distribution: {strategy: auto}}]\n"
+        "profile: {steps: 2, warmup_steps: 1}\n"
+    )
     run_dir = tmp_path / "run"
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    launcher = subprocess.Popen([sys.executable, "-m", "tfopt.cli", "run", str(tmp_path / "recipe.yaml"), "--workers",
-                                 "2", "--out", str(run_dir), "--quiet"], stderr=subprocess.PIPE, text=True, cwd=REPO,
-                                env=environment)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.cli",
+            "run",
+            str(tmp_path / "recipe.yaml"),
+            "--workers",
+            "2",
+            "--out",
+            str(run_dir),
+            "--quiet",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=environment,
+    )
     workers = []
     try:
         deadline = time.monotonic() + 240
@@ -550,8 +782,11 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_sec
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == 143
         err = launcher.stderr.read()
-        assert f"tfopt-recipe: interrupted (SIGTERM). Its 2 workers were stopped. The outputs so far are in {run_dir}" \
-            in err and "--workers 2` continues the run" in err
+        assert (
+            f"tfopt-recipe: interrupted (SIGTERM). Its 2 workers were stopped. The outputs so far are in {run_dir}"
+            in err
+            and "--workers 2` continues the run" in err
+        )
         assert not [pid for pid in workers if alive(pid)] and not (run_dir / LOCK_NAME).exists()
     finally:
         kill_all(launcher, workers)
@@ -560,18 +795,33 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_sec
 @pytest.mark.slow
 @pytest.mark.multi_worker
 def test_a_failing_worker_exits_1_naming_the_worker(tmp_path, capsys):
-    (tmp_path / "recipe.yaml").write_text(GOOD + "recipes: [{distribution: {strategy: auto}}]\n"
-                                          "train: {steps_per_epoch: 2}\nprofile: {steps: 2, warmup_steps: 1}\n")
-    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--workers", "2", "--out", tmp_path / "run",
-                                  "--quiet", "--set", "train.learning_rate=1e30", "--set", "train.optimizer=sgd")
+    (tmp_path / "recipe.yaml").write_text(
+        GOOD + "recipes: [{distribution: {strategy: auto}}]\n"
+        "train: {steps_per_epoch: 2}\nprofile: {steps: 2, warmup_steps: 1}\n"
+    )
+    exit_code, out, err = run_cli(
+        capsys,
+        "run",
+        tmp_path / "recipe.yaml",
+        "--workers",
+        "2",
+        "--out",
+        tmp_path / "run",
+        "--quiet",
+        "--set",
+        "train.learning_rate=1e30",
+        "--set",
+        "train.optimizer=sgd",
+    )
     assert exit_code == 1 and out == ""
     message = err.strip().splitlines()[-1]
     assert message.startswith("tfopt-recipe: error: Worker ") and "(first failure)" in message
 
 
 @pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(tmp_path, capsys, monkeypatch, signal_name,
-                                                                       code):
+def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(
+    tmp_path, capsys, monkeypatch, signal_name, code
+):
     from tfopt.errors import RunInterrupted
     from tfopt.run import runner
 
@@ -581,13 +831,16 @@ def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(tmp_path,
 
     monkeypatch.setattr(runner, "_run_in", measured_then_interrupted)
     (tmp_path / "recipe.yaml").write_text(GOOD)
-    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet",
-                                  "--set", "train.epochs=2")
+    exit_code, out, err = run_cli(
+        capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet", "--set", "train.epochs=2"
+    )
     assert exit_code == code and out == ""
-    assert err.strip() == (f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {tmp_path / 'run'}; "
-                           f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 "
-                           f"--out {tmp_path / 'run'} "
-                           "--resume` continues the run.")
+    assert err.strip() == (
+        f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {tmp_path / 'run'}; "
+        f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 "
+        f"--out {tmp_path / 'run'} "
+        "--resume` continues the run."
+    )
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["recipe.yaml", "report.json"]
 
 
@@ -646,10 +899,11 @@ def test_diagnose_trace_says_what_is_wrong_with_the_path(capsys, tmp_path):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     (tmp_path / "cut" / "plugins" / "profile" / "run").mkdir(parents=True)
     (tmp_path / "cut" / "plugins" / "profile" / "run" / "host.xplane.pb").write_bytes(b"")
-    for path, words in ((tmp_path / "logz", f"{tmp_path / 'logz'} does not exist"),
-                        (tmp_path / "broken",
-                         f"is a broken symbolic link (to {tmp_path / 'gone'}, which does not exist)"),
-                        (tmp_path / "loop", "is a symbolic link that loops back on itself"),
-                        (tmp_path / "cut", "host.xplane.pb is an empty file (0 bytes)")):
+    for path, words in (
+        (tmp_path / "logz", f"{tmp_path / 'logz'} does not exist"),
+        (tmp_path / "broken", f"is a broken symbolic link (to {tmp_path / 'gone'}, which does not exist)"),
+        (tmp_path / "loop", "is a symbolic link that loops back on itself"),
+        (tmp_path / "cut", "host.xplane.pb is an empty file (0 bytes)"),
+    ):
         exit_code, out, err = run_cli(capsys, "diagnose", "--trace", path, "--quiet")
         assert exit_code == 1 and out == "" and words in err, err

@@ -23,13 +23,22 @@ def test_bad_durations_are_argparse_errors(text):
 def test_steps_and_budget_become_overrides_and_workers_repeat_them():
     args = argparse.Namespace(overrides=["train.epochs=2"], steps=5, tune_budget=90.0, traceback=True)
     assert options.overrides(args) == ["train.epochs=2", "profile.steps=5", "profile.tune_budget_seconds=90.0"]
-    assert options.worker_arguments(args) == ["--set", "train.epochs=2", "--steps", "5", "--tune-budget", "90.0s",
-                                                   "--traceback"]
+    assert options.worker_arguments(args) == [
+        "--set",
+        "train.epochs=2",
+        "--steps",
+        "5",
+        "--tune-budget",
+        "90.0s",
+        "--traceback",
+    ]
 
 
 def test_worker_lines_hide_tensorflow_start_up_noise(capsys):
-    for line in ["[worker 0] I0000 00:00:1 port.cc:153] oneDNN custom operations are on.",
-                 "[worker 1] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
-                 "[worker 1] tfopt-recipe: error: Training stopped at step 3"]:
+    for line in [
+        "[worker 0] I0000 00:00:1 port.cc:153] oneDNN custom operations are on.",
+        "[worker 1] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "[worker 1] tfopt-recipe: error: Training stopped at step 3",
+    ]:
         options.worker_line(line)
     assert capsys.readouterr().err == "[worker 1] tfopt-recipe: error: Training stopped at step 3\n"

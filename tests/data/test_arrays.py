@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .helpers import assert_same_batches, collect, unbatched
 from tfopt.data.arrays import NumpySource
 from tfopt.errors import DataError
+
+from .helpers import assert_same_batches, collect, unbatched
 
 
 @pytest.fixture
@@ -51,7 +52,9 @@ def test_reads_npy_and_npz_files_and_config_round_trips(arrays, tmp_path):
 def test_shards_are_disjoint_and_cover_everything(arrays):
     source = NumpySource(*arrays)
     everything = unbatched(collect(source.pipeline(batch_size=50, optimized=False, shuffle=False)))
-    shards = [unbatched(collect(source.pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=i))) for i in (0, 1)]
+    shards = [
+        unbatched(collect(source.pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=i))) for i in (0, 1)
+    ]
     assert [len(s) for s in shards] == [12, 11]
     assert sorted(shards[0] + shards[1]) == sorted(everything)
 

@@ -8,14 +8,17 @@ from tfopt.data.batches import examples_per_pass, rebatch_counted
 TWENTY_BY_8 = tf.data.Dataset.range(20).batch(8)  # batches of 8, 8, 4
 
 
-@pytest.mark.parametrize("dataset, batch_size, drop, length, remainder", [
-    (TWENTY_BY_8, 8, True, 2, 4),
-    (TWENTY_BY_8, 4, True, 5, 0),
-    (TWENTY_BY_8, 6, False, 4, 2),
-    (TWENTY_BY_8.repeat(), 8, True, tf.data.INFINITE_CARDINALITY, 4),  # every pass ends in a batch of 4
-    (TWENTY_BY_8.repeat(2), 8, True, tf.data.UNKNOWN_CARDINALITY, 4),  # two passes: length not asserted
-    (tf.data.Dataset.range(20).repeat().batch(8), 8, True, tf.data.INFINITE_CARDINALITY, 0),
-])
+@pytest.mark.parametrize(
+    "dataset, batch_size, drop, length, remainder",
+    [
+        (TWENTY_BY_8, 8, True, 2, 4),
+        (TWENTY_BY_8, 4, True, 5, 0),
+        (TWENTY_BY_8, 6, False, 4, 2),
+        (TWENTY_BY_8.repeat(), 8, True, tf.data.INFINITE_CARDINALITY, 4),  # every pass ends in a batch of 4
+        (TWENTY_BY_8.repeat(2), 8, True, tf.data.UNKNOWN_CARDINALITY, 4),  # two passes: length not asserted
+        (tf.data.Dataset.range(20).repeat().batch(8), 8, True, tf.data.INFINITE_CARDINALITY, 0),
+    ],
+)
 def test_rebatch_counted(dataset, batch_size, drop, length, remainder):
     rebatched, partial = rebatch_counted(dataset, batch_size, drop_remainder=drop)
     assert int(rebatched.cardinality()) == int(length) and partial == remainder

@@ -15,7 +15,9 @@ def test_draws_an_rgb_image_of_the_requested_size(shape):
 
 
 def test_same_generator_state_same_image_and_shapes_differ():
-    images = {shape: np.asarray(draw_example(np.random.default_rng(7), shape, 32), np.int16) for shape in DRAWABLE_SHAPES}
+    images = {
+        shape: np.asarray(draw_example(np.random.default_rng(7), shape, 32), np.int16) for shape in DRAWABLE_SHAPES
+    }
     again = np.asarray(draw_example(np.random.default_rng(7), "ring", 32), np.int16)
     np.testing.assert_array_equal(images["ring"], again)
     # Same background (same seed), different shape: the pictures differ where the shapes differ.

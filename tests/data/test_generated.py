@@ -30,7 +30,7 @@ def test_writes_class_folders_with_counts_and_decodable_images(tmp_path):
             assert image.format == "JPEG"
             assert np.asarray(image).shape == (40, 40, 3)
     manifest = json.loads((path / MANIFEST_NAME).read_text())
-    assert manifest["counts"] == {name: 7 for name in DEFAULT_CLASSES}
+    assert manifest["counts"] == dict.fromkeys(DEFAULT_CLASSES, 7)
 
 
 def test_images_are_not_constant_and_differ_between_examples(tmp_path):

@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .helpers import assert_same_batches, collect, unbatched
 from tfopt.data.generated import DEFAULT_CLASSES
 from tfopt.data.image_folder import ImageFolderSource
 from tfopt.errors import DataError
+
+from .helpers import assert_same_batches, collect, unbatched
 
 
 def test_finds_classes_files_and_labels(shapes_dir):
     source = ImageFolderSource(shapes_dir, image_size=32)
     assert source.class_names == sorted(DEFAULT_CLASSES)
     assert source.num_examples == 60
-    assert collections.Counter(source.labels) == {label: 12 for label in range(5)}
+    assert collections.Counter(source.labels) == dict.fromkeys(range(5), 12)
     assert all(source.class_names[label] == path.parent.name for path, label in zip(source.files, source.labels))
     assert "60 images in 5 classes" in source.describe()
 
@@ -58,9 +59,11 @@ def test_optimized_and_naive_yield_identical_elements(shapes_dir, augment, cache
 def test_augmentation_changes_images_between_epochs_but_keeps_range(shapes_dir):
     source = ImageFolderSource(shapes_dir, image_size=32, augment=True)
     dataset = source.pipeline(batch_size=60, optimized=True, shuffle=False)
-    (first, labels), = collect(dataset)
-    (second, _), = collect(dataset)
-    plain, = collect(ImageFolderSource(shapes_dir, image_size=32).pipeline(batch_size=60, optimized=True, shuffle=False))
+    ((first, labels),) = collect(dataset)
+    ((second, _),) = collect(dataset)
+    (plain,) = collect(
+        ImageFolderSource(shapes_dir, image_size=32).pipeline(batch_size=60, optimized=True, shuffle=False)
+    )
     assert not np.array_equal(first, second)
     assert not np.array_equal(first, plain[0])
     assert first.min() >= 0.0 and first.max() <= 1.0
@@ -98,7 +101,7 @@ def test_resizes_png_and_grayscale(tmp_path):
         (tmp_path / name).mkdir()
         Image.fromarray(np.full(size + (3,), 200, np.uint8)).save(tmp_path / name / "x.png")
     source = ImageFolderSource(tmp_path, image_size=8, channels=1)
-    (x, y), = collect(source.pipeline(batch_size=2, optimized=True, shuffle=False))
+    ((x, y),) = collect(source.pipeline(batch_size=2, optimized=True, shuffle=False))
     assert x.shape == (2, 8, 8, 1)
     assert list(y) == [0, 1]
     assert np.all(np.abs(x - x.mean()) < 0.02)
@@ -128,10 +131,13 @@ def test_class_folders_without_images(tmp_path):
         ImageFolderSource(tmp_path)
 
 
-@pytest.mark.parametrize("kwargs, message, setting", [
-    ({"image_size": [0, 3]}, "image_size=", "image_size"),
-    ({"channels": 4}, "channels=4", "channels"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message, setting",
+    [
+        ({"image_size": [0, 3]}, "image_size=", "image_size"),
+        ({"channels": 4}, "channels=4", "channels"),
+    ],
+)
 def test_bad_arguments(shapes_dir, kwargs, message, setting):
     with pytest.raises(DataError, match=message) as error:
         ImageFolderSource(shapes_dir, **kwargs)

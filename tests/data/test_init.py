@@ -38,6 +38,11 @@ def test_unknown_attribute_raises_attribute_error():
 
 def test_importing_the_package_and_the_generator_does_not_import_tensorflow():
     code = "import sys, tfopt.data; tfopt.data.generate_shapes; print('tensorflow' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=str(__import__("pathlib").Path(tfopt.data.__file__).resolve().parents[2]))
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(__import__("pathlib").Path(tfopt.data.__file__).resolve().parents[2]),
+    )
     assert result.stdout.strip() == "False"

@@ -7,7 +7,6 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from tfopt.data import pipeline
 from tfopt.data.image_folder import ImageFolderSource
 
 from .helpers import assert_same_batches, collect

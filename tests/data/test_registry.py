@@ -15,13 +15,13 @@ from tfopt.errors import DataError
 
 
 def test_every_source_is_registered_under_its_name():
-    assert SOURCES == {
+    assert {
         "image_folder": ImageFolderSource,
         "numpy": NumpySource,
         "synthetic": SyntheticSource,
         "tfds": TfdsSource,
         "tfrecord": TFRecordSource,
-    }
+    } == SOURCES
     assert all(issubclass(cls, DataSource) and cls.name == name for name, cls in SOURCES.items())
 
 

@@ -65,23 +65,32 @@ def slow_double(x):
 
 PIPELINES = {
     "map and batch": lambda: tf.data.Dataset.range(50).map(lambda i: tf.cast(i, tf.float32) * 1.5).batch(7),
-    "py_function": lambda: tf.data.Dataset.range(30).map(
-        lambda i: tf.py_function(slow_double, [i], tf.int64)).batch(4),
+    "py_function": lambda: tf.data.Dataset.range(30).map(lambda i: tf.py_function(slow_double, [i], tf.int64)).batch(4),
     "numpy_function": lambda: tf.data.Dataset.range(20).map(
-        lambda i: tf.numpy_function(lambda x: x + 1, [i], tf.int64)),
-    "nested structure": lambda: tf.data.Dataset.range(12).map(
-        lambda i: {"image": (tf.fill([2, 2], i), tf.strings.as_string(i)), "label": i % 3}).batch(5),
-    "zip": lambda: tf.data.Dataset.zip((tf.data.Dataset.range(9).map(lambda i: i * 3),
-                                        tf.data.Dataset.range(20).map(lambda i: -i))).batch(2),
-    "interleave": lambda: tf.data.Dataset.range(6).interleave(
-        lambda i: tf.data.Dataset.range(i).map(lambda j: j * 10 + i), cycle_length=3).map(lambda x: x + 1),
+        lambda i: tf.numpy_function(lambda x: x + 1, [i], tf.int64)
+    ),
+    "nested structure": lambda: (
+        tf.data.Dataset.range(12)
+        .map(lambda i: {"image": (tf.fill([2, 2], i), tf.strings.as_string(i)), "label": i % 3})
+        .batch(5)
+    ),
+    "zip": lambda: tf.data.Dataset.zip(
+        (tf.data.Dataset.range(9).map(lambda i: i * 3), tf.data.Dataset.range(20).map(lambda i: -i))
+    ).batch(2),
+    "interleave": lambda: (
+        tf.data.Dataset.range(6)
+        .interleave(lambda i: tf.data.Dataset.range(i).map(lambda j: j * 10 + i), cycle_length=3)
+        .map(lambda x: x + 1)
+    ),
     "filter": lambda: tf.data.Dataset.range(40).map(lambda i: i * 7 % 11).filter(lambda x: x > 4).batch(3),
-    "cache": lambda: tf.data.Dataset.range(15).map(lambda i: i ** 2).cache().map(lambda x: x - 1),
+    "cache": lambda: tf.data.Dataset.range(15).map(lambda i: i**2).cache().map(lambda x: x - 1),
     "shuffle with seed": lambda: tf.data.Dataset.range(25).map(lambda i: i * 2).shuffle(25, seed=7).batch(4),
     "from_generator": lambda: tf.data.Dataset.from_generator(
-        lambda: iter(range(8)), output_signature=tf.TensorSpec([], tf.int64)).map(lambda i: i + 100),
+        lambda: iter(range(8)), output_signature=tf.TensorSpec([], tf.int64)
+    ).map(lambda i: i + 100),
     "stateless random": lambda: tf.data.Dataset.range(10).map(
-        lambda i: tf.random.stateless_uniform([3], seed=tf.stack([i, 1]))),
+        lambda i: tf.random.stateless_uniform([3], seed=tf.stack([i, 1]))
+    ),
     "padded batch": lambda: tf.data.Dataset.range(7).map(lambda i: tf.range(i)).padded_batch(3),
 }
 
@@ -136,8 +145,10 @@ def test_random_map_keeps_its_draws_and_names_the_setting():
     assert top_level_ops(rewritten)["ParallelMapDatasetV2"] == 1
     # The same draws from the same kernel, possibly handed to other elements.
     np.testing.assert_array_equal(np.sort(draws(rewritten)), np.sort(expected))
-    assert any("map 1 'lambda' (RandomUniform)" in note and "parallel_random_maps=False keeps the exact draw "
-               "order" in note for note in notes)
+    assert any(
+        "map 1 'lambda' (RandomUniform)" in note and "parallel_random_maps=False keeps the exact draw order" in note
+        for note in notes
+    )
 
 
 def test_exact_draw_order_with_parallel_random_maps_off():
@@ -160,8 +171,10 @@ def test_python_map_note_and_opt_out_for_shared_state():
 
     build = lambda: tf.data.Dataset.range(10).map(lambda i: tf.numpy_function(count, [i], tf.int64))  # noqa: E731
     _, notes = rewrite(build())
-    assert any("a Python function with mutable state shared between calls must opt out with "
-               "parallel_python_maps=False" in note for note in notes)
+    assert any(
+        "a Python function with mutable state shared between calls must opt out with parallel_python_maps=False" in note
+        for note in notes
+    )
     kept, notes = rewrite(build(), parallel_python_maps=False)
     assert top_level_ops(kept)["MapDataset"] == 1
     assert [int(x) for x in kept] == list(range(1, 11))
@@ -188,13 +201,20 @@ def test_synchronous_map_stays_sequential():
     assert top_level_ops(rewritten)["MapDataset"] == 1 and "(synchronous=True)" in notes[-2]
 
 
-@pytest.mark.parametrize("build, reason", [
-    (lambda _: tf.data.Dataset.range(3).map(lambda i: i).apply(tf.data.experimental.copy_to_device("/cpu:0")),
-     "its graph cannot be serialized (FailedPreconditionError: Failed to serialize the input pipeline graph: "
-     "GeneratorDatasetOp::Dataset does not support serialization)"),
-    (lambda directory: tf.data.Dataset.range(3).map(lambda i: i).snapshot(str(directory / "snapshot")),
-     "it uses SnapshotDatasetV2, which tfopt has not verified"),
-])
+@pytest.mark.parametrize(
+    "build, reason",
+    [
+        (
+            lambda _: tf.data.Dataset.range(3).map(lambda i: i).apply(tf.data.experimental.copy_to_device("/cpu:0")),
+            "its graph cannot be serialized (FailedPreconditionError: Failed to serialize the input pipeline graph: "
+            "GeneratorDatasetOp::Dataset does not support serialization)",
+        ),
+        (
+            lambda directory: tf.data.Dataset.range(3).map(lambda i: i).snapshot(str(directory / "snapshot")),
+            "it uses SnapshotDatasetV2, which tfopt has not verified",
+        ),
+    ],
+)
 def test_unrewritable_pipeline_is_left_as_it_was_with_the_reason(build, reason, tmp_path):
     dataset = build(tmp_path)
     result, notes = rewrite(dataset)
@@ -219,8 +239,10 @@ def test_idempotent():
     once, _ = rewrite(PIPELINES["zip"]())
     twice, notes = rewrite(once)
     assert twice is once
-    assert notes == ["nothing left to parallelize: the pipeline's maps and batches already run in parallel and "
-                     "it ends with a prefetch"]
+    assert notes == [
+        "nothing left to parallelize: the pipeline's maps and batches already run in parallel and "
+        "it ends with a prefetch"
+    ]
 
 
 def test_a_pipeline_ending_in_a_prefetch_gets_no_second_one():
@@ -252,12 +274,18 @@ def fake_serialized(monkeypatch, value):
     monkeypatch.setattr(tf.raw_ops, "DatasetToGraphV2", lambda **_: tf.constant(value))
 
 
-@pytest.mark.parametrize("serialized, reason", [
-    (b"\xff\xff\xff", "its graph cannot be serialized (DecodeError: Error parsing message with type "
-                       "'tensorflow.GraphDef': Wire format was corrupt)"),
-    # What protobuf makes of a GraphDef over 2 GiB (measured with a 2.1 GiB array).
-    (b"", "its graph is over protobuf's 2 GiB limit"),
-])
+@pytest.mark.parametrize(
+    "serialized, reason",
+    [
+        (
+            b"\xff\xff\xff",
+            "its graph cannot be serialized (DecodeError: Error parsing message with type "
+            "'tensorflow.GraphDef': Wire format was corrupt)",
+        ),
+        # What protobuf makes of a GraphDef over 2 GiB (measured with a 2.1 GiB array).
+        (b"", "its graph is over protobuf's 2 GiB limit"),
+    ],
+)
 def test_a_graph_python_cannot_parse_leaves_the_pipeline_as_it_was(monkeypatch, serialized, reason):
     dataset = PIPELINES["map and batch"]()
     fake_serialized(monkeypatch, serialized)
@@ -271,8 +299,9 @@ def test_a_graph_without_an_output_leaves_the_pipeline_as_it_was(monkeypatch):
     dataset = PIPELINES["map and batch"]()
     monkeypatch.setattr(pipeline_graph, "read", lambda _: (tf.compat.v1.GraphDef(), None))
     result, notes = rewrite(dataset)
-    assert_left_as_it_was(dataset, result, notes, "tfopt could not rewrite its graph (RuntimeError: generator "
-                                                  "raised StopIteration)")
+    assert_left_as_it_was(
+        dataset, result, notes, "tfopt could not rewrite its graph (RuntimeError: generator raised StopIteration)"
+    )
 
 
 def test_a_failing_rebuild_leaves_the_pipeline_as_it_was(monkeypatch):
@@ -305,10 +334,15 @@ def test_arrays_over_the_limit_are_left_before_anything_is_serialized(monkeypatc
     dataset = arrays_pipeline(2 * 1024)  # 2 MiB
     result, notes = rewrite(dataset)
     assert not serialized
-    assert_left_as_it_was(dataset, result, notes, "its graph holds 2 MiB of in-memory data (arrays passed to "
-                          "from_tensor_slices or captured by its functions are part of it), more than the 1 MiB tfopt "
-                          "copies to rewrite a pipeline; pass num_parallel_calls=tf.data.AUTOTUNE to your own maps "
-                          "instead")
+    assert_left_as_it_was(
+        dataset,
+        result,
+        notes,
+        "its graph holds 2 MiB of in-memory data (arrays passed to "
+        "from_tensor_slices or captured by its functions are part of it), more than the 1 MiB tfopt "
+        "copies to rewrite a pipeline; pass num_parallel_calls=tf.data.AUTOTUNE to your own maps "
+        "instead",
+    )
 
 
 def test_data_the_pipeline_objects_do_not_show_is_bounded_by_the_graph_size(monkeypatch):
@@ -339,12 +373,16 @@ def test_a_final_autotune_prefetch_is_bounded_like_the_one_tfopt_adds():
 def test_without_a_size_the_final_prefetch_is_autotuned_within_the_budget():
     kept, notes = parallelize(tf.data.Dataset.range(4).prefetch(tf.data.AUTOTUNE), prefetch_batches=None)
     assert final_buffer_size(kept) == ("PrefetchDataset", tf.data.AUTOTUNE)
-    assert "its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within the " \
-           "autotune RAM budget" in notes
+    assert (
+        "its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within the "
+        "autotune RAM budget" in notes
+    )
     added, notes = parallelize(tf.data.Dataset.range(4).map(lambda i: i), prefetch_batches=None)
     assert final_buffer_size(added) == ("PrefetchDataset", tf.data.AUTOTUNE)
-    assert "ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' " \
-           "size is unknown" in notes
+    assert (
+        "ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' "
+        "size is unknown" in notes
+    )
 
 
 def keras_augmented():
@@ -358,8 +396,10 @@ def test_a_keras_random_layer_map_stays_sequential_with_the_reason():
     rewritten, notes = rewrite(keras_augmented())
     ops = top_level_ops(rewritten)
     assert ops["MapDataset"] == 1 and ops["ParallelBatchDataset"] == 1
-    assert ("kept sequential: map 1 'lambda' (stateful AssignVariableOp: it writes a variable, as a Keras random "
-            "layer's seed generator does on every call, and parallel calls could read the same seed)") in notes
+    assert (
+        "kept sequential: map 1 'lambda' (stateful AssignVariableOp: it writes a variable, as a Keras random "
+        "layer's seed generator does on every call, and parallel calls could read the same seed)"
+    ) in notes
     assert_same_elements(keras_augmented(), rewritten)
     images = np.arange(16 * 4 * 4 * 3, dtype=np.float32).reshape(16, 4, 4, 3)
     flipped = np.concatenate([batch.numpy() for batch in rewritten])
@@ -420,16 +460,18 @@ OP_PIPELINES = {
     "RandomDataset": lambda f: tf.data.Dataset.random(seed=3).take(5),
     # tfopt's own pipelines draw their augmentation seeds from it (tfopt.data.pipeline).
     "RandomDatasetV2": lambda f: tf.data.Dataset.random(seed=3, rerandomize_each_iteration=True).take(5),
-    "GeneratorDataset": lambda f: tf.data.Dataset.from_generator(lambda: iter(range(5)),
-                                                                 output_signature=tf.TensorSpec([], tf.int64)),
+    "GeneratorDataset": lambda f: tf.data.Dataset.from_generator(
+        lambda: iter(range(5)), output_signature=tf.TensorSpec([], tf.int64)
+    ),
     "MapDataset": lambda f: R(5).map(lambda i: i * 3),
     "ParallelMapDatasetV2": lambda f: R(5).map(lambda i: i * 3, num_parallel_calls=2, deterministic=True),
     "FilterDataset": lambda f: R(9).filter(lambda i: i % 3 > 0),
     "FlatMapDataset": lambda f: R(4).flat_map(R),
     "InterleaveDataset": lambda f: R(4).interleave(R, cycle_length=2),
     # tfopt's TFRecordSource reads its shards with it.
-    "ParallelInterleaveDatasetV4": lambda f: R(4).interleave(R, cycle_length=2, num_parallel_calls=2,
-                                                             deterministic=True),
+    "ParallelInterleaveDatasetV4": lambda f: R(4).interleave(
+        R, cycle_length=2, num_parallel_calls=2, deterministic=True
+    ),
     "BatchDatasetV2": lambda f: R(7).batch(3),
     "ParallelBatchDataset": lambda f: R(7).batch(3, num_parallel_calls=2, deterministic=True),
     "PaddedBatchDatasetV2": lambda f: R(5).map(tf.range).padded_batch(2),
@@ -448,21 +490,26 @@ OP_PIPELINES = {
     "DirectedInterleaveDataset": lambda f: tf.data.Dataset.sample_from_datasets([R(4), R(10, 14)], seed=5),
     "ShardDataset": lambda f: R(9).shard(2, 1),
     "RebatchDatasetV2": lambda f: R(8).batch(4).rebatch(2),
-    "AssertCardinalityDataset": lambda f: R(4).filter(lambda i: i >= 0).apply(
-        tf.data.experimental.assert_cardinality(4)),
+    "AssertCardinalityDataset": lambda f: (
+        R(4).filter(lambda i: i >= 0).apply(tf.data.experimental.assert_cardinality(4))
+    ),
     "WindowDataset": lambda f: R(7).window(3, shift=2).flat_map(lambda window: window.batch(3)),
     "ScanDataset": lambda f: R(5).scan(tf.constant(0, tf.int64), lambda total, i: (total + i, total + i)),
-    "GroupByWindowDataset": lambda f: R(10).group_by_window(lambda i: i % 2, lambda key, window: window.batch(5),
-                                                            window_size=5),
-    "IgnoreErrorsDataset": lambda f: R(4).map(lambda i: tf.debugging.check_numerics(
-        1.0 / tf.cast(i, tf.float32), "division by zero")).ignore_errors(),
+    "GroupByWindowDataset": lambda f: R(10).group_by_window(
+        lambda i: i % 2, lambda key, window: window.batch(5), window_size=5
+    ),
+    "IgnoreErrorsDataset": lambda f: (
+        R(4)
+        .map(lambda i: tf.debugging.check_numerics(1.0 / tf.cast(i, tf.float32), "division by zero"))
+        .ignore_errors()
+    ),
     "TakeWhileDataset": lambda f: R(9).take_while(lambda i: i < 4),
     "UniqueDataset": lambda f: tf.data.Dataset.from_tensor_slices([3, 1, 3, 2, 1]).unique(),
 }
 
 
 def test_the_known_ops_are_exactly_the_tested_ones():
-    assert KNOWN_DATASET_OPS == set(OP_PIPELINES)
+    assert set(OP_PIPELINES) == KNOWN_DATASET_OPS
 
 
 @pytest.mark.parametrize("op", sorted(OP_PIPELINES))

@@ -48,8 +48,15 @@ def test_pipeline_checks_its_arguments_once_for_every_source():
             return {}
 
     request = Echo().pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=1)
-    assert (request.batch_size, request.optimized, request.shuffle, request.seed, request.drop_remainder,
-            request.num_shards, request.shard_index) == (4, True, True, 0, False, 2, 1)
+    assert (
+        request.batch_size,
+        request.optimized,
+        request.shuffle,
+        request.seed,
+        request.drop_remainder,
+        request.num_shards,
+        request.shard_index,
+    ) == (4, True, True, 0, False, 2, 1)
     with pytest.raises(ValueError, match="echo: shard_index=2 is not in"):
         Echo().pipeline(batch_size=4, optimized=True, num_shards=2, shard_index=2)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .helpers import assert_same_batches, collect
 from tfopt.data.synthetic import SyntheticSource
 from tfopt.errors import DataError
+
+from .helpers import assert_same_batches, collect
 
 
 @pytest.mark.parametrize("kind", ["image", "tokens"])
@@ -21,9 +22,9 @@ def test_optimized_and_naive_yield_identical_elements(kind):
 
 def test_images_are_float_in_unit_range_with_balanced_labels():
     source = SyntheticSource("image", examples=40, num_classes=4, image_size=[12, 10], channels=3)
-    (x, y), = collect(source.pipeline(batch_size=40, optimized=True, shuffle=False))
+    ((x, y),) = collect(source.pipeline(batch_size=40, optimized=True, shuffle=False))
     assert x.dtype == np.float32 and x.shape == (40, 12, 10, 3)
-    assert 0.0 <= x.min() and x.max() <= 1.0 and x.std() > 0.05
+    assert x.min() >= 0.0 and x.max() <= 1.0 and x.std() > 0.05
     assert y.dtype == np.int32 and np.bincount(y).tolist() == [10, 10, 10, 10]
 
 

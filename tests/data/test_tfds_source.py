@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from .helpers import TfoptTinyPatches, assert_same_batches, collect, unbatched
 from tfopt.data.tfds_source import TfdsSource
 from tfopt.errors import DataError
+
+from .helpers import TfoptTinyPatches, assert_same_batches, collect, unbatched
 
 _SIZE = 30
 
@@ -18,7 +19,7 @@ _SIZE = 30
 def test_reads_the_prepared_split_as_float_images(tfds_dir):
     source = TfdsSource("tfopt_tiny_patches", split="train", data_dir=tfds_dir)
     assert source.num_examples == _SIZE and source.is_image
-    (x, y), = collect(source.pipeline(batch_size=_SIZE, optimized=True, shuffle=False))
+    ((x, y),) = collect(source.pipeline(batch_size=_SIZE, optimized=True, shuffle=False))
     assert x.dtype == np.float32 and x.shape == (_SIZE, 16, 16, 3)
     assert y.dtype == np.int32
     assert np.array_equal(np.argmax(x.mean(axis=(1, 2)), axis=-1), y)
@@ -42,7 +43,9 @@ def test_split_slicing_shuffle_and_sharding(tfds_dir):
     source = TfdsSource("tfopt_tiny_patches", split="train[:20]", data_dir=tfds_dir)
     assert source.num_examples == 20
     everything = unbatched(collect(source.pipeline(batch_size=64, optimized=False, shuffle=False)))
-    shards = [unbatched(collect(source.pipeline(batch_size=3, optimized=True, num_shards=2, shard_index=i))) for i in (0, 1)]
+    shards = [
+        unbatched(collect(source.pipeline(batch_size=3, optimized=True, num_shards=2, shard_index=i))) for i in (0, 1)
+    ]
     assert sorted(shards[0] + shards[1]) == sorted(everything)
     assert len(shards[0]) == len(shards[1]) == 10
 
@@ -99,8 +102,11 @@ def test_a_download_without_network_fails_within_seconds_and_says_so(tmp_path, m
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", never)
     monkeypatch.delenv("HTTPS_PROXY", raising=False)
     monkeypatch.delenv("https_proxy", raising=False)
-    with pytest.raises(DataError, match=r"cannot download 'mnist': this machine has no network access to "
-                                        r"storage.googleapis.com:443 .*tfds build mnist --data_dir") as caught:
+    with pytest.raises(
+        DataError,
+        match=r"cannot download 'mnist': this machine has no network access to "
+        r"storage.googleapis.com:443 .*tfds build mnist --data_dir",
+    ) as caught:
         TfdsSource("mnist", data_dir=tmp_path, download=True)
     assert tried == [(("storage.googleapis.com", 443), 5.0)] and caught.value.setting == "download"
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")

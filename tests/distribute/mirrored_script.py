@@ -36,7 +36,9 @@ plan = make_plan(model, dataset, hardware=Hardware(cpu_count=2))
 
 single = build(plan)
 single_history = single.model.fit(single.dataset, epochs=3, verbose=0)
-results = {"single": {"loss": single_history.history["loss"], "weights": [w.tolist() for w in single.model.get_weights()]}}
+results = {
+    "single": {"loss": single_history.history["loss"], "weights": [w.tolist() for w in single.model.get_weights()]}
+}
 
 recipe = Distribution(strategy="mirrored", devices=["/cpu:0", "/cpu:1"], scale_batch=False)
 mirrored_plan = recipe(plan)
@@ -46,7 +48,9 @@ for engine in ("tfopt", "keras"):
     kernel = built.model.layers[0].kernel.value
     components = [component.numpy().tolist() for component in built.strategy.experimental_local_results(kernel)]
     history = fit(built.model, built.dataset, strategy=built.strategy, epochs=3, engine=engine)
-    after = [component.numpy() for component in built.strategy.experimental_local_results(built.model.layers[0].kernel.value)]
+    after = [
+        component.numpy() for component in built.strategy.experimental_local_results(built.model.layers[0].kernel.value)
+    ]
     results[engine] = {
         "replicas": built.strategy.num_replicas_in_sync,
         "variable_type": type(kernel).__name__,

@@ -36,11 +36,30 @@ def test_missing_horovod_explains_how_to_install(monkeypatch):
 def test_two_gloo_ranks_end_with_identical_weights(tmp_path):
     horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent))
     completed = subprocess.run(
-        [horovodrun, "-np", "2", "-H", "127.0.0.1:2", "--gloo", "--network-interfaces", "lo",
-         sys.executable, str(HERE / "worker_script.py"), str(tmp_path), "--strategy", "horovod"],
-        capture_output=True, text=True, timeout=300,
-        env={"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2",
-             "PYTHONPATH": str(HERE.parent.parent)})
+        [
+            horovodrun,
+            "-np",
+            "2",
+            "-H",
+            "127.0.0.1:2",
+            "--gloo",
+            "--network-interfaces",
+            "lo",
+            sys.executable,
+            str(HERE / "worker_script.py"),
+            str(tmp_path),
+            "--strategy",
+            "horovod",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": str(HERE.parent.parent),
+        },
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     first, second = (json.loads((tmp_path / f"worker_{rank}.json").read_text()) for rank in range(2))
     assert first["replicas"] == 2 and first["is_chief"] and not second["is_chief"]

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from tests.processes import alive, kill_all, wait_gone
 from tfopt.distribute.launcher import free_ports, launch_local_workers
 from tfopt.errors import DistributionError
-from tests.processes import alive, kill_all, wait_gone
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PRINT_TASK = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task']['index'])"
@@ -30,9 +30,11 @@ def test_workers_get_their_own_tf_config_and_prefixed_output():
 
 
 def test_failed_worker_stops_a_hanging_one_after_the_grace_period():
-    script = ("import json, os, sys, time\n"
-              "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
-              "sys.exit(5) if index == 1 else time.sleep(600)\n")
+    script = (
+        "import json, os, sys, time\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        "sys.exit(5) if index == 1 else time.sleep(600)\n"
+    )
     with pytest.raises(DistributionError) as error:
         launch_local_workers([sys.executable, "-c", script], 2, output=lambda line: None, failure_grace_seconds=1)
     assert str(error.value).startswith("Worker 1 exited with code 5 (first failure); workers [0] were still running")
@@ -40,8 +42,9 @@ def test_failed_worker_stops_a_hanging_one_after_the_grace_period():
 
 def test_timeout_stops_everything():
     with pytest.raises(DistributionError, match="did not finish within timeout_seconds=1"):
-        launch_local_workers([sys.executable, "-c", "import time; time.sleep(600)"], 2, output=lambda line: None,
-                             timeout_seconds=1)
+        launch_local_workers(
+            [sys.executable, "-c", "import time; time.sleep(600)"], 2, output=lambda line: None, timeout_seconds=1
+        )
 
 
 def test_rejects_no_workers():

@@ -16,7 +16,7 @@ from tfopt.distribute.probe import keras_fit_works_multi_worker
 from tfopt.errors import DistributionError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from worker_script import train_reference as reference  # noqa: E402
+from worker_script import train_reference as reference
 
 SCRIPT = str(Path(__file__).parent / "worker_script.py")
 pytestmark = pytest.mark.multi_worker
@@ -24,8 +24,13 @@ pytestmark = pytest.mark.multi_worker
 
 def run_workers(out_dir, *args, grace=120.0):
     lines = []
-    launch_local_workers([sys.executable, SCRIPT, str(out_dir), *args], 2, output=lines.append,
-                         failure_grace_seconds=grace, timeout_seconds=240)
+    launch_local_workers(
+        [sys.executable, SCRIPT, str(out_dir), *args],
+        2,
+        output=lines.append,
+        failure_grace_seconds=grace,
+        timeout_seconds=240,
+    )
     return [json.loads((out_dir / f"worker_{index}.json").read_text()) for index in range(2)], lines
 
 
@@ -48,9 +53,25 @@ def dead_worker_run(tmp_path_factory):
     out_dir, checkpoints = tmp_path_factory.mktemp("dead"), tmp_path_factory.mktemp("checkpoints")
     lines = []
     with pytest.raises(DistributionError) as error:
-        launch_local_workers([sys.executable, SCRIPT, str(out_dir), "--epochs", "3", "--die-at-epoch", "1",
-                              "--checkpoint-dir", str(checkpoints), "--timeout", "20"], 2,
-                             output=lines.append, failure_grace_seconds=120, timeout_seconds=240)
+        launch_local_workers(
+            [
+                sys.executable,
+                SCRIPT,
+                str(out_dir),
+                "--epochs",
+                "3",
+                "--die-at-epoch",
+                "1",
+                "--checkpoint-dir",
+                str(checkpoints),
+                "--timeout",
+                "20",
+            ],
+            2,
+            output=lines.append,
+            failure_grace_seconds=120,
+            timeout_seconds=240,
+        )
     return str(error.value), lines, checkpoints
 
 

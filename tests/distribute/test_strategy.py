@@ -47,8 +47,9 @@ def test_multi_worker_strategy_is_joined_once_per_process():
             print("REFUSED", "one MultiWorkerMirroredStrategy per process" in str(error))
     """)
     environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
-                             timeout=300)
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=300)
     assert process.returncode == 0, process.stderr[-2000:]
-    assert [line for line in process.stdout.splitlines() if line.startswith(("SAME", "REFUSED"))] == \
-        ["SAME True", "REFUSED True"]
+    assert [line for line in process.stdout.splitlines() if line.startswith(("SAME", "REFUSED"))] == [
+        "SAME True",
+        "REFUSED True",
+    ]

@@ -48,21 +48,28 @@ def test_keras_engine_reads_one_pass_per_epoch_from_one_iterator(tmp_path):
     model.fit = lambda x, **kwargs: calls.append((x, kwargs)) or keras_fit(x, **kwargs)
     history = fit(model, make_dataset(), epochs=3, engine="keras")
 
-    (x, kwargs), = calls
+    ((x, kwargs),) = calls
     assert int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and kwargs["steps_per_epoch"] == 6
     assert history.epoch == [0, 1, 2] and int(model.optimizer.iterations.numpy()) == 18
     reference = make_model()  # Keras' own epochs over the finite dataset: the same passes, the same weights
     reference.fit(make_dataset(), epochs=3, verbose=0, shuffle=False)
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_array_equal(got, want)
+
     # Killed in its third epoch and resumed by BackupAndRestore: the third epoch is again one whole pass.
     def crash(epoch, logs):
         if epoch == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fit(make_model(), make_dataset(), epochs=3, checkpoint_dir=tmp_path, engine="keras",
-            callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=crash)])
+        fit(
+            make_model(),
+            make_dataset(),
+            epochs=3,
+            checkpoint_dir=tmp_path,
+            engine="keras",
+            callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=crash)],
+        )
     resumed = make_model()
     assert fit(resumed, make_dataset(), epochs=3, checkpoint_dir=tmp_path, engine="keras").epoch == [2]
     for got, want in zip(resumed.get_weights(), reference.get_weights()):
@@ -107,11 +114,16 @@ def test_bad_arguments_raise(kwargs, words):
 @pytest.mark.slow
 def test_mirrored_two_cpus_matches_single_device():
     """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
-    completed = subprocess.run([sys.executable, str(HERE / "mirrored_script.py")], capture_output=True, text=True,
-                               timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "mirrored_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    results = json.loads(lines[0][len("RESULT "):])
+    results = json.loads(lines[0][len("RESULT ") :])
     assert "mirrored with 2 replica(s)" in results["applied"]
     for engine in ("tfopt", "keras"):
         run = results[engine]

@@ -30,8 +30,11 @@ def make_dataset() -> tf.data.Dataset:
     targets = (features[:, 1:] @ np.array([[1.0], [-2.0], [0.5]], "float32")).astype("float32")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return tf.data.Dataset.from_tensor_slices((features, targets)).batch(GLOBAL_BATCH, drop_remainder=True
-                                                                         ).with_options(options)
+    return (
+        tf.data.Dataset.from_tensor_slices((features, targets))
+        .batch(GLOBAL_BATCH, drop_remainder=True)
+        .with_options(options)
+    )
 
 
 def ids_seen(strategy, dataset) -> list[int]:
@@ -94,12 +97,25 @@ def main() -> None:
     dataset = make_dataset()
     ids = ids_seen(strategy, dataset)
     callbacks = [DieAt(args.die_at_epoch)] if args.die_at_epoch >= 0 and index == args.die_worker else []
-    history = fit(model, dataset, strategy=strategy, epochs=args.epochs, callbacks=callbacks,
-                  checkpoint_dir=args.checkpoint_dir, engine="tfopt")
-    result = {"index": index, "is_chief": is_chief, "replicas": strategy.num_replicas_in_sync, "ids": ids,
-              "epochs": history.epoch, "loss": history.history.get("loss", []),
-              "weights": [w.tolist() for w in model.get_weights()],
-              "iterations": int(model.optimizer.iterations.numpy())}
+    history = fit(
+        model,
+        dataset,
+        strategy=strategy,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        checkpoint_dir=args.checkpoint_dir,
+        engine="tfopt",
+    )
+    result = {
+        "index": index,
+        "is_chief": is_chief,
+        "replicas": strategy.num_replicas_in_sync,
+        "ids": ids,
+        "epochs": history.epoch,
+        "loss": history.history.get("loss", []),
+        "weights": [w.tolist() for w in model.get_weights()],
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
     with open(os.path.join(args.out_dir, f"worker_{index}.json"), "w") as handle:
         json.dump(result, handle)
     print(f"worker {index} done: loss {result['loss']}", flush=True)

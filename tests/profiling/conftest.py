@@ -19,8 +19,8 @@ from tfopt.hardware import Gpu, Hardware
 from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.capture import Capture, Profile, profile
 from tfopt.profiling.diagnose import diagnose_breakdown
-from tfopt.profiling.sampler import HOST, Sample, Samples
 from tfopt.profiling.measurement import Measurement
+from tfopt.profiling.sampler import HOST, Sample, Samples
 from tfopt.profiling.timing import StepTimes
 
 FEATURES = 64
@@ -36,8 +36,14 @@ WARMUP_STEPS = 3
 
 def make_model(width: int = 2048) -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse", jit_compile=False)
     return model
 
@@ -80,33 +86,59 @@ def session_model() -> keras.Model:
 @pytest.fixture(scope="session")
 def starved_profile(session_model, tmp_path_factory) -> Profile:
     """A real profile of the model fed by a serial, sleeping pipeline."""
-    return profile(session_model, _slow_pipeline(parallel=False), steps=STEPS, warmup_steps=WARMUP_STEPS,
-                   logdir=tmp_path_factory.mktemp("starved"), monitor_interval_seconds=0.05)
+    return profile(
+        session_model,
+        _slow_pipeline(parallel=False),
+        steps=STEPS,
+        warmup_steps=WARMUP_STEPS,
+        logdir=tmp_path_factory.mktemp("starved"),
+        monitor_interval_seconds=0.05,
+    )
 
 
 @pytest.fixture(scope="session")
 def tuned_profile(session_model, tmp_path_factory) -> Profile:
     """A real profile of the same model fed by the parallel, prefetched version of that pipeline."""
-    return profile(session_model, _slow_pipeline(parallel=True), steps=STEPS, warmup_steps=WARMUP_STEPS,
-                   logdir=tmp_path_factory.mktemp("tuned"), monitor_interval_seconds=0.05)
+    return profile(
+        session_model,
+        _slow_pipeline(parallel=True),
+        steps=STEPS,
+        warmup_steps=WARMUP_STEPS,
+        logdir=tmp_path_factory.mktemp("tuned"),
+        monitor_interval_seconds=0.05,
+    )
 
 
-def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: float = 18.0, gpus: int = 0,
-                 steps: int = 6, batch_size: int = 32, steps_per_epoch: int | None = 100,
-                 logdir: str = "/tmp/fake-logdir") -> Profile:
+def fake_profile(
+    *,
+    step_ms: float = 40.0,
+    input_ms: float = 20.0,
+    ceiling_ms: float = 18.0,
+    gpus: int = 0,
+    steps: int = 6,
+    batch_size: int = 32,
+    steps_per_epoch: int | None = 100,
+    logdir: str = "/tmp/fake-logdir",
+) -> Profile:
     """A Profile built by hand, with exact numbers: for report and diagnosis tests that need no training."""
     hardware = Hardware(gpus=tuple(Gpu("Fake A100", (8, 0), 40 * 2**30) for _ in range(gpus)), cpu_count=2)
     seconds = tuple(step_ms / 1000.0 * (1 + 0.01 * (i % 3 - 1)) for i in range(steps))
-    measurement = Measurement(real=StepTimes(seconds, batch_size),
-                              ceiling=StepTimes(tuple(ceiling_ms / 1000.0 for _ in range(steps)), batch_size))
+    measurement = Measurement(
+        real=StepTimes(seconds, batch_size),
+        ceiling=StepTimes(tuple(ceiling_ms / 1000.0 for _ in range(steps)), batch_size),
+    )
     profiled = StepTimes(tuple(s * 1.05 for s in seconds), batch_size)
     device_ms = (step_ms - input_ms) * 0.8 if gpus else 0.0
     breakdown = StepBreakdown(
-        source="trace+xprof", hardware_type="GPU" if gpus else "CPU_ONLY",
-        step_seconds=tuple(s * 1.05 for s in seconds), input_seconds=input_ms / 1000.0,
-        device_compute_seconds=device_ms / 1000.0, device_busy_seconds=device_ms / 1000.0 if gpus else None,
+        source="trace+xprof",
+        hardware_type="GPU" if gpus else "CPU_ONLY",
+        step_seconds=tuple(s * 1.05 for s in seconds),
+        input_seconds=input_ms / 1000.0,
+        device_compute_seconds=device_ms / 1000.0,
+        device_busy_seconds=device_ms / 1000.0 if gpus else None,
         host_compute_seconds=(sum(seconds) * 1.05 / steps - input_ms / 1000.0 - device_ms / 1000.0),
-        input_split={"preprocessing": 0.9, "file_read": 0.1, "enqueue": 0.0, "other": 0.0})
+        input_split={"preprocessing": 0.9, "file_read": 0.1, "enqueue": 0.0, "other": 0.0},
+    )
     ends = tuple(0.2 + sum(profiled.seconds[: i + 1]) for i in range(steps))
     readings = [Sample(t, HOST, 50.0 + i, 500 * 2**20 + i * 2**20) for i, t in enumerate((0.0, *ends))]
     totals = {}
@@ -115,12 +147,24 @@ def fake_profile(*, step_ms: float = 40.0, input_ms: float = 20.0, ceiling_ms: f
         totals[f"gpu:{g}"] = 40 * 2**30
     samples = Samples(samples=tuple(readings), source="nvml" if gpus else "psutil", device_memory_total_bytes=totals)
     peak = 12 * 2**30 if gpus else 600 * 2**20
-    capture = Capture(logdir=logdir, xplane_path=f"{logdir}/x.xplane.pb", step_times=profiled,
-                      step_numbers=tuple(range(3, 3 + steps)), samples=samples, peak_memory_bytes=peak)
-    return Profile(measurement=measurement, capture=capture, breakdown=breakdown,
-                   diagnosis=diagnose_breakdown(breakdown, hardware, peak_memory_fraction=peak / (40 * 2**30) if gpus
-                                                 else None, measurement=measurement),
-                   hardware=hardware, steps_per_epoch=steps_per_epoch)
+    capture = Capture(
+        logdir=logdir,
+        xplane_path=f"{logdir}/x.xplane.pb",
+        step_times=profiled,
+        step_numbers=tuple(range(3, 3 + steps)),
+        samples=samples,
+        peak_memory_bytes=peak,
+    )
+    return Profile(
+        measurement=measurement,
+        capture=capture,
+        breakdown=breakdown,
+        diagnosis=diagnose_breakdown(
+            breakdown, hardware, peak_memory_fraction=peak / (40 * 2**30) if gpus else None, measurement=measurement
+        ),
+        hardware=hardware,
+        steps_per_epoch=steps_per_epoch,
+    )
 
 
 @pytest.fixture
@@ -136,6 +180,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 def unpack_capture(tmp_path):
     """Unpacks a real capture from tests/fixtures (`unpack_capture("gpu-planted", "lstm_fp32")`) into the
     test's directory and returns its logdir."""
+
     def unpack(folder: str, case: str) -> Path:
         with tarfile.open(FIXTURES / folder / f"{case}.tar.xz", "r:xz") as archive:
             archive.extractall(tmp_path, filter="data")

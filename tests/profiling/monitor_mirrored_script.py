@@ -36,8 +36,18 @@ def train(callbacks):
 monitor = Monitor(every_steps=4)
 monitored = train([monitor])
 plain = train([])
-print("RESULT " + json.dumps({
-    "start": monitor.records_of("start")[0],
-    "windows": [{key: value for key, value in record.items() if key != "logs"} for record in monitor.records_of("window")],
-    "weights_max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(monitored.get_weights(), plain.get_weights())),
-}))
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "start": monitor.records_of("start")[0],
+            "windows": [
+                {key: value for key, value in record.items() if key != "logs"}
+                for record in monitor.records_of("window")
+            ],
+            "weights_max_diff": max(
+                float(np.max(np.abs(a - b))) for a, b in zip(monitored.get_weights(), plain.get_weights())
+            ),
+        }
+    )
+)

@@ -113,39 +113,74 @@ def test_xprof_without_the_requested_steps_is_an_error(starved_profile):
 
 
 def _step_table(rows):
-    columns = ["stepnum", "deviceComputeTimeMs", "deviceToDeviceTimeMs", "deviceCollectivesTimeMs",
-               "hostComputeTimeMs", "kernelLaunchTimeMs", "infeedTimeMs", "outfeedTimeMs", "compileTimeMs",
-               "otherTimeMs", "tooltip", "stepTimeMs"]
-    return {"cols": [{"id": column} for column in columns], "p": {"hardware_type": "GPU"},
-            "rows": [{"c": [{"v": value} for value in row]} for row in rows]}
+    columns = [
+        "stepnum",
+        "deviceComputeTimeMs",
+        "deviceToDeviceTimeMs",
+        "deviceCollectivesTimeMs",
+        "hostComputeTimeMs",
+        "kernelLaunchTimeMs",
+        "infeedTimeMs",
+        "outfeedTimeMs",
+        "compileTimeMs",
+        "otherTimeMs",
+        "tooltip",
+        "stepTimeMs",
+    ]
+    return {
+        "cols": [{"id": column} for column in columns],
+        "p": {"hardware_type": "GPU"},
+        "rows": [{"c": [{"v": value} for value in row]} for row in rows],
+    }
 
 
 def test_xprof_gpu_tables_map_to_the_breakdown(monkeypatch, tmp_path):
     """The GPU columns and properties, from tables shaped like xprof's, without a GPU."""
     pipeline = [
         {"cols": [], "rows": []},
-        _step_table([
-            # step, device, d2d, collectives, host, launch, input, output, compile, other, tooltip, total
-            ["train 2", 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, "", 81.0],  # not a measured step
-            ["train 3", 50.0, 1.0, 4.0, 5.0, 10.0, 20.0, 0.0, 0.0, 10.0, "", 100.0],
-            ["train 4", 70.0, 1.0, 4.0, 5.0, 10.0, 0.0, 0.0, 0.0, 10.0, "", 100.0],
-        ]),
-        {"cols": [], "rows": [], "p": {"preprocessing_us": "300.0", "demanded_file_read_us": "500.0",
-                                        "advanced_file_read_us": "100.0", "enqueue_us": "100.0",
-                                        "unclassified_nonequeue_us": "0.000"}},
+        _step_table(
+            [
+                # step, device, d2d, collectives, host, launch, input, output, compile, other, tooltip, total
+                ["train 2", 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, "", 81.0],  # not a measured step
+                ["train 3", 50.0, 1.0, 4.0, 5.0, 10.0, 20.0, 0.0, 0.0, 10.0, "", 100.0],
+                ["train 4", 70.0, 1.0, 4.0, 5.0, 10.0, 0.0, 0.0, 0.0, 10.0, "", 100.0],
+            ]
+        ),
+        {
+            "cols": [],
+            "rows": [],
+            "p": {
+                "preprocessing_us": "300.0",
+                "demanded_file_read_us": "500.0",
+                "advanced_file_read_us": "100.0",
+                "enqueue_us": "100.0",
+                "unclassified_nonequeue_us": "0.000",
+            },
+        },
     ]
-    overview = [{"cols": [], "rows": [], "p": {"device_compute_16bit_percent": "7.5%",
-                                                "memory_bw_utilization_relative_to_hw_limit": "0.0%",
-                                                "flop_rate_utilization_relative_to_roofline": "41.0%"}}]
-    monkeypatch.setattr(analyze_module, "_xprof_tool",
-                        lambda xplane, tool: pipeline if tool == "input_pipeline_analyzer" else overview)
+    overview = [
+        {
+            "cols": [],
+            "rows": [],
+            "p": {
+                "device_compute_16bit_percent": "7.5%",
+                "memory_bw_utilization_relative_to_hw_limit": "0.0%",
+                "flop_rate_utilization_relative_to_roofline": "41.0%",
+            },
+        }
+    ]
+    monkeypatch.setattr(
+        analyze_module, "_xprof_tool", lambda xplane, tool: pipeline if tool == "input_pipeline_analyzer" else overview
+    )
     breakdown = xprof_breakdown(tmp_path / "x.xplane.pb", step_numbers={3, 4})
     assert breakdown.hardware_type == "GPU" and breakdown.step_seconds == (0.1, 0.1)
     assert breakdown.device_compute_seconds == pytest.approx(0.060)
     assert breakdown.collectives_seconds == pytest.approx(0.005)  # collectives + device-to-device
     assert breakdown.input_seconds == pytest.approx(0.010) and breakdown.kernel_launch_seconds == pytest.approx(0.010)
     assert sum(breakdown.categories.values()) == pytest.approx(0.1)
-    assert breakdown.input_split == pytest.approx({"preprocessing": 0.3, "file_read": 0.6, "enqueue": 0.1, "other": 0.0})
+    assert breakdown.input_split == pytest.approx(
+        {"preprocessing": 0.3, "file_read": 0.6, "enqueue": 0.1, "other": 0.0}
+    )
     assert breakdown.compute_16bit_percent == 7.5
     assert breakdown.memory_bandwidth_percent is None  # xprof's 0.0% means "not measured"
     assert breakdown.flop_rate_percent == 41.0

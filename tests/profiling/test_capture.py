@@ -78,7 +78,9 @@ def test_profile_holds_the_measured_steps(starved_profile):
 
 
 def test_profiling_overhead_compares_profiled_and_unprofiled_speed(starved_profile):
-    expected = 1 - starved_profile.capture.step_times.steps_per_second / starved_profile.measurement.real.steps_per_second
+    expected = (
+        1 - starved_profile.capture.step_times.steps_per_second / starved_profile.measurement.real.steps_per_second
+    )
     assert starved_profile.profiling_overhead == pytest.approx(expected)
 
 
@@ -92,14 +94,21 @@ def test_profile_keeps_weights_and_optimizer_state(tmp_path):
     assert result.breakdown.source == "trace+xprof" and len(result.breakdown.step_seconds) == 3
 
 
-@pytest.mark.parametrize(("dataset", "message"), [
-    (_numbers(0), "has 0 batches; profiling needs at least 2"),
-    (_numbers(3, batch=4), "has 1 batch; profiling needs at least 2"),
-    (tf.data.Dataset.range(10).filter(lambda i: i > 8).map(lambda i: (tf.fill([1, 4], 1.0), tf.fill([1, 1], 1.0))),
-     "has 1 batch"),  # cardinality unknown to tf.data: counted by reading
-    ([1, 2, 3], "Expected a batched tf.data.Dataset, received list"),
-    (tf.data.Dataset.range(8).batch(2), "must be an \\(inputs, targets\\[, sample_weights\\]\\) tuple"),
-])
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        (_numbers(0), "has 0 batches; profiling needs at least 2"),
+        (_numbers(3, batch=4), "has 1 batch; profiling needs at least 2"),
+        (
+            tf.data.Dataset.range(10)
+            .filter(lambda i: i > 8)
+            .map(lambda i: (tf.fill([1, 4], 1.0), tf.fill([1, 1], 1.0))),
+            "has 1 batch",
+        ),  # cardinality unknown to tf.data: counted by reading
+        ([1, 2, 3], "Expected a batched tf.data.Dataset, received list"),
+        (tf.data.Dataset.range(8).batch(2), "must be an \\(inputs, targets\\[, sample_weights\\]\\) tuple"),
+    ],
+)
 def test_unprofilable_datasets_are_clear_errors(dataset, message):
     with pytest.raises(DataError, match=message):
         profile(_small_model(), dataset, steps=2, warmup_steps=1)
@@ -122,8 +131,11 @@ def test_failed_capture_stops_the_profiler_and_leaves_reports_untouched(tmp_path
     original = report_path.read_bytes()
     # Element 30 fails: batch 7 of 4-element batches, a measured step under the profiler.
     failing = tf.data.Dataset.range(100).map(_fail_at(30)).batch(4)
-    with pytest.raises(MeasurementError, match=r"(?s)stopped after 7 of 12 steps \(InvalidArgumentError.*element 30 is "
-                                               r"broken.*reports written before are untouched"):
+    with pytest.raises(
+        MeasurementError,
+        match=r"(?s)stopped after 7 of 12 steps \(InvalidArgumentError.*element 30 is "
+        r"broken.*reports written before are untouched",
+    ):
         capture(_small_model(), failing, steps=8, warmup_steps=3, batch_size=4, logdir=tmp_path / "logs")
     assert report_path.read_bytes() == original
     _assert_profiler_free(tmp_path)

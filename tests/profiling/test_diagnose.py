@@ -21,18 +21,45 @@ P100 = Hardware(gpus=(Gpu("Tesla P100", (6, 0), 16 * 2**30),), cpu_count=8)
 TPU = Hardware(tpu_cores=8)
 
 
-def breakdown(*, step=100.0, input_=0.0, host=None, device=0.0, launch=0.0, compile_=0.0, collectives=0.0,
-              other=0.0, split=None, bits16=None, bandwidth=None, flops=None, hardware_type="GPU", xla=None):
+def breakdown(
+    *,
+    step=100.0,
+    input_=0.0,
+    host=None,
+    device=0.0,
+    launch=0.0,
+    compile_=0.0,
+    collectives=0.0,
+    other=0.0,
+    split=None,
+    bits16=None,
+    bandwidth=None,
+    flops=None,
+    hardware_type="GPU",
+    xla=None,
+):
     """A breakdown of one 100 ms wall step (by default): the arguments are milliseconds; host compute takes the
     rest; on a GPU the device is busy while it computes."""
     if host is None:
         host = step - input_ - device - launch - compile_ - collectives - other
     return StepBreakdown(
-        source="xprof", hardware_type=hardware_type, step_seconds=(step / 1000,), input_seconds=input_ / 1000,
-        host_compute_seconds=host / 1000, device_compute_seconds=device / 1000, kernel_launch_seconds=launch / 1000,
-        compile_seconds=compile_ / 1000, collectives_seconds=collectives / 1000, other_seconds=other / 1000,
-        input_split=split, compute_16bit_percent=bits16, memory_bandwidth_percent=bandwidth, flop_rate_percent=flops,
-        device_busy_seconds=None if hardware_type == "CPU_ONLY" else device / 1000, xla_kernel_percent=xla)
+        source="xprof",
+        hardware_type=hardware_type,
+        step_seconds=(step / 1000,),
+        input_seconds=input_ / 1000,
+        host_compute_seconds=host / 1000,
+        device_compute_seconds=device / 1000,
+        kernel_launch_seconds=launch / 1000,
+        compile_seconds=compile_ / 1000,
+        collectives_seconds=collectives / 1000,
+        other_seconds=other / 1000,
+        input_split=split,
+        compute_16bit_percent=bits16,
+        memory_bandwidth_percent=bandwidth,
+        flop_rate_percent=flops,
+        device_busy_seconds=None if hardware_type == "CPU_ONLY" else device / 1000,
+        xla_kernel_percent=xla,
+    )
 
 
 def only(diagnosis: Diagnosis):
@@ -40,8 +67,9 @@ def only(diagnosis: Diagnosis):
     return diagnosis.findings[0]
 
 
-@pytest.mark.parametrize(("input_ms", "severity"), [(4.99, None), (5.0, "moderate"), (19.99, "moderate"),
-                                                    (20.0, "high"), (80.0, "high")])
+@pytest.mark.parametrize(
+    ("input_ms", "severity"), [(4.99, None), (5.0, "moderate"), (19.99, "moderate"), (20.0, "high"), (80.0, "high")]
+)
 def test_input_bound_thresholds_are_the_profilers(input_ms, severity):
     diagnosis = diagnose_breakdown(breakdown(input_=input_ms, device=90.0 - input_ms), V100)
     if severity is None:
@@ -52,14 +80,29 @@ def test_input_bound_thresholds_are_the_profilers(input_ms, severity):
         assert finding.percent == pytest.approx(input_ms) and diagnosis.input_bound
 
 
-@pytest.mark.parametrize(("split", "bottleneck", "recipe", "words"), [
-    ({"preprocessing": 0.2, "file_read": 0.7, "enqueue": 0.1, "other": 0.0}, d.STORAGE_BANDWIDTH, "tfrecord",
-     "70% of input time reads files"),
-    ({"preprocessing": 0.8, "file_read": 0.2, "enqueue": 0.0, "other": 0.0}, d.CPU_PREPROCESSING, "data_pipeline",
-     "80% of input time is preprocessing on 2 CPU core(s)"),
-    ({"preprocessing": 0.4, "file_read": 0.4, "enqueue": 0.2, "other": 0.0}, d.INPUT_BOUND, "data_pipeline",
-     "prefetching keep batches ready"),
-])
+@pytest.mark.parametrize(
+    ("split", "bottleneck", "recipe", "words"),
+    [
+        (
+            {"preprocessing": 0.2, "file_read": 0.7, "enqueue": 0.1, "other": 0.0},
+            d.STORAGE_BANDWIDTH,
+            "tfrecord",
+            "70% of input time reads files",
+        ),
+        (
+            {"preprocessing": 0.8, "file_read": 0.2, "enqueue": 0.0, "other": 0.0},
+            d.CPU_PREPROCESSING,
+            "data_pipeline",
+            "80% of input time is preprocessing on 2 CPU core(s)",
+        ),
+        (
+            {"preprocessing": 0.4, "file_read": 0.4, "enqueue": 0.2, "other": 0.0},
+            d.INPUT_BOUND,
+            "data_pipeline",
+            "prefetching keep batches ready",
+        ),
+    ],
+)
 def test_input_cause_picks_the_recipe(split, bottleneck, recipe, words):
     finding = only(diagnose_breakdown(breakdown(input_=40.0, split=split, hardware_type="CPU_ONLY"), CPU))
     assert (finding.bottleneck, finding.recipe, finding.severity) == (bottleneck, recipe, "high")
@@ -99,8 +142,9 @@ def test_memory_bound_compute_goes_to_xla():
     assert diagnose_breakdown(breakdown(device=80.0, bandwidth=30.0, flops=70.0, bits16=60.0), V100).findings == ()
 
 
-@pytest.mark.parametrize(("hardware", "expected"), [(V100, True), (TPU, True), (CPU_BF16, True), (P100, False),
-                                                    (CPU, False)])
+@pytest.mark.parametrize(
+    ("hardware", "expected"), [(V100, True), (TPU, True), (CPU_BF16, True), (P100, False), (CPU, False)]
+)
 def test_fp32_compute_needs_hardware_with_16bit_units(hardware, expected):
     diagnosis = diagnose_breakdown(breakdown(device=90.0, bits16=2.0), hardware)
     assert (d.FP32_COMPUTE in diagnosis.bottlenecks) is expected
@@ -112,8 +156,9 @@ def test_fp32_share_at_the_threshold_is_fine():
     assert diagnose_breakdown(breakdown(device=90.0, bits16=10.0), V100).findings == ()
 
 
-@pytest.mark.parametrize(("busy_ms", "severity"), [(10.0, "high"), (19.9, "high"), (30.0, "moderate"), (49.9, "moderate"),
-                                                   (50.0, None)])
+@pytest.mark.parametrize(
+    ("busy_ms", "severity"), [(10.0, "high"), (19.9, "high"), (30.0, "moderate"), (49.9, "moderate"), (50.0, None)]
+)
 def test_an_idle_accelerator_fed_in_time_is_dispatch_bound(busy_ms, severity):
     idle_gpu = breakdown(device=busy_ms, other=20.0)
     diagnosis = diagnose_breakdown(idle_gpu, V100)
@@ -147,8 +192,9 @@ def test_findings_are_ordered_high_first_then_by_share():
 def test_healthy_run_has_no_findings_and_says_so():
     diagnosis = diagnose_breakdown(breakdown(input_=1.0, device=95.0, bits16=80.0), V100)
     assert diagnosis.findings == () and diagnosis.recipes == ()
-    assert diagnosis.summary == ("No bottleneck above the profiler's thresholds (1.0% of each wall step waits for "
-                                 "input).")
+    assert diagnosis.summary == (
+        "No bottleneck above the profiler's thresholds (1.0% of each wall step waits for input)."
+    )
     assert diagnosis.to_dict()["input_percent"] == pytest.approx(1.0)
 
 
@@ -194,8 +240,9 @@ def _measured(efficiency: float, spread: float = 0.0) -> Measurement:
 def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
     # The pipeline competes with training (or, on a GPU host, with dispatch) for the cores: little
     # waiting, but slower steps than the same step fed from device memory.
-    breakdown = StepBreakdown(source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,),
-                              input_seconds=0.002, host_compute_seconds=0.098)
+    breakdown = StepBreakdown(
+        source="trace", hardware_type="CPU_ONLY", step_seconds=(0.1,), input_seconds=0.002, host_compute_seconds=0.098
+    )
     assert diagnose_breakdown(breakdown, CPU).findings == ()
     diagnosis = diagnose_breakdown(breakdown, CPU, measurement=_measured(0.6))
     finding = only(diagnosis)
@@ -206,8 +253,9 @@ def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
     assert diagnose_breakdown(breakdown, CPU, measurement=_measured(0.85)).findings == ()  # below 20%
     # A gap no larger than twice the measurement's own spread is noise, whatever its size.
     assert diagnose_breakdown(breakdown, CPU, measurement=_measured(0.6, spread=0.3)).findings == ()
-    on_gpu = diagnose_breakdown(dataclasses.replace(breakdown, hardware_type="GPU", device_busy_seconds=0.09),
-                                V100, measurement=_measured(0.6))
+    on_gpu = diagnose_breakdown(
+        dataclasses.replace(breakdown, hardware_type="GPU", device_busy_seconds=0.09), V100, measurement=_measured(0.6)
+    )
     assert only(on_gpu).bottleneck == "cpu_contention" and "dispatch" in only(on_gpu).reason
 
 

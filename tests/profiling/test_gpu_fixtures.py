@@ -79,8 +79,9 @@ def test_an_idle_gpu_fed_in_time_is_dispatch_bound_never_grad_accum(diagnosed, c
     breakdown, _, diagnosis = diagnosed[case]
     assert breakdown.input_percent < d.INPUT_BOUND_MODERATE_PERCENT and not diagnosis.input_bound
     # Ground truth: the device computes ~2.5% (dense) and ~17% (ResNet-50) of a step.
-    assert breakdown.busy_percent == pytest.approx({"in_memory_dense": 2.5, "resnet_small_batch_fp32": 17.0}[case],
-                                                   abs=2.0)
+    assert breakdown.busy_percent == pytest.approx(
+        {"in_memory_dense": 2.5, "resnet_small_batch_fp32": 17.0}[case], abs=2.0
+    )
     assert diagnosis.findings[0].bottleneck == d.DISPATCH_BOUND
     assert set(diagnosis.recipes) <= {"xla", "batch_size"} and "grad_accum" not in diagnosis.recipes
 

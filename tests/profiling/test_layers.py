@@ -92,9 +92,15 @@ def test_layers_of_a_subclassed_model_have_no_cost_but_are_named():
     assert layer_costs(model, batch_size=2) == ({}, ["hidden"])
 
 
-
-@pytest.mark.parametrize("case, recipe", [("heavy_conv_fp32", "mixed_precision"), ("heavy_conv_bf16_xla", None),
-                                          ("elementwise_chain_fp32", "xla"), ("lstm_fp32", "mixed_precision")])
+@pytest.mark.parametrize(
+    "case, recipe",
+    [
+        ("heavy_conv_fp32", "mixed_precision"),
+        ("heavy_conv_bf16_xla", None),
+        ("elementwise_chain_fp32", "xla"),
+        ("lstm_fp32", "mixed_precision"),
+    ],
+)
 def test_gpu_captures_with_a_planted_layer(unpack_capture, case, recipe):
     """H200 captures by Keras' TensorBoard callback (tests/fixtures/gpu-planted): the planted layer comes
     first, with the fix its kernels call for."""
@@ -102,8 +108,7 @@ def test_gpu_captures_with_a_planted_layer(unpack_capture, case, recipe):
     truth = json.loads((logdir / "case.json").read_text())
     xplane = find_xplane(logdir)
     (gpu,) = trace_gpus(xplane)
-    table = layer_times(xplane, step_seconds=trace_breakdown(xplane).step_seconds_mean,
-                        hardware=Hardware(gpus=(gpu,)))
+    table = layer_times(xplane, step_seconds=trace_breakdown(xplane).step_seconds_mean, hardware=Hardware(gpus=(gpu,)))
     top = table.top
     assert table.device == "GPU" and top.layer == truth["planted"]["layer"]
     assert top.layer in truth["layers"] and top.recipe == recipe
@@ -139,8 +144,10 @@ def test_ridge_point_from_the_same_table_as_peak_flops():
 @pytest.mark.slow
 def test_a_nested_models_heavy_layer_is_named_inside_it(tmp_path):
     keras.utils.set_random_seed(0)
-    backbone = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2048, name="deep_big"),
-                                 keras.layers.Dense(16, name="deep_small")], name="backbone")
+    backbone = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(2048, name="deep_big"), keras.layers.Dense(16, name="deep_small")],
+        name="backbone",
+    )
     inputs = keras.Input((16,))
     model = keras.Model(inputs, keras.layers.Dense(1, name="out")(backbone(inputs)))
     model.compile("sgd", "mse")

@@ -7,8 +7,14 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
-from tfopt.profiling.measurement import (Measurement, device_batch, measure, prepare_ceiling, time_ceiling_steps,
-                                         train_step_flops)
+from tfopt.profiling.measurement import (
+    Measurement,
+    device_batch,
+    measure,
+    prepare_ceiling,
+    time_ceiling_steps,
+    train_step_flops,
+)
 from tfopt.profiling.timing import StepTimes, window_layout
 
 
@@ -28,12 +34,14 @@ def test_the_ceiling_runs_on_a_device_resident_batch_and_syncs_per_call_as_fit_d
 def test_measure_restores_the_model_and_reports_input_efficiency():
     model = make_cnn()
     weights = [weight.copy() for weight in model.get_weights()]
-    measurement = measure(model, make_images(), steps=8, warmup_steps=1, batch_size=8,
-                          hardware=FAKE_HARDWARE["cpu_bf16"])
+    measurement = measure(
+        model, make_images(), steps=8, warmup_steps=1, batch_size=8, hardware=FAKE_HARDWARE["cpu_bf16"]
+    )
     assert measurement.real.steps >= 8 and measurement.ceiling.steps >= 8
     assert measurement.real.window_steps == measurement.ceiling.window_steps == window_layout(8)[1]
     assert measurement.ceiling_ratio == pytest.approx(
-        measurement.ceiling.median_seconds / measurement.real.median_seconds)
+        measurement.ceiling.median_seconds / measurement.real.median_seconds
+    )
     assert measurement.mfu is None and measurement.flops_per_step is None  # a CPU has no MFU
     for before, after in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(before, after)
@@ -55,8 +63,13 @@ def test_input_efficiency_is_capped_and_a_reading_beyond_the_ceiling_is_a_measur
 
 
 def test_mfu_is_model_flops_over_time_and_peak():
-    measurement = Measurement(real=StepTimes((0.01,) * 4, 8), ceiling=StepTimes((0.01,) * 4, 8),
-                              flops_per_step=1e12, peak_flops_per_second=989.4e12, precision="bf16")
+    measurement = Measurement(
+        real=StepTimes((0.01,) * 4, 8),
+        ceiling=StepTimes((0.01,) * 4, 8),
+        flops_per_step=1e12,
+        peak_flops_per_second=989.4e12,
+        precision="bf16",
+    )
     assert measurement.mfu == pytest.approx(1e12 / 0.01 / 989.4e12)
     assert measurement.to_dict()["mfu"] == pytest.approx(measurement.mfu)
 
@@ -112,8 +125,7 @@ def test_measure_under_a_strategy_builds_the_optimizer_in_its_scope(machine, tf3
     with strategy.scope():
         model = make_cnn()
     assert not model.optimizer.built
-    measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8,
-                          hardware=FAKE_HARDWARE[machine])
+    measurement = measure(model, make_images(), steps=2, warmup_steps=1, batch_size=8, hardware=FAKE_HARDWARE[machine])
     assert measurement.real.steps >= 2 and int(model.optimizer.iterations) == 0
     if machine == "h100":
         flops = train_step_flops(make_cnn(), make_images())  # the same model, no strategy
@@ -144,14 +156,17 @@ def test_side_by_side_alternates_rounds_and_shares_what_one_model_needs_once():
     shared, other = make_cnn(), make_cnn()
     weights = [weight.copy() for weight in shared.get_weights()]
     visits = []
-    sides = [Side(shared, make_images(), 8, before_round=lambda: visits.append("a")),
-             Side(shared, make_images().prefetch(2), 8, before_round=lambda: visits.append("b")),
-             Side(other, make_images(), 8, before_round=lambda: visits.append("c"))]
+    sides = [
+        Side(shared, make_images(), 8, before_round=lambda: visits.append("a")),
+        Side(shared, make_images().prefetch(2), 8, before_round=lambda: visits.append("b")),
+        Side(other, make_images(), 8, before_round=lambda: visits.append("c")),
+    ]
     result = measure_side_by_side(sides, steps=6, warmup_steps=1, hardware=FAKE_HARDWARE["cpu_plain"])
     assert visits == ["a", "b", "c"] * 3  # 6 steps: windows of one step, two per round
     assert [len(rounds) for rounds in result.rounds] == [3, 3, 3]
-    assert all(len(measurement.real.seconds) == 6 == len(measurement.ceiling.seconds)
-               for measurement in result.measurements)
+    assert all(
+        len(measurement.real.seconds) == 6 == len(measurement.ceiling.seconds) for measurement in result.measurements
+    )
     assert len(result.ratios(2, 0)) == 3
     for mine, theirs in zip(shared.get_weights(), weights):
         np.testing.assert_array_equal(mine, theirs)

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import FAKE_HARDWARE
 from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.profiling import monitor as monitor_module
 from tfopt.profiling.alerts import AlertRules
-from tfopt.profiling.monitor import Monitor
 from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.monitor import Monitor
 from tfopt.profiling.peak_flops import peak_flops_per_second, precision_in_use
 from tfopt.profiling.timing import read_loss
-from tests.conftest import FAKE_HARDWARE
 
 HERE = Path(__file__).resolve().parent
 BATCH = 32
@@ -33,9 +33,13 @@ KEYS = {"tfopt/steps_per_second", "tfopt/examples_per_second", "tfopt/input_wait
 
 def make_model(width=16, hidden=1):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((FEATURES,)),
-                              *[keras.layers.Dense(width, activation="relu") for _ in range(hidden)],
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            *[keras.layers.Dense(width, activation="relu") for _ in range(hidden)],
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     return model
 
@@ -48,6 +52,7 @@ def steady_dataset():
 def generated_dataset(*, slow_from_batch=None, sleep_seconds=0.05, fail_from_batch=None):
     """Batches generated from their index by graph ops; from batch `slow_from_batch` on each one takes
     `sleep_seconds` in Python, and batch `fail_from_batch` fails as a broken disk would."""
+
     def load(index):
         if fail_from_batch is not None and index >= fail_from_batch:
             raise OSError("the disk went away")
@@ -58,8 +63,7 @@ def generated_dataset(*, slow_from_batch=None, sleep_seconds=0.05, fail_from_bat
 
     def batch(index):
         # Python only from then on: the steady part's batches need not wait for Python's lock.
-        index = tf.cond(index >= first_in_python, lambda: tf.numpy_function(load, [index], tf.int64),
-                        lambda: index)
+        index = tf.cond(index >= first_in_python, lambda: tf.numpy_function(load, [index], tf.int64), lambda: index)
         features = tf.random.stateless_uniform((BATCH, FEATURES), seed=tf.stack([index, index * 0]))
         return features, features[:, :1]
 
@@ -130,8 +134,13 @@ def test_windows_scalars_logs_and_jsonl(tmp_path):
     monitor = Monitor(logdir=tmp_path, every_steps=5, sync=sync, hardware=Hardware())
     csv = tmp_path / "log.csv"
     model = make_model()
-    history = model.fit(steady_dataset(), epochs=1, steps_per_epoch=21, verbose=0,
-                        callbacks=[monitor, keras.callbacks.CSVLogger(str(csv))])
+    history = model.fit(
+        steady_dataset(),
+        epochs=1,
+        steps_per_epoch=21,
+        verbose=0,
+        callbacks=[monitor, keras.callbacks.CSVLogger(str(csv))],
+    )
     windows = monitor.records_of("window")
     # Step 1 (tracing) is never timed: windows close at steps 6, 11, 16, 21, one sync each plus the start.
     assert [window["step"] for window in windows] == [6, 11, 16, 21]
@@ -146,10 +155,10 @@ def test_windows_scalars_logs_and_jsonl(tmp_path):
         assert [step for step, _ in written[f"tfopt/{name}"]] == [w["step"] for w in windows]
         assert [value for _, value in written[f"tfopt/{name}"]] == pytest.approx([w[name] for w in windows], rel=1e-6)
     # The epoch's logs carry the mean of its windows: History, the progress bar and CSVLogger show them.
-    assert KEYS <= set(history.history)
+    assert set(history.history) >= KEYS
     mean_rate = np.mean([window["examples_per_second"] for window in windows])
     assert history.history["tfopt/examples_per_second"][0] == pytest.approx(mean_rate)
-    assert KEYS <= set(csv.read_text().splitlines()[0].split(","))
+    assert set(csv.read_text().splitlines()[0].split(",")) >= KEYS
     lines = jsonl(tmp_path / "monitor.jsonl")
     assert [line["kind"] for line in lines] == ["start"] + ["window"] * 4
     assert lines[1]["examples_per_second"] == pytest.approx(windows[0]["examples_per_second"])
@@ -176,8 +185,10 @@ def test_cpu_says_which_metrics_do_not_apply(caplog):
     assert set(history.history) == {"loss", *KEYS}
     # Said once through the tfopt logger, however many fits the Monitor watches.
     (said,) = [record.getMessage() for record in caplog.records if "not measured" in record.getMessage()]
-    assert said == ("tfopt.Monitor: not measured in this run: mfu_percent (no accelerator with a known peak "
-                    "FLOP/s); device_memory_peak_bytes (no GPU).")
+    assert said == (
+        "tfopt.Monitor: not measured in this run: mfu_percent (no accelerator with a known peak "
+        "FLOP/s); device_memory_peak_bytes (no GPU)."
+    )
 
 
 def test_windows_span_epochs_without_the_time_between_them(monkeypatch):
@@ -186,8 +197,9 @@ def test_windows_span_epochs_without_the_time_between_them(monkeypatch):
     monitor = Monitor(every_steps=4, hardware=Hardware())
     features = np.zeros((2 * BATCH, FEATURES), dtype=np.float32)
     validation = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH)
-    make_model().fit(steady_dataset(), epochs=3, steps_per_epoch=4, validation_data=validation, verbose=0,
-                     callbacks=[monitor, clock])
+    make_model().fit(
+        steady_dataset(), epochs=3, steps_per_epoch=4, validation_data=validation, verbose=0, callbacks=[monitor, clock]
+    )
     windows = monitor.records_of("window")
     # Epochs of 4 steps, windows of 4 after the untimed first step: 2-5 and 6-9 span an epoch's end, and
     # 10-12 is the window cut short by the end of fit (3 steps: kept).
@@ -225,8 +237,7 @@ def test_a_step_that_raises_closes_the_monitor_and_keeps_its_windows(tmp_path):
     model = make_model()
     monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
     with pytest.raises(tf.errors.OpError, match="the disk went away"):
-        model.fit(generated_dataset(fail_from_batch=7), epochs=1, steps_per_epoch=10, verbose=0,
-                  callbacks=[monitor])
+        model.fit(generated_dataset(fail_from_batch=7), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor])
     assert not hasattr(model.train_function, "tfopt_original")  # Keras' own function is back
     assert [line["step"] for line in jsonl(tmp_path / "monitor.jsonl") if line["kind"] == "window"] == [3, 5, 7]
     assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [3, 5, 7]
@@ -252,8 +263,13 @@ def test_an_error_in_another_callback_ends_the_monitor_at_the_next_fit_or_at_clo
 
 def test_tensorboard_callback_logdir_is_used(tmp_path):
     monitor = Monitor(every_steps=4, hardware=Hardware())
-    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0,
-                     callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))])
+    make_model().fit(
+        steady_dataset(),
+        epochs=1,
+        steps_per_epoch=9,
+        verbose=0,
+        callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))],
+    )
     assert monitor.logdir == tmp_path / "train"
     assert [step for step, _ in scalars(tmp_path / "train")["tfopt/steps_per_second"]] == [5, 9]
 
@@ -310,8 +326,9 @@ def test_alert_when_the_pipeline_slows_mid_run(caplog):
     monitor = Monitor(every_steps=4, alert_windows=3, on_alert=events.append, hardware=Hardware())
     with caplog.at_level(logging.WARNING, logger="tfopt"):
         # Steps of a few ms: in a 1 ms step, the eager fetch's own cost under load read 20-24% input wait.
-        make_model(width=512, hidden=3).fit(generated_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45,
-                                            verbose=0, callbacks=[monitor])
+        make_model(width=512, hidden=3).fit(
+            generated_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor]
+        )
     assert [event.kind for event in events] == ["input_wait"]  # one warning per episode, not per window
     alert = events[0]
     assert alert.step > 20 and all(wait > 20 for wait in alert.values["input_wait_percent"])
@@ -330,8 +347,10 @@ def test_alert_rules_mfu_drop_against_the_runs_median():
     rules = AlertRules(alert_windows=2, mfu_drop_fraction=0.3)
 
     def windows(values):
-        return [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
-                for i, value in enumerate(values)]
+        return [
+            {"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+            for i, value in enumerate(values)
+        ]
 
     assert rules.check(windows([40, 41, 39, 40, 27])) == []  # one low window is not enough
     (alert,) = rules.check(windows([40, 41, 39, 40, 27, 26]))
@@ -342,8 +361,10 @@ def test_alert_rules_mfu_drop_against_the_runs_median():
 
 def test_an_mfu_drop_alerts_from_the_sixth_window_at_the_defaults():
     """3 windows for the run's median (MFU_BASELINE_WINDOWS), then alert_windows=3 low ones (docs/monitoring.md)."""
-    windows = [{"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
-               for i, value in enumerate([40, 40, 40, 20, 20, 20])]
+    windows = [
+        {"step": 10 * (i + 1), "steps": 10, "steps_per_second": 5.0, "mfu_percent": value}
+        for i, value in enumerate([40, 40, 40, 20, 20, 20])
+    ]
     rules = AlertRules()
     assert [len(rules.check(windows[:count])) for count in range(1, 7)] == [0, 0, 0, 0, 0, 1]
 
@@ -353,8 +374,10 @@ def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_
     from tfopt.profiling.diagnose import INPUT_BOUND_HIGH_PERCENT
     from tfopt.profiling.plots import training_figure
 
-    measured = [{"step": 4 * n, "steps_per_second": 9.0, "examples_per_second": 288.0, "input_wait_percent": 3.0}
-                for n in range(1, 4)]
+    measured = [
+        {"step": 4 * n, "steps_per_second": 9.0, "examples_per_second": 288.0, "input_wait_percent": 3.0}
+        for n in range(1, 4)
+    ]
     speed, percent = training_figure(measured).axes
     thresholds = [line for line in percent.get_lines() if list(line.get_ydata()) == [INPUT_BOUND_HIGH_PERCENT] * 2]
     assert len(thresholds) == 1 and f"({INPUT_BOUND_HIGH_PERCENT:.0f}%)" in thresholds[0].get_label()
@@ -363,11 +386,17 @@ def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_
     assert [list(line.get_ydata()) for line in speed.get_lines()] == [[288.0] * 3]
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"window_seconds": 0}, "window_seconds=0"), ({"every_steps": 0}, "every_steps=0"),
-    ({"profile_every": 1.5}, "profile_every=1.5"), ({"alert_windows": 0}, "alert_windows=0"),
-    ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"), ({"on_alert": "chat"}, "not callable"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"window_seconds": 0}, "window_seconds=0"),
+        ({"every_steps": 0}, "every_steps=0"),
+        ({"profile_every": 1.5}, "profile_every=1.5"),
+        ({"alert_windows": 0}, "alert_windows=0"),
+        ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"),
+        ({"on_alert": "chat"}, "not callable"),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, words):
     with pytest.raises(RecipeConfigError, match=words):
         Monitor(**kwargs)
@@ -386,7 +415,8 @@ def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     assert isinstance(profiles[0]["top_stage"], str) == (profiles[0]["top_stage_seconds_per_batch"] is not None)
     written = [json.loads(line) for line in (tmp_path / "monitor.jsonl").read_text().splitlines()]
     assert [record["top_layer"] for record in written if record["kind"] == "profile"] == [
-        record["top_layer"] for record in profiles]
+        record["top_layer"] for record in profiles
+    ]
     assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
     assert 0 <= profiles[0]["input_wait_percent"] < 100 and profiles[0]["diagnosis"]
     # The captured steps (5 after each window) are in no window: their profiler overhead is not timed.
@@ -400,8 +430,9 @@ def test_a_failure_during_a_capture_stops_the_profiler(tmp_path):
     monitor = Monitor(logdir=tmp_path, every_steps=2, profile_every=1, hardware=Hardware())
     # Step 3 closes a window and starts a capture; step 6's batch fails inside it.
     with pytest.raises(tf.errors.OpError, match="the disk went away"):
-        make_model().fit(generated_dataset(fail_from_batch=5), epochs=1, steps_per_epoch=10, verbose=0,
-                         callbacks=[monitor])
+        make_model().fit(
+            generated_dataset(fail_from_batch=5), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor]
+        )
     tf.profiler.experimental.start(str(tmp_path / "next"))  # raises while another capture is running
     tf.profiler.experimental.stop()
 
@@ -409,11 +440,16 @@ def test_a_failure_during_a_capture_stops_the_profiler(tmp_path):
 @pytest.mark.slow
 def test_mirrored_strategy_on_two_cpus():
     """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
-    completed = subprocess.run([sys.executable, str(HERE / "monitor_mirrored_script.py")], capture_output=True,
-                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "monitor_mirrored_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+    )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    result = json.loads(lines[0][len("RESULT "):])
+    result = json.loads(lines[0][len("RESULT ") :])
     assert result["start"]["replicas"] == 2
     windows = result["windows"]
     assert [window["step"] for window in windows] == [5, 9, 13]

@@ -88,14 +88,22 @@ def _assert_table_matches(rows, data, keys):
 def fake_report(make_fake_profile):
     before = make_fake_profile(step_ms=40.0, input_ms=20.0, gpus=1)
     after = make_fake_profile(step_ms=21.0, input_ms=0.5, gpus=1)
-    return compare(before, after, applied=[Step("data_pipeline", "parallel map, prefetch 4"),
-                                           Step("xla", "no GPU supports it", skipped=True)], price_per_hour=2.5)
+    return compare(
+        before,
+        after,
+        applied=[Step("data_pipeline", "parallel map, prefetch 4"), Step("xla", "no GPU supports it", skipped=True)],
+        price_per_hour=2.5,
+    )
 
 
 @pytest.fixture(scope="module")
 def real_report(starved_profile, tuned_profile):
-    return compare(starved_profile, tuned_profile,
-                   applied=[Step("data_pipeline", "map(num_parallel_calls=32), prefetch(4)")], price_per_hour=0.4)
+    return compare(
+        starved_profile,
+        tuned_profile,
+        applied=[Step("data_pipeline", "map(num_parallel_calls=32), prefetch(4)")],
+        price_per_hour=0.4,
+    )
 
 
 # Rows of a report whose pipelines ran in the training process (none read from tf.data service workers).
@@ -155,13 +163,24 @@ def test_json_numbers_are_the_measurements(fake_report):
 
 def test_report_text_has_every_section(fake_report):
     markdown = fake_report.to_markdown()
-    for text in ("## Recipes applied", "- data_pipeline: parallel map, prefetch 4",
-                 "- xla: skipped: no GPU supports it", "## Diagnosis: before", "**cpu_preprocessing** (high",
-                 "## Diagnosis: after", "## Cost", "at 2.5 USD per hour", "## Profiling overhead",
-                 "steps/s with the profiler vs", "tensorboard --logdir /tmp/fake-logdir",
-                 "GPU allocator peak (TensorFlow)", "NVML utilization (%): the driver's coarse",
-                 "accelerator busy (% of wall step)", "input efficiency (% of on-device ceiling)",
-                 "accelerator-hours per epoch"):
+    for text in (
+        "## Recipes applied",
+        "- data_pipeline: parallel map, prefetch 4",
+        "- xla: skipped: no GPU supports it",
+        "## Diagnosis: before",
+        "**cpu_preprocessing** (high",
+        "## Diagnosis: after",
+        "## Cost",
+        "at 2.5 USD per hour",
+        "## Profiling overhead",
+        "steps/s with the profiler vs",
+        "tensorboard --logdir /tmp/fake-logdir",
+        "GPU allocator peak (TensorFlow)",
+        "NVML utilization (%): the driver's coarse",
+        "accelerator busy (% of wall step)",
+        "input efficiency (% of on-device ceiling)",
+        "accelerator-hours per epoch",
+    ):
         assert text in markdown, text
 
 
@@ -180,12 +199,16 @@ def test_breakdown_figure_has_a_bar_per_run_for_each_category(real_report):
     (axes,) = figure.axes
     before, after = real_report.profiles["before"], real_report.profiles["after"]
     labels = [container.get_label() for container in axes.containers]
-    assert labels == [CATEGORY_LABELS[c] for c in CATEGORY_LABELS
-                      if before.breakdown.categories[c] > 0 or after.breakdown.categories[c] > 0]
+    assert labels == [
+        CATEGORY_LABELS[c]
+        for c in CATEGORY_LABELS
+        if before.breakdown.categories[c] > 0 or after.breakdown.categories[c] > 0
+    ]
     assert "waiting for input" in labels and "host: compute, dispatch, Python" in labels
     input_bars = axes.containers[labels.index("waiting for input")]
     assert [bar.get_width() for bar in input_bars] == pytest.approx(
-        [before.breakdown.input_seconds * 1000, after.breakdown.input_seconds * 1000])
+        [before.breakdown.input_seconds * 1000, after.breakdown.input_seconds * 1000]
+    )
     assert [tick.get_text() for tick in axes.get_yticklabels()] == ["before", "after"]
 
 
@@ -197,10 +220,17 @@ def test_metrics_figure_shows_each_runs_measured_metrics_and_hardware_samples(re
     metric_axes, hardware_axes = figure.axes
     profiles = real_report.profiles
     accelerator = profiles["before"].hardware.accelerator
-    shown = [metric for metric in ("busy_percent", "mfu_percent", "input_wait_percent", "input_efficiency_percent")
-             if any(getattr(profile.metrics, metric) is not None for profile in profiles.values())]
-    labels = {"busy_percent": "accelerator busy", "mfu_percent": "MFU", "input_wait_percent": "input wait",
-              "input_efficiency_percent": "input efficiency"}
+    shown = [
+        metric
+        for metric in ("busy_percent", "mfu_percent", "input_wait_percent", "input_efficiency_percent")
+        if any(getattr(profile.metrics, metric) is not None for profile in profiles.values())
+    ]
+    labels = {
+        "busy_percent": "accelerator busy",
+        "mfu_percent": "MFU",
+        "input_wait_percent": "input wait",
+        "input_efficiency_percent": "input efficiency",
+    }
     assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == [labels[metric] for metric in shown]
     if accelerator == "cpu":
         assert shown == ["input_wait_percent", "input_efficiency_percent"]
@@ -209,14 +239,16 @@ def test_metrics_figure_shows_each_runs_measured_metrics_and_hardware_samples(re
     assert [container.get_label() for container in metric_axes.containers] == ["before", "after"]
     for container, profile in zip(metric_axes.containers, profiles.values()):
         assert [bar.get_height() for bar in container] == pytest.approx(
-            [getattr(profile.metrics, metric) or 0.0 for metric in shown])
+            [getattr(profile.metrics, metric) or 0.0 for metric in shown]
+        )
     lines = [line for line in hardware_axes.get_lines() if not line.get_label().startswith("_")]
     devices = {name: profile.samples.accelerator_devices for name, profile in profiles.items()}
     if accelerator == "cpu":
         assert not any(devices.values())
     if any(devices.values()):  # NVML sampled the GPUs
-        assert [line.get_label() for line in lines] == [f"{name} {device}" for name in profiles
-                                                        for device in devices[name]]
+        assert [line.get_label() for line in lines] == [
+            f"{name} {device}" for name in profiles for device in devices[name]
+        ]
         readings = [profile.samples.of(device) for name, profile in profiles.items() for device in devices[name]]
         assert "NVML" in hardware_axes.get_ylabel()
     else:
@@ -231,9 +263,16 @@ def test_metrics_figure_on_gpus_shows_busy_and_every_gpus_nvml_samples(make_fake
     report = compare(make_fake_profile(gpus=2), make_fake_profile(gpus=2, input_ms=1.0))
     metric_axes, hardware_axes = report.figures()["metrics"].axes
     assert [tick.get_text() for tick in metric_axes.get_xticklabels()] == [
-        "accelerator busy", "input wait", "input efficiency"]
+        "accelerator busy",
+        "input wait",
+        "input efficiency",
+    ]
     assert [line.get_label() for line in hardware_axes.get_lines()] == [
-        "before gpu:0", "before gpu:1", "after gpu:0", "after gpu:1"]
+        "before gpu:0",
+        "before gpu:1",
+        "after gpu:0",
+        "after gpu:1",
+    ]
     assert "NVML" in hardware_axes.get_ylabel()
 
 
@@ -279,18 +318,34 @@ def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
         tf.config.experimental.enable_tensor_float_32_execution(previous)
     plan = MixedPrecision(policy="float32")(baseline)
     before, after = make_fake_profile(gpus=1), make_fake_profile(gpus=1, input_ms=1.0)
-    result = ApplyResult(model=None, dataset=None, strategy=None, plan=plan, baseline_plan=baseline,
-                         before=before.measurement, after=after.measurement, before_profile=before, after_profile=after)
-    note = ("baseline: float32 baseline: TF32 on this GPU (compute capability 9.0 >= 8.0: TensorFlow runs float32 "
-            "matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE float32")
+    result = ApplyResult(
+        model=None,
+        dataset=None,
+        strategy=None,
+        plan=plan,
+        baseline_plan=baseline,
+        before=before.measurement,
+        after=after.measurement,
+        before_profile=before,
+        after_profile=after,
+    )
+    note = (
+        "baseline: float32 baseline: TF32 on this GPU (compute capability 9.0 >= 8.0: TensorFlow runs float32 "
+        "matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE float32"
+    )
     for report in (compare(before, after, applied=plan.applied), result.report()):
-        assert report.to_dict()["applied"][0] == {"recipe": "baseline", "detail": note[len("baseline: "):],
-                                                  "skipped": False}
+        assert report.to_dict()["applied"][0] == {
+            "recipe": "baseline",
+            "detail": note[len("baseline: ") :],
+            "skipped": False,
+        }
         markdown = report.to_markdown()
-        recipes = markdown[markdown.index("## Recipes applied"):].splitlines()
+        recipes = markdown[markdown.index("## Recipes applied") :].splitlines()
         assert recipes[2] == f"- {note}"
-        assert recipes[3].startswith("- mixed_precision: skipped: kept float32: requested") and \
-            "float32 math runs in TF32 on this GPU" in recipes[3]
+        assert (
+            recipes[3].startswith("- mixed_precision: skipped: kept float32: requested")
+            and "float32 math runs in TF32 on this GPU" in recipes[3]
+        )
         assert f"<li>{html.escape(note)}</li>" in report.to_html()
 
 
@@ -299,8 +354,10 @@ def test_where_the_time_goes_tables_name_the_slow_map_before_and_after(real_repo
     before, after = (data["runs"][name]["diagnosis"]["hotspots"] for name in ("before", "after"))
     # the sleeping map (fused by tf.data with its batch), named by its function: sequential, then parallel
     assert before["stages"]["bottleneck"] == after["stages"]["bottleneck"] == "map+batch load"
-    slow_before, slow_after = (next(stage for stage in run["stages"]["stages"] if stage["label"] == "map+batch load")
-                               for run in (before, after))
+    slow_before, slow_after = (
+        next(stage for stage in run["stages"]["stages"] if stage["label"] == "map+batch load")
+        for run in (before, after)
+    )
     assert slow_before["parallelism"] == 1 and slow_after["parallelism"] > 1
     assert slow_after["bound_seconds_per_batch"] < slow_before["bound_seconds_per_batch"] / 1.5
     assert before["stages"]["recipe"] == "data_pipeline"
@@ -334,24 +391,42 @@ def _chromium() -> str | None:
 def test_html_opens_in_a_headless_browser(real_report, tmp_path):
     """Opens the report as a person would; a probe script added to a copy reports what the browser saw."""
     path = real_report.save(tmp_path / "report.html")
-    probe = ("<script>window.addEventListener('load', () => { document.body.dataset.probe = JSON.stringify({"
-             "images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),"
-             "rows: document.querySelectorAll('#summary tbody tr').length, title: document.title}); });</script>")
+    probe = (
+        "<script>window.addEventListener('load', () => { document.body.dataset.probe = JSON.stringify({"
+        "images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),"
+        "rows: document.querySelectorAll('#summary tbody tr').length, title: document.title}); });</script>"
+    )
     probed = tmp_path / "probed.html"
     probed.write_text(path.read_text().replace("</body>", probe + "</body>"))
     result = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=3000", "--dump-dom", probed.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     dom = _Probe()
     dom.feed(result.stdout)
     seen = json.loads(dom.probe)
     assert seen["title"] == "tfopt report" and seen["rows"] == len(SUMMARY_KEYS)
     assert set(real_report.figures()) == {"breakdown", "metrics", "hotspots"}
-    assert len(seen["images"]) == 3 and all(done and width > 300 and height > 100
-                                            for done, width, height in seen["images"])
+    assert len(seen["images"]) == 3 and all(
+        done and width > 300 and height > 100 for done, width, height in seen["images"]
+    )
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == []
 
@@ -391,8 +466,9 @@ def test_notebooks_display_reports_and_profiles(fake_report, make_fake_profile):
     assert "<html" not in fragment and "<body" not in fragment
     assert fragment.split("</style>", 1)[1].strip() in fake_report.to_html()
     rules = [rule for rule in fragment.split("<style>", 1)[1].split("</style>", 1)[0].split("}") if rule.strip()]
-    assert all(selector.strip().startswith(".tfopt-report") for rule in rules
-               for selector in rule.split("{", 1)[0].split(","))
+    assert all(
+        selector.strip().startswith(".tfopt-report") for rule in rules for selector in rule.split("{", 1)[0].split(",")
+    )
     single = make_fake_profile()._repr_html_()
     tables = _Tables()
     tables.feed(single)
@@ -425,8 +501,17 @@ def test_the_speedup_says_its_range_over_side_by_side_rounds(make_fake_profile):
 
 def test_a_training_section_added_to_saved_reports_equals_one_rendered_with_them(fake_report, tmp_path):
     """What a resumed run does: its measurements were saved by the attempt that was killed."""
-    windows = [{"step": step, "steps": 10, "seconds": 1.0, "steps_per_second": 10.0 + step / 10,
-                "examples_per_second": 320.0 + step, "input_wait_percent": 5.0} for step in (10, 20, 30)]
+    windows = [
+        {
+            "step": step,
+            "steps": 10,
+            "seconds": 1.0,
+            "steps_per_second": 10.0 + step / 10,
+            "examples_per_second": 320.0 + step,
+            "input_wait_percent": 5.0,
+        }
+        for step in (10, 20, 30)
+    ]
     trained = dataclasses.replace(fake_report, training=tuple(windows))
     saved = [fake_report.save(tmp_path / f"report{suffix}") for suffix in (".json", ".md", ".html")]
     data = add_training(saved, windows)

@@ -35,7 +35,8 @@ def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType
     module.nvmlDeviceGetHandleByIndex = handle_by_index
     module.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=10 * (handle + 1), memory=5)
     module.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(
-        used=(handle + 1) * 2**30, total=16 * 2**30, free=(15 - handle) * 2**30)
+        used=(handle + 1) * 2**30, total=16 * 2**30, free=(15 - handle) * 2**30
+    )
     module.calls = calls
     return module
 
@@ -121,5 +122,6 @@ def test_interval_must_be_positive():
 
 def test_samples_to_dict_round_trips_readings():
     samples = Samples(samples=(Sample(0.0, HOST, 12.5, 100),), source="psutil")
-    assert samples.to_dict()["samples"] == [{"seconds": 0.0, "device": HOST, "utilization_percent": 12.5,
-                                             "memory_bytes": 100}]
+    assert samples.to_dict()["samples"] == [
+        {"seconds": 0.0, "device": HOST, "utilization_percent": 12.5, "memory_bytes": 100}
+    ]

@@ -108,7 +108,6 @@ def test_a_pipeline_that_keeps_up_gets_no_recipe(planted):
     assert table.recipe is None and table.fix.startswith("The pipeline keeps up")
 
 
-
 @pytest.mark.parametrize("case", ["slow_map_serial", "slow_map_parallel"])
 def test_gpu_captures_with_a_planted_stage(unpack_capture, case):
     """H200 captures by Keras' TensorBoard callback (tests/fixtures/gpu-planted): a map sleeping 10 ms per

@@ -39,8 +39,13 @@ def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second
         if not kernels and (plane_id == 2 or kernels is None):
             continue
         gpu = space.planes.add(id=plane_id, name=f"/device:GPU:{plane_id - 2}")
-        for stat_id, name in ((1, "gpu_device_name"), (2, "compute_cap_major"), (3, "compute_cap_minor"),
-                              (4, "memory_size"), (5, "hlo_module")):
+        for stat_id, name in (
+            (1, "gpu_device_name"),
+            (2, "compute_cap_major"),
+            (3, "compute_cap_minor"),
+            (4, "memory_size"),
+            (5, "hlo_module"),
+        ):
             gpu.stat_metadata[stat_id].CopyFrom(xplane_pb2.XStatMetadata(id=stat_id, name=name))
         gpu.stats.add(metadata_id=1, str_value="NVIDIA A100-SXM4-40GB")
         gpu.stats.add(metadata_id=2, int64_value=8)
@@ -58,8 +63,9 @@ def _write_xspace(path, *, steps=(), waits=(), device=(), keras_calls=(), second
 
 def test_a_wall_step_runs_from_one_steps_end_to_the_next(tmp_path):
     # Markers cover 3-8 and 12-18 ms; the wait at 9-11 ms falls between them (as Keras' fetch does on a GPU).
-    xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(1, 0, 2), (2, 3, 8), (3, 12, 18)],
-                           waits=[(1, 2), (9, 11), (13, 14), (30, 40)])
+    xplane = _write_xspace(
+        tmp_path / "x.xplane.pb", steps=[(1, 0, 2), (2, 3, 8), (3, 12, 18)], waits=[(1, 2), (9, 11), (13, 14), (30, 40)]
+    )
     steps = trace_steps(xplane)
     assert [step["step"] for step in steps] == [2, 3]  # step 1 has no step before it: it starts the first
     assert [step["step_seconds"] for step in steps] == pytest.approx([0.006, 0.010])
@@ -68,8 +74,9 @@ def test_a_wall_step_runs_from_one_steps_end_to_the_next(tmp_path):
 
 
 def test_trace_breakdown_selects_steps_and_adds_up(tmp_path):
-    xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(3, 0, 10), (4, 10, 30), (5, 30, 40)],
-                           waits=[(1, 4), (12, 20), (28, 33)])
+    xplane = _write_xspace(
+        tmp_path / "x.xplane.pb", steps=[(3, 0, 10), (4, 10, 30), (5, 30, 40)], waits=[(1, 4), (12, 20), (28, 33)]
+    )
     breakdown = trace_breakdown(xplane, step_numbers={4, 5})
     assert breakdown.source == "trace" and breakdown.hardware_type == "CPU_ONLY"
     assert breakdown.step_seconds == pytest.approx((0.020, 0.010))
@@ -83,9 +90,16 @@ def test_trace_breakdown_selects_steps_and_adds_up(tmp_path):
 
 def test_busy_counts_kernels_and_copies_compute_only_kernels_outside_waits(tmp_path):
     xplane = _write_xspace(
-        tmp_path / "gpu.xplane.pb", steps=[(0, 0, 1), (1, 1, 11), (2, 11, 21)], waits=[(1, 3)],
-        device=[("MemcpyH2D", 1, 4, False), ("sm90_xmma_gemm_bf16bf16_bf16f32", 2, 6, True),
-                ("loop_add_fusion", 5, 8, True), ("ampere_sgemm_128x64_nn", 12, 19, False)])
+        tmp_path / "gpu.xplane.pb",
+        steps=[(0, 0, 1), (1, 1, 11), (2, 11, 21)],
+        waits=[(1, 3)],
+        device=[
+            ("MemcpyH2D", 1, 4, False),
+            ("sm90_xmma_gemm_bf16bf16_bf16f32", 2, 6, True),
+            ("loop_add_fusion", 5, 8, True),
+            ("ampere_sgemm_128x64_nn", 12, 19, False),
+        ],
+    )
     breakdown = trace_breakdown(xplane)
     assert breakdown.hardware_type == "GPU"
     assert breakdown.device_busy_seconds == pytest.approx((0.007 + 0.007) / 2)  # 1-8 ms (copy included), 12-19
@@ -98,15 +112,18 @@ def test_busy_counts_kernels_and_copies_compute_only_kernels_outside_waits(tmp_p
     assert breakdown.xla_kernel_percent == pytest.approx(100 * 7 / 14)
 
 
-@pytest.mark.parametrize("name, is_16bit", [
-    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", True),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_64x128_64x4_nt_align8>", True),
-    ("volta_h884gemm_64x64_ldg8_nn", True),
-    ("Mul_GPU_DT_HALF_DT_HALF_kernel", True),
-    ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", False),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nt_align4>", False),
-    ("Mul_GPU_DT_FLOAT_DT_FLOAT_kernel", False),
-])
+@pytest.mark.parametrize(
+    "name, is_16bit",
+    [
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", True),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_64x128_64x4_nt_align8>", True),
+        ("volta_h884gemm_64x64_ldg8_nn", True),
+        ("Mul_GPU_DT_HALF_DT_HALF_kernel", True),
+        ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", False),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nt_align4>", False),
+        ("Mul_GPU_DT_FLOAT_DT_FLOAT_kernel", False),
+    ],
+)
 def test_kernel_names_tell_16_and_32_bit(tmp_path, name, is_16bit):
     xplane = _write_xspace(tmp_path / "gpu.xplane.pb", steps=[(0, 0, 1), (1, 1, 11)], device=[(name, 2, 6, False)])
     assert trace_breakdown(xplane).compute_16bit_percent == (100.0 if is_16bit else 0.0)
@@ -155,13 +172,21 @@ def test_missing_markers_are_a_clear_error(tmp_path):
 def test_busy_time_is_each_gpus_own_averaged_over_the_gpus(tmp_path):
     # GPU 0 computes 0-10 ms and GPU 1 10-20 ms of a 20 ms step: each is busy half the step. A union over
     # both read 100% busy.
-    xplane = _write_xspace(tmp_path / "x.xplane.pb", steps=[(1, 0, 20), (2, 20, 40)],
-                           device=[("volta_sgemm", 20, 30, False)], second_gpu=[("volta_sgemm", 30, 40, False)])
+    xplane = _write_xspace(
+        tmp_path / "x.xplane.pb",
+        steps=[(1, 0, 20), (2, 20, 40)],
+        device=[("volta_sgemm", 20, 30, False)],
+        second_gpu=[("volta_sgemm", 30, 40, False)],
+    )
     (step,) = trace_steps(xplane)
     assert step["device_busy_seconds"] == pytest.approx(0.010)
     breakdown = trace_breakdown(xplane)
     assert breakdown.busy_percent == pytest.approx(50.0)
     assert [gpu.name for gpu in trace_gpus(xplane)] == ["NVIDIA A100-SXM4-40GB"] * 2
-    idle_second = _write_xspace(tmp_path / "idle.xplane.pb", steps=[(1, 0, 20), (2, 20, 40)],
-                                device=[("volta_sgemm", 20, 40, False)], second_gpu=[])
+    idle_second = _write_xspace(
+        tmp_path / "idle.xplane.pb",
+        steps=[(1, 0, 20), (2, 20, 40)],
+        device=[("volta_sgemm", 20, 40, False)],
+        second_gpu=[],
+    )
     assert trace_breakdown(idle_second).busy_percent == pytest.approx(50.0)  # one GPU busy, one idle

@@ -12,8 +12,14 @@ import pytest
 import yaml
 
 from tfopt.errors import RecipeFileError
-from tfopt.recipe_file import (load_recipe, parse_override, read_recipe, recipe_item_settings, runtime_settings,
-                               save_resolved)
+from tfopt.recipe_file import (
+    load_recipe,
+    parse_override,
+    read_recipe,
+    recipe_item_settings,
+    runtime_settings,
+    save_resolved,
+)
 from tfopt.recipe_file.schema import RuntimeSection
 from tfopt.recipes import MixedPrecision
 
@@ -42,22 +48,44 @@ def test_shipped_recipes_resolve(path, tmp_path, monkeypatch):
     names = [item.name for item in recipe.recipes]
     assert names[:3] == ["data_pipeline", "mixed_precision", "xla"] and names[3:] in ([], ["distribution"])
     assert recipe.report.formats == ("html", "markdown", "json")
-    assert set(recipe.to_dict()) == {"name", "description", "runtime", "model", "data", "train", "recipes", "profile",
-                                     "report"}
+    assert set(recipe.to_dict()) == {
+        "name",
+        "description",
+        "runtime",
+        "model",
+        "data",
+        "train",
+        "recipes",
+        "profile",
+        "report",
+    }
 
 
 def test_defaults_are_filled_in(tmp_path):
     recipe = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))
     resolved = recipe.to_dict()
-    assert resolved["train"] == {"optimizer": "adam", "learning_rate": 0.001, "loss": "sparse_categorical_crossentropy",
-                                 "metrics": ["accuracy"], "epochs": 1, "steps_per_epoch": None, "batch_size": 4,
-                                 "seed": 0, "checkpoint_every_steps": 100}
+    assert resolved["train"] == {
+        "optimizer": "adam",
+        "learning_rate": 0.001,
+        "loss": "sparse_categorical_crossentropy",
+        "metrics": ["accuracy"],
+        "epochs": 1,
+        "steps_per_epoch": None,
+        "batch_size": 4,
+        "seed": 0,
+        "checkpoint_every_steps": 100,
+    }
     assert resolved["profile"] == {"steps": 20, "warmup_steps": 5, "logdir": None, "tune_budget_seconds": 120.0}
     assert resolved["report"] == {"formats": ["html", "markdown", "json"], "price_per_hour": None}
     assert resolved["recipes"] == "default"
     assert resolved["runtime"] == {"gpu_memory_growth": None, "gpu_memory_limit_bytes": None}  # TensorFlow's own
-    assert resolved["model"] == {"name": "small_cnn", "input_shape": [64, 64, 3], "classes": 5,
-                                 "filters": [32, 64, 128], "dropout": 0.2}
+    assert resolved["model"] == {
+        "name": "small_cnn",
+        "input_shape": [64, 64, 3],
+        "classes": 5,
+        "filters": [32, 64, 128],
+        "dropout": 0.2,
+    }
     assert resolved["data"]["examples"] == 16 and resolved["data"]["seed"] == 0
     assert resolved["name"] == "recipe"
 
@@ -78,8 +106,16 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path):
 
 def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla: {jit_compile: true}\n")
-    recipe = load_recipe(path, overrides=["train.epochs=3", "data.image_size=[4, 6]", "profile.steps=4",
-                                          "recipes.0.xla.jit_compile=false", "report.price_per_hour=1.5"])
+    recipe = load_recipe(
+        path,
+        overrides=[
+            "train.epochs=3",
+            "data.image_size=[4, 6]",
+            "profile.steps=4",
+            "recipes.0.xla.jit_compile=false",
+            "report.price_per_hour=1.5",
+        ],
+    )
     assert recipe.train.epochs == 3
     assert recipe.data.kwargs["image_size"] == [4, 6]
     assert recipe.profile.steps == 4
@@ -90,17 +126,20 @@ def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
     assert recipe.where("model", "name") == f"{path}, line 1"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.epochs", "expected key.path=value"),
-    ("=3", "expected key.path=value"),
-    ("train..epochs=3", "expected key.path=value"),
-    ("train.epochs=[1, 2", "the value is not valid YAML"),
-    ("recipes.3.xla=null", "recipes is a list of 1 items; expected an index from 0 to 0, received '3'"),
-    ("model.name.first=x", "model.name is \"small_cnn\", not a mapping, so it has no key 'first'"),
-    ("train.epochs=-2", "train.epochs: -2 is out of range; expected an integer >= 0 (--set train.epochs=-2)."),
-    ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
-    ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epochs", "expected key.path=value"),
+        ("=3", "expected key.path=value"),
+        ("train..epochs=3", "expected key.path=value"),
+        ("train.epochs=[1, 2", "the value is not valid YAML"),
+        ("recipes.3.xla=null", "recipes is a list of 1 items; expected an index from 0 to 0, received '3'"),
+        ("model.name.first=x", "model.name is \"small_cnn\", not a mapping, so it has no key 'first'"),
+        ("train.epochs=-2", "train.epochs: -2 is out of range; expected an integer >= 0 (--set train.epochs=-2)."),
+        ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
+        ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
+    ],
+)
 def test_override_errors_name_the_option(tmp_path, override, message):
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla]\n")
     assert message in load_error(path, overrides=[override])
@@ -113,49 +152,104 @@ def test_parse_override_keeps_strings_with_equals_signs():
 
 ERRORS = [
     # (file text, the key line (1-based) the message must name, a fragment of the message)
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epocs: 3\n", 4,
-     "train.epocs: unknown key of train 'epocs' (received epocs: 3). Did you mean 'epochs'?"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: three\n", 4,
-     "train.epochs: \"three\" is a string; expected an integer >= 0"),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epocs: 3\n",
+        4,
+        "train.epocs: unknown key of train 'epocs' (received epocs: 3). Did you mean 'epochs'?",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: three\n",
+        4,
+        'train.epochs: "three" is a string; expected an integer >= 0',
+    ),
     ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: 2.5\n", 4, "is a number; expected an integer"),
     ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epochs: true\n", 4, "is a boolean; expected an integer"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  learning_rate: 0\n", 4,
-     "train.learning_rate: 0 is out of range; expected a number > 0"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "report:\n  formats: [json, pdf]\n", 4,
-     "report.formats: 'pdf' is not one of html, markdown, json"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "profile:\n  tune_budget_seconds: 0\n", 4,
-     "profile.tune_budget_seconds: 0 is out of range; expected a number > 0"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train:\n  checkpoint_every_steps: 0\n", 4,
-     "train.checkpoint_every_steps: 0 is out of range; expected an integer >= 1"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "profle: {steps: 3}\n", 3,
-     "profle: unknown section 'profle' (received profle: {\"steps\": 3}). Did you mean 'profile'?"),
-    ("model:\n  name: small_cnn\n  filterz: [8]\n" + TINY_DATA, 3,
-     "model.filterz: unknown argument of model small_cnn 'filterz' (received filterz: [8]). Did you mean 'filters'?"),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train:\n  learning_rate: 0\n",
+        4,
+        "train.learning_rate: 0 is out of range; expected a number > 0",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "report:\n  formats: [json, pdf]\n",
+        4,
+        "report.formats: 'pdf' is not one of html, markdown, json",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "profile:\n  tune_budget_seconds: 0\n",
+        4,
+        "profile.tune_budget_seconds: 0 is out of range; expected a number > 0",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train:\n  checkpoint_every_steps: 0\n",
+        4,
+        "train.checkpoint_every_steps: 0 is out of range; expected an integer >= 1",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "profle: {steps: 3}\n",
+        3,
+        "profle: unknown section 'profle' (received profle: {\"steps\": 3}). Did you mean 'profile'?",
+    ),
+    (
+        "model:\n  name: small_cnn\n  filterz: [8]\n" + TINY_DATA,
+        3,
+        "model.filterz: unknown argument of model small_cnn 'filterz' (received filterz: [8]). Did you mean 'filters'?",
+    ),
     ("model:\n  name: ResNet5\n" + TINY_DATA, 2, "Unknown model 'ResNet5'. Did you mean 'ResNet50'?"),
-    ("model: {name: small_cnn}\ndata:\n  source: image_foldr\n", 3,
-     "data.source: unknown data source \"image_foldr\". Did you mean 'image_folder'?"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precisio: {}\n", 5,
-     "recipes[1]: Unknown recipe 'mixed_precisio'. Did you mean 'mixed_precision'?"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - mixed_precision:\n      policy: fp16\n", 5,
-     "mixed_precision: policy='fp16' is not a policy"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla:\n      jit: true\n", 5,
-     "recipes[0].xla.jit: xla: unknown setting 'jit' (received jit: True). Did you mean 'jit_compile'?"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n  - xla\n", 6,
-     "appears twice"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train: {optimizer: adamm}\n", 3,
-     "train.optimizer: 'adamm' is not a keras.optimizers name. Did you mean 'adam'?"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "train: {batch_size: 8}\n", 3,
-     "train.batch_size: 8 differs from data.batch_size: 4"),
-    ("model: {name: small_cnn}\nmodel: {name: small_cnn}\n" + TINY_DATA, 2,
-     "key model appears twice (first on line 1)"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "name: my run\n", 3, "name: \"my run\" cannot name a run directory"),
+    (
+        "model: {name: small_cnn}\ndata:\n  source: image_foldr\n",
+        3,
+        "data.source: unknown data source \"image_foldr\". Did you mean 'image_folder'?",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precisio: {}\n",
+        5,
+        "recipes[1]: Unknown recipe 'mixed_precisio'. Did you mean 'mixed_precision'?",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - mixed_precision:\n      policy: fp16\n",
+        5,
+        "mixed_precision: policy='fp16' is not a policy",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla:\n      jit: true\n",
+        5,
+        "recipes[0].xla.jit: xla: unknown setting 'jit' (received jit: True). Did you mean 'jit_compile'?",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n  - xla\n",
+        6,
+        "appears twice",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train: {optimizer: adamm}\n",
+        3,
+        "train.optimizer: 'adamm' is not a keras.optimizers name. Did you mean 'adam'?",
+    ),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "train: {batch_size: 8}\n",
+        3,
+        "train.batch_size: 8 differs from data.batch_size: 4",
+    ),
+    (
+        "model: {name: small_cnn}\nmodel: {name: small_cnn}\n" + TINY_DATA,
+        2,
+        "key model appears twice (first on line 1)",
+    ),
+    ("model: {name: small_cnn}\n" + TINY_DATA + "name: my run\n", 3, 'name: "my run" cannot name a run directory'),
     ("model:\n  name: !!python/name:os.system\n" + TINY_DATA, 2, "could not determine a constructor for the tag"),
-    ("model: !!python/object/apply:os.system [echo]\n" + TINY_DATA, 1, "the tag !!python/object/apply:os.system is not allowed"),
+    (
+        "model: !!python/object/apply:os.system [echo]\n" + TINY_DATA,
+        1,
+        "the tag !!python/object/apply:os.system is not allowed",
+    ),
     ("model: {name: small_cnn\n" + TINY_DATA, 2, "is not a valid recipe file: while parsing a flow mapping"),
     (TINY_DATA, 1, "The recipe has no `model:` section; it is required"),
     ("- model\n- data\n", 1, "A recipe file must be a mapping of sections"),
-    ("model: {name: small_cnn}\n" + TINY_DATA + "recipes: everything\n", 3,
-     "recipes: received \"everything\"; expected a list of recipe items"),
+    (
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes: everything\n",
+        3,
+        'recipes: received "everything"; expected a list of recipe items',
+    ),
     ("model: {name: small_cnn}\n" + TINY_DATA + "yes: 1\n", 3, "is a boolean, expected a string"),
 ]
 
@@ -184,26 +278,32 @@ def test_alias_bombs_are_rejected(tmp_path):
 
 
 def test_anchors_and_merge_keys_are_plain_yaml_that_works(tmp_path):
-    path = write(tmp_path, """\
+    path = write(
+        tmp_path,
+        """\
         model: {name: small_cnn}
         data: &data {source: synthetic, kind: image, examples: 16, image_size: [8, 8]}
         train:
           <<: {epochs: 3, seed: 7}
           seed: 1
-    """)
+    """,
+    )
     recipe = load_recipe(path)
     assert (recipe.train.epochs, recipe.train.seed) == (3, 1)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("recipes: default\n", "default"),
-    ("recipes: auto\n", "auto"),
-    ("recipes: []\n", ()),
-    ("recipes:\n", ()),
-    ("recipes: [xla]\n", ("xla",)),
-    ("recipes:\n  - xla:\n", ("xla",)),
-    ("recipes:\n  - xla: {}\n  - data_pipeline: {cache: none}\n", ("xla", "data_pipeline")),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("recipes: default\n", "default"),
+        ("recipes: auto\n", "auto"),
+        ("recipes: []\n", ()),
+        ("recipes:\n", ()),
+        ("recipes: [xla]\n", ("xla",)),
+        ("recipes:\n  - xla:\n", ("xla",)),
+        ("recipes:\n  - xla: {}\n  - data_pipeline: {cache: none}\n", ("xla", "data_pipeline")),
+    ],
+)
 def test_recipe_item_forms(tmp_path, text, expected):
     recipes = load_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + text)).recipes
     assert (recipes if isinstance(recipes, str) else tuple(recipe.name for recipe in recipes)) == expected
@@ -230,26 +330,38 @@ def test_model_import_paths_are_found_next_to_the_recipe_and_their_arguments_che
 
 
 def test_data_source_errors_point_at_the_argument(tmp_path):
-    message = load_error(write(tmp_path, """\
+    message = load_error(
+        write(
+            tmp_path,
+            """\
         model: {name: small_cnn}
         data:
           source: synthetic
           kind: video
-    """))
+    """,
+        )
+    )
     assert "kind='video' is not a kind of synthetic data" in message and ", line 4)" in message
-    message = load_error(write(tmp_path, f"model: {{name: small_cnn}}\ndata: {{source: image_folder, path: {tmp_path}/none}}\n"))
+    message = load_error(
+        write(tmp_path, f"model: {{name: small_cnn}}\ndata: {{source: image_folder, path: {tmp_path}/none}}\n")
+    )
     assert "image_folder" in message and ", line 2)" in message
 
 
 def test_data_source_errors_point_at_the_setting_they_are_about_whatever_the_message_says(tmp_path):
     (tmp_path / "empty").mkdir()
-    message = load_error(write(tmp_path, """\
+    message = load_error(
+        write(
+            tmp_path,
+            """\
         model: {name: small_cnn}
         data:
           source: image_folder
           image_size: [8, 8]
           path: empty
-    """))
+    """,
+        )
+    )
     # The message never says "path": the source's DataError names the setting.
     assert "has no class folders" in message and not re.search(r"\bpath\b", message)
     assert ", line 5)" in message
@@ -262,10 +374,16 @@ def test_data_source_errors_point_at_the_setting_they_are_about_whatever_the_mes
     assert "holds no tfopt_manifest.json" in message and ", line 4)" in message  # the manifest's error names `path`
 
 
-@pytest.mark.parametrize("item, fragment", [
-    ("  - distribution:\n      strategy: horovod\n      devices: [/gpu:0]\n", "devices is only used"),
-    ("  - batch_size:\n      min_batch_size: 64\n      max_batch_size: 32\n", "1 <= min_batch_size <= max_batch_size"),
-])
+@pytest.mark.parametrize(
+    "item, fragment",
+    [
+        ("  - distribution:\n      strategy: horovod\n      devices: [/gpu:0]\n", "devices is only used"),
+        (
+            "  - batch_size:\n      min_batch_size: 64\n      max_batch_size: 32\n",
+            "1 <= min_batch_size <= max_batch_size",
+        ),
+    ],
+)
 def test_recipe_errors_point_at_the_setting_to_change_not_the_first_one_named(tmp_path, item, fragment):
     # Both messages name the setting on line 5 too; the error's `setting` is the one on line 6.
     message = load_error(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n" + item))
@@ -273,10 +391,13 @@ def test_recipe_errors_point_at_the_setting_to_change_not_the_first_one_named(tm
 
 
 def test_a_clash_points_at_the_later_of_the_two_clashing_items(tmp_path, monkeypatch):
-    monkeypatch.setattr(MixedPrecision, "clash", lambda self, other: "not without distribution"
-                        if other.name == "xla" else None)
-    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n"
-                 "  - distribution\n")
+    monkeypatch.setattr(
+        MixedPrecision, "clash", lambda self, other: "not without distribution" if other.name == "xla" else None
+    )
+    path = write(
+        tmp_path,
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - mixed_precision\n  - distribution\n",
+    )
     message = load_error(path)
     # The message names distribution (line 6) too; the clash is between lines 4 and 5.
     assert "xla and mixed_precision cannot be combined: not without distribution" in message
@@ -311,30 +432,40 @@ def test_save_resolved_never_leaves_half_a_file(tmp_path, monkeypatch):
 
 
 def test_recipe_item_settings_reads_one_item_with_defaults_and_its_line(tmp_path):
-    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - distribution: {strategy: auto}\n")
+    path = write(
+        tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - xla\n  - distribution: {strategy: auto}\n"
+    )
     settings = recipe_item_settings(read_recipe(path), "distribution")
     assert settings["strategy"] == "auto" and settings["communication_timeout_seconds"] > 0  # defaults filled in
     assert recipe_item_settings(read_recipe(path), "grad_accum") is None
     overridden = read_recipe(path, overrides=["recipes.1.distribution.communication_timeout_seconds=5"])
     assert recipe_item_settings(overridden, "distribution")["communication_timeout_seconds"] == 5
-    bad = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - distribution:\n"
-                "      warmup_steps: -1\n")
+    bad = write(
+        tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - distribution:\n      warmup_steps: -1\n"
+    )
     with pytest.raises(RecipeFileError, match=r"warmup_steps=-1: expected an integer >= 0 .*line 5\)"):
         recipe_item_settings(read_recipe(bad), "distribution")
 
 
 def test_the_runtime_section_is_read_without_tensorflow_and_checked_with_its_lines(tmp_path):
-    path = write(tmp_path, "runtime:\n  gpu_memory_growth: false\n  gpu_memory_limit_bytes: 1073741824\n"
-                 "model: {name: small_cnn}\n" + TINY_DATA)
-    assert runtime_settings(read_recipe(path)) == RuntimeSection(gpu_memory_growth=False,
-                                                                 gpu_memory_limit_bytes=2**30)
+    path = write(
+        tmp_path,
+        "runtime:\n  gpu_memory_growth: false\n  gpu_memory_limit_bytes: 1073741824\n"
+        "model: {name: small_cnn}\n" + TINY_DATA,
+    )
+    assert runtime_settings(read_recipe(path)) == RuntimeSection(gpu_memory_growth=False, gpu_memory_limit_bytes=2**30)
     assert load_recipe(path).to_dict()["runtime"] == {"gpu_memory_growth": False, "gpu_memory_limit_bytes": 2**30}
     assert runtime_settings(read_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))) == RuntimeSection()
-    clash = write(tmp_path, "runtime:\n  gpu_memory_growth: true\n  gpu_memory_limit_bytes: 1073741824\n"
-                  "model: {name: small_cnn}\n" + TINY_DATA)
+    clash = write(
+        tmp_path,
+        "runtime:\n  gpu_memory_growth: true\n  gpu_memory_limit_bytes: 1073741824\n"
+        "model: {name: small_cnn}\n" + TINY_DATA,
+    )
     with pytest.raises(RecipeFileError, match=r"exclude each other.*line 2\)"):
         runtime_settings(read_recipe(clash))
-    with pytest.raises(RecipeFileError, match=r'runtime.gpu_memory_growth: "yes" is a string; expected true or false or null'):
+    with pytest.raises(
+        RecipeFileError, match=r'runtime.gpu_memory_growth: "yes" is a string; expected true or false or null'
+    ):
         runtime_settings(read_recipe(path, ["runtime.gpu_memory_growth='yes'"]))
     old_style = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory: {growth: true}\n")
     with pytest.raises(RecipeFileError, match=r"not a recipe.*runtime: \{gpu_memory_growth: true\}.*line 4\)"):

@@ -28,8 +28,9 @@ def conv_plan(hardware=None, examples=256):
     x = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
     outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(x))
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.SGD(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     rng = np.random.default_rng(0)
     images = rng.random((examples, 64, 64, 3), dtype=np.float32)
     labels = rng.integers(0, 5, examples).astype("int32")
@@ -55,11 +56,17 @@ def test_finder_picks_the_fastest_trial_within_a_low_ram_budget():
     # A fresh process: the budget is on the process's resident memory, and a process that already holds
     # memory from earlier tests reuses it without growing, so a long test session could never exceed it.
     # GPUs are hidden from it: this is the CPU's bound (on a GPU the model's memory is the GPU's).
-    process = subprocess.run([sys.executable, "-c", LOW_BUDGET_SEARCH], capture_output=True, text=True,
-                             cwd=REPOSITORY, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    process = subprocess.run(
+        [sys.executable, "-c", LOW_BUDGET_SEARCH],
+        capture_output=True,
+        text=True,
+        cwd=REPOSITORY,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert process.returncode == 0, process.stderr[-3000:]
     (line,) = [line for line in process.stdout.splitlines() if line.startswith("SEARCH ")]
-    result = json.loads(line[len("SEARCH "):])
+    result = json.loads(line[len("SEARCH ") :])
     budget, search = result["budget"], result["search"]
     ok = [trial for trial in search["trials"] if trial["status"] == "ok"]
     fastest = max(ok, key=lambda trial: trial["examples_per_second"])
@@ -128,21 +135,25 @@ def test_the_auto_recipe_call_runs_no_trial_and_apply_runs_them(monkeypatch):
     searched = recipe.measured(counting)
     assert builds == [1] and searched.get_config() == recipe.get_config()  # one trial model for every trial
     assert searched(counting).batch_size == 32 and builds == [1]
-    result = tfopt.apply(make_cnn(), make_images(count=64, batch_size=8), recipes=[recipe], hardware=Hardware(),
-                         measure_speed=False)
+    result = tfopt.apply(
+        make_cnn(), make_images(count=64, batch_size=8), recipes=[recipe], hardware=Hardware(), measure_speed=False
+    )
     assert result.plan.batch_size == 32 and "fastest of" in result.plan.applied[-1].detail
 
 
-@pytest.mark.parametrize("settings, words, setting", [
-    ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
-    ({"batch_size": "max"}, "batch_size='max'", "batch_size"),
-    # The bounds' message names both; the error names the one to change.
-    ({"min_batch_size": 64, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "max_batch_size"),
-    ({"min_batch_size": 0, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "min_batch_size"),
-    ({"trial_steps": 1}, "trial_steps >= 2", "trial_steps"),
-    ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1", "memory_budget_bytes"),
-    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
-])
+@pytest.mark.parametrize(
+    "settings, words, setting",
+    [
+        ({"batch_size": 0}, "Expected 'auto' or a positive integer", "batch_size"),
+        ({"batch_size": "max"}, "batch_size='max'", "batch_size"),
+        # The bounds' message names both; the error names the one to change.
+        ({"min_batch_size": 64, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "max_batch_size"),
+        ({"min_batch_size": 0, "max_batch_size": 32}, "1 <= min_batch_size <= max_batch_size", "min_batch_size"),
+        ({"trial_steps": 1}, "trial_steps >= 2", "trial_steps"),
+        ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1", "memory_budget_bytes"),
+        ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
+    ],
+)
 def test_bad_settings(settings, words, setting):
     with pytest.raises(RecipeConfigError, match=words) as error:
         BatchSize(**settings)
@@ -166,12 +177,15 @@ def fake_trials(monkeypatch, seen=None, memory_per_example=64 * MIB, out_of_memo
             raise MeasurementError("Training failed while timing steps") from error
         from tfopt.profiling.timing import StepTimes
 
-        return StepTimes(seconds=(0.001 * batch_size ** 0.8,) * 3, batch_size=batch_size)
+        return StepTimes(seconds=(0.001 * batch_size**0.8,) * 3, batch_size=batch_size)
 
     monkeypatch.setattr(batch_size_module, "_time_trial", fake_time_trial)
     monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: None)
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", lambda device: {
-        "current": 0, "peak": requested[-1] * memory_per_example if requested else 0})
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "get_memory_info",
+        lambda device: {"current": 0, "peak": requested[-1] * memory_per_example if requested else 0},
+    )
 
 
 def test_search_times_the_step_mixed_precision_and_xla_made(monkeypatch):
@@ -180,8 +194,11 @@ def test_search_times_the_step_mixed_precision_and_xla_made(monkeypatch):
 
     seen = []
     fake_trials(monkeypatch, seen)
-    recipe = chain(BatchSize(min_batch_size=16, max_batch_size=32, trial_steps=2),
-                   Xla(jit_compile=True), MixedPrecision(policy="mixed_bfloat16"))
+    recipe = chain(
+        BatchSize(min_batch_size=16, max_batch_size=32, trial_steps=2),
+        Xla(jit_compile=True),
+        MixedPrecision(policy="mixed_bfloat16"),
+    )
     assert [r.name for r in recipe.recipes] == ["mixed_precision", "xla", "batch_size"]
     plan = recipe.measured(conv_plan())(conv_plan())
     assert seen and set(seen) == {("bfloat16", True)}
@@ -194,8 +211,11 @@ def test_gpu_budget_is_the_limit_given_to_the_allocator(monkeypatch):
     fake_trials(monkeypatch, memory_per_example=64 * MIB)
     physical = ["/physical_device:GPU:0"]
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: physical if kind == "GPU" else [])
-    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
-                        lambda device: [tf.config.LogicalDeviceConfiguration(memory_limit=4096)])
+    monkeypatch.setattr(
+        tf.config,
+        "get_logical_device_configuration",
+        lambda device: [tf.config.LogicalDeviceConfiguration(memory_limit=4096)],
+    )
     search = find_batch_size(conv_plan(hardware=FAKE_HARDWARE["h100"]), min_batch_size=16, max_batch_size=1024)
     assert search.memory_kind == "GPU memory" and search.memory_budget_bytes == int(0.9 * 4 * 2**30)
     statuses = {trial.batch_size: trial.status for trial in search.trials}
@@ -207,8 +227,9 @@ def test_a_model_on_a_gpu_is_bounded_by_gpu_memory_even_when_the_plan_says_cpu(m
     # On the H100 a test plan with Hardware() trained on the GPU and was bounded by host RSS.
     fake_trials(monkeypatch)
     monkeypatch.setattr(batch_size_module, "_lives_on_gpu", lambda model: True)
-    search = find_batch_size(conv_plan(hardware=Hardware()), min_batch_size=16, max_batch_size=64,
-                             memory_budget_bytes=3 * 2**30)
+    search = find_batch_size(
+        conv_plan(hardware=Hardware()), min_batch_size=16, max_batch_size=64, memory_budget_bytes=3 * 2**30
+    )
     assert search.memory_kind == "GPU memory"
     assert [trial.peak_memory_bytes for trial in search.trials if trial.status == "ok"][:2] == [2**30, 2 * 2**30]
 

@@ -94,8 +94,7 @@ def test_two_training_steps_after_recipe(name, baseline):
     built = build(plan)
     counter = StepCounter()
     try:
-        history = built.model.fit(built.dataset.repeat(), steps_per_epoch=2, epochs=1, verbose=0,
-                                  callbacks=[counter])
+        history = built.model.fit(built.dataset.repeat(), steps_per_epoch=2, epochs=1, verbose=0, callbacks=[counter])
     finally:
         built.close()  # what the build started for the data (data_service's worker process)
     assert counter.steps == 2

@@ -80,16 +80,25 @@ def test_deterministic_finite_pipeline_is_cached():
     assert "cached in memory" in plan.applied[-1].detail
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda: make_images().map(lambda x, y: (tf.image.random_flip_left_right(x), y)), "random op"),
-    (lambda: make_images().unbatch().shuffle(16).batch(8), "shuffle"),
-    (lambda: make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)), "py_function"),
-    # Random ops whose names lack "Random" are caught by being stateful.
-    (lambda: make_images().map(lambda x, y: (x + tf.random.truncated_normal([12, 12, 3]), y)),
-     "stateful op TruncatedNormal"),
-    (lambda: make_images().map(lambda x, y: (x, tf.cast(tf.random.categorical([[0.5, 0.5]], 1)[0, 0], tf.int32))),
-     "stateful op Multinomial"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: make_images().map(lambda x, y: (tf.image.random_flip_left_right(x), y)), "random op"),
+        (lambda: make_images().unbatch().shuffle(16).batch(8), "shuffle"),
+        (lambda: make_images().map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)), "py_function"),
+        # Random ops whose names lack "Random" are caught by being stateful.
+        (
+            lambda: make_images().map(lambda x, y: (x + tf.random.truncated_normal([12, 12, 3]), y)),
+            "stateful op TruncatedNormal",
+        ),
+        (
+            lambda: make_images().map(
+                lambda x, y: (x, tf.cast(tf.random.categorical([[0.5, 0.5]], 1)[0, 0], tf.int32))
+            ),
+            "stateful op Multinomial",
+        ),
+    ],
+)
 def test_cache_refused_where_it_would_change_later_epochs(make, reason):
     plan = recorded(make())
     assert not has_cache(plan.dataset)
@@ -167,7 +176,9 @@ def test_py_function_map_is_parallelized_with_the_same_elements():
     detail = plan.applied[-1].detail
     assert "parallel map (AUTOTUNE calls, order kept): map 1 'lambda'" in detail
     assert "parallel_python_maps=False" in detail
-    first, second = (list(tf.nest.map_structure(np.asarray, e) for e in d) for d in (py_function_pipeline(), plan.dataset))
+    first, second = (
+        list(tf.nest.map_structure(np.asarray, e) for e in d) for d in (py_function_pipeline(), plan.dataset)
+    )
     assert len(first) == len(second) == 4
     for (x1, y1), (x2, y2) in zip(first, second):
         np.testing.assert_array_equal(x1.reshape(len(y1), 12, 12, 3), x2.reshape(len(y2), 12, 12, 3))
@@ -205,8 +216,9 @@ def source_plan(tmp_path):
     from tfopt.data import ImageFolderSource, generate_shapes
     from tfopt.hardware import Hardware
 
-    source = ImageFolderSource(generate_shapes(tmp_path / "shapes", images_per_class=6, image_size=16),
-                               image_size=(12, 12))
+    source = ImageFolderSource(
+        generate_shapes(tmp_path / "shapes", images_per_class=6, image_size=16), image_size=(12, 12)
+    )
     dataset = source.pipeline(batch_size=8, optimized=False, shuffle=False)
     return make_plan(make_cnn(num_classes=5), dataset, hardware=Hardware(), source=source)
 
@@ -232,8 +244,9 @@ def test_a_cache_setting_a_source_cannot_honour_is_refused(source_plan, tmp_path
 
 def test_an_empty_pipeline_is_tuned():
     """tune_pipeline's: a plan refuses an empty dataset earlier, in make_plan."""
-    tuned = tune_pipeline(tf.data.Dataset.range(0).map(lambda i: (tf.zeros([12, 12, 3]), i)).batch(8),
-                          ram_budget_bytes=BUDGET)
+    tuned = tune_pipeline(
+        tf.data.Dataset.range(0).map(lambda i: (tf.zeros([12, 12, 3]), i)).batch(8), ram_budget_bytes=BUDGET
+    )
     assert list(tuned) == [] and "ParallelMapDatasetV2" in graph_ops(tuned)
 
 
@@ -264,19 +277,30 @@ def test_tuning_reads_no_element():
     assert_same_elements(shuffled(), tune_pipeline(shuffled(), ram_budget_bytes=BUDGET))  # the same first epoch
 
 
-@pytest.mark.parametrize("dataset, expected", [
-    # The batch dimension tf.data leaves open is bounded by the batch size.
-    (lambda: make_images(count=20, image_size=12, batch_size=8), (8 * (12 * 12 * 3 * 4 + 4), None)),
-    (lambda: make_images().unbatch().shuffle(4).prefetch(2), (12 * 12 * 3 * 4 + 4, None)),
-    (lambda: tf.data.Dataset.range(9).batch(4).map(lambda x: tf.concat([x, x], 0)),
-     (None, "element part 1 has shape (None,), which is not static")),
-    (lambda: tf.data.Dataset.range(5).map(tf.range).padded_batch(2),
-     (None, "element part 1 has shape (None, None), which is not static")),
-    (lambda: tf.data.Dataset.from_tensors(["a", "b"]),
-     (None, "element part 1 is a tf.string tensor, whose size only its data tells")),
-    (lambda: tf.data.Dataset.range(5).map(tf.range).ragged_batch(2),
-     (None, "element part 1 is a RaggedTensorSpec, whose size only its data tells")),
-])
+@pytest.mark.parametrize(
+    "dataset, expected",
+    [
+        # The batch dimension tf.data leaves open is bounded by the batch size.
+        (lambda: make_images(count=20, image_size=12, batch_size=8), (8 * (12 * 12 * 3 * 4 + 4), None)),
+        (lambda: make_images().unbatch().shuffle(4).prefetch(2), (12 * 12 * 3 * 4 + 4, None)),
+        (
+            lambda: tf.data.Dataset.range(9).batch(4).map(lambda x: tf.concat([x, x], 0)),
+            (None, "element part 1 has shape (None,), which is not static"),
+        ),
+        (
+            lambda: tf.data.Dataset.range(5).map(tf.range).padded_batch(2),
+            (None, "element part 1 has shape (None, None), which is not static"),
+        ),
+        (
+            lambda: tf.data.Dataset.from_tensors(["a", "b"]),
+            (None, "element part 1 is a tf.string tensor, whose size only its data tells"),
+        ),
+        (
+            lambda: tf.data.Dataset.range(5).map(tf.range).ragged_batch(2),
+            (None, "element part 1 is a RaggedTensorSpec, whose size only its data tells"),
+        ),
+    ],
+)
 def test_element_sizes_come_from_static_shapes(dataset, expected):
     from tfopt.data.graph import element_bytes, serialize
 
@@ -319,6 +343,8 @@ def test_a_pipeline_over_the_graph_limit_is_left_as_it_was_with_the_reason(monke
     plan = recorded(make_images())  # 32 images of 12x12x3 float32 and their labels: 54 KiB
     detail = plan.applied[-1].detail
     assert "no cache: tfopt cannot read the pipeline's graph to check it" in detail
-    assert "maps and batches left as they were: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices " \
-           "or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
+    assert (
+        "maps and batches left as they were: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices "
+        "or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
+    )
     assert_same_elements(make_images(), plan.dataset)

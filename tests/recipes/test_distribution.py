@@ -16,15 +16,18 @@ from tfopt.recipes.distribution import Distribution, choose_strategy
 TWO_WORKERS = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}})}
 
 
-@pytest.mark.parametrize("hardware, environ, expected", [
-    ("cpu_plain", {}, "default"),
-    ("t4", {}, "one_device"),
-    ("a100", {}, "mirrored"),
-    ("tpu", {}, "tpu"),
-    ("a100", TWO_WORKERS, "multi_worker"),
-    ("cpu_plain", {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2"}, "multi_worker"),
-    ("a100", {"HOROVOD_SIZE": "2", "HOROVOD_RANK": "0"}, "horovod"),
-])
+@pytest.mark.parametrize(
+    "hardware, environ, expected",
+    [
+        ("cpu_plain", {}, "default"),
+        ("t4", {}, "one_device"),
+        ("a100", {}, "mirrored"),
+        ("tpu", {}, "tpu"),
+        ("a100", TWO_WORKERS, "multi_worker"),
+        ("cpu_plain", {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2"}, "multi_worker"),
+        ("a100", {"HOROVOD_SIZE": "2", "HOROVOD_RANK": "0"}, "horovod"),
+    ],
+)
 def test_auto_picks_from_hardware_and_launcher(hardware, environ, expected):
     assert choose_strategy(FAKE_HARDWARE[hardware], detect_environment(environ))[0] == expected
 
@@ -46,7 +49,9 @@ def test_two_workers_scale_batch_shard_by_data_and_set_timeout():
     assert plan.batch_size == 16
     assert [int(x.shape[0]) for x, _ in plan.dataset] == [16, 16]
     assert plan.dataset.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
-    assert "global batch 8 x 2 = 16" in plan.applied[-1].detail and "TF_CONFIG lists 2 workers" in plan.applied[-1].detail
+    assert (
+        "global batch 8 x 2 = 16" in plan.applied[-1].detail and "TF_CONFIG lists 2 workers" in plan.applied[-1].detail
+    )
 
 
 def test_batches_keep_their_examples_in_order():
@@ -83,14 +88,17 @@ def test_config_round_trip_with_devices():
     assert config["devices"] == ["/gpu:0", "/gpu:1"] and Distribution(**config) == recipe
 
 
-@pytest.mark.parametrize("kwargs, words, setting", [
-    ({"strategy": "gpu_farm"}, "strategy='gpu_farm' is not valid", "strategy"),
-    ({"shard_by": "rows"}, "shard_by='rows'", "shard_by"),
-    ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
-    ({"warmup_steps": -1}, "warmup_steps=-1", "warmup_steps"),
-    ({"devices": "/gpu:0"}, "expected a list of device names", "devices"),
-    ({"strategy": "horovod", "devices": ["/gpu:0"]}, "devices is only used", "devices"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words, setting",
+    [
+        ({"strategy": "gpu_farm"}, "strategy='gpu_farm' is not valid", "strategy"),
+        ({"shard_by": "rows"}, "shard_by='rows'", "shard_by"),
+        ({"scale_learning_rate": "log"}, "Expected one of 'none', 'linear', 'sqrt'", "scale_learning_rate"),
+        ({"warmup_steps": -1}, "warmup_steps=-1", "warmup_steps"),
+        ({"devices": "/gpu:0"}, "expected a list of device names", "devices"),
+        ({"strategy": "horovod", "devices": ["/gpu:0"]}, "devices is only used", "devices"),
+    ],
+)
 def test_bad_settings_raise(kwargs, words, setting):
     with pytest.raises(RecipeConfigError, match=words) as error:
         Distribution(**kwargs)

@@ -32,8 +32,11 @@ def train(optimizer, batch_size, reduction="sum_over_batch_size"):
 
 
 # IEEE float32 with a different summation order: equal to ~1e-7 relative; 1e-5 leaves room for Adam's sqrt.
-@pytest.mark.parametrize("optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-                                       lambda: keras.optimizers.Adam(0.01)], ids=["sgd", "adam"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [lambda: keras.optimizers.SGD(0.1, momentum=0.9), lambda: keras.optimizers.Adam(0.01)],
+    ids=["sgd", "adam"],
+)
 def test_accumulated_micro_batches_equal_one_large_batch(optimizer, ieee_float32):
     accumulated = train(with_gradient_accumulation(optimizer(), STEPS), MICRO_BATCH)
     large = train(optimizer(), MICRO_BATCH * STEPS)
@@ -84,11 +87,14 @@ def test_built_model_accumulates():
     assert int(built.model.optimizer.iterations.numpy()) == 2
 
 
-@pytest.mark.parametrize("settings, words", [
-    ({"steps": 1}, "Expected an integer >= 2"),
-    ({"effective_batch_size": 1}, "effective_batch_size=1"),
-    ({"scale_learning_rate": "cubic"}, "Expected one of 'none', 'linear', 'sqrt'"),
-])
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        ({"steps": 1}, "Expected an integer >= 2"),
+        ({"effective_batch_size": 1}, "effective_batch_size=1"),
+        ({"scale_learning_rate": "cubic"}, "Expected one of 'none', 'linear', 'sqrt'"),
+    ],
+)
 def test_bad_settings(settings, words):
     with pytest.raises(RecipeConfigError, match=words):
         GradAccum(**settings)
@@ -113,10 +119,12 @@ def test_functional_form_wraps_inner_optimizer_of_loss_scaling():
 
 def test_sum_reduction_on_any_output_is_rejected(cpu_hardware):
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, {"o1": keras.layers.Dense(1, name="o1")(inputs),
-                                 "o2": keras.layers.Dense(1, name="o2")(inputs)})
-    model.compile("sgd", loss={"o1": keras.losses.MeanSquaredError(),
-                               "o2": keras.losses.MeanSquaredError(reduction="sum")})
+    model = keras.Model(
+        inputs, {"o1": keras.layers.Dense(1, name="o1")(inputs), "o2": keras.layers.Dense(1, name="o2")(inputs)}
+    )
+    model.compile(
+        "sgd", loss={"o1": keras.losses.MeanSquaredError(), "o2": keras.losses.MeanSquaredError(reduction="sum")}
+    )
     x, y = np.ones((16, 4), "float32"), np.ones((16, 1), "float32")
     data = tf.data.Dataset.from_tensor_slices((x, {"o1": y, "o2": y})).batch(8)
     with pytest.raises(RecipeConfigError, match="reduction='sum'"):

@@ -12,8 +12,9 @@ from tfopt.recipes.learning_rate import scale_learning_rate
 @pytest.mark.parametrize("rule, expected", [("linear", 0.8), ("sqrt", 0.2), ("none", 0.1)])
 def test_learning_rate_rules(rule, expected):
     config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}, "loss": "mse"}
-    scaled, detail = scale_learning_rate(config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128,
-                                         rule=rule)
+    scaled, detail = scale_learning_rate(
+        config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128, rule=rule
+    )
     assert scaled["optimizer"]["config"]["learning_rate"] == pytest.approx(expected)
     assert config["optimizer"]["config"]["learning_rate"] == 0.1
 
@@ -32,8 +33,9 @@ def test_unscalable_learning_rate_says_how_to_fix():
 
 
 def test_learning_rate_of_an_optimizer_given_by_name_is_scaled():
-    config, reason = scale_learning_rate({"optimizer": "adam", "loss": "mse"}, old_batch_size=32, new_batch_size=128,
-                                         rule="linear")
+    config, reason = scale_learning_rate(
+        {"optimizer": "adam", "loss": "mse"}, old_batch_size=32, new_batch_size=128, rule="linear"
+    )
     assert config["optimizer"]["class_name"] == "Adam"
     assert config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.004)  # Keras' default 0.001 x 4
     assert "x4" in reason

@@ -40,11 +40,14 @@ def test_reason_names_the_compute_capability():
     assert "7.0" in choose_policy(FAKE_HARDWARE["v100"])[1]
 
 
-@pytest.mark.parametrize("policy, compute, variable", [
-    ("mixed_bfloat16", "bfloat16", "float32"),
-    ("mixed_float16", "float16", "float32"),
-    ("float32", "float32", "float32"),
-])
+@pytest.mark.parametrize(
+    "policy, compute, variable",
+    [
+        ("mixed_bfloat16", "bfloat16", "float32"),
+        ("mixed_float16", "float16", "float32"),
+        ("float32", "float32", "float32"),
+    ],
+)
 def test_built_model_dtypes(policy, compute, variable, cpu_hardware):
     user_model = make_cnn()
     plan = MixedPrecision(policy=policy)(make_plan(user_model, make_images(), hardware=cpu_hardware))
@@ -76,8 +79,9 @@ def test_bfloat16_has_no_loss_scaling(cpu_hardware):
 
 def test_mixed_model_starts_from_the_user_weights(cpu_hardware):
     user_model = make_cnn()
-    model = build(MixedPrecision(policy="mixed_bfloat16")(
-        make_plan(user_model, make_images(), hardware=cpu_hardware))).model
+    model = build(
+        MixedPrecision(policy="mixed_bfloat16")(make_plan(user_model, make_images(), hardware=cpu_hardware))
+    ).model
     for mine, theirs in zip(user_model.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(mine, theirs)
     batch = np.random.default_rng(0).random((4, 12, 12, 3), dtype=np.float32)
@@ -107,8 +111,10 @@ def test_policy_scope_restores_the_global_policy():
             pass
 
 
-@pytest.mark.parametrize("machine, has_tf32", [("a100", True), ("h100", True), ("v100", False), ("t4", False),
-                                               ("cpu_bf16", False), ("tpu", False)])
+@pytest.mark.parametrize(
+    "machine, has_tf32",
+    [("a100", True), ("h100", True), ("v100", False), ("t4", False), ("cpu_bf16", False), ("tpu", False)],
+)
 def test_tf32_is_named_in_the_baseline_plan_on_ampere_and_newer(machine, has_tf32, ieee_float32):
     import tensorflow as tf
 
@@ -120,9 +126,11 @@ def test_tf32_is_named_in_the_baseline_plan_on_ampere_and_newer(machine, has_tf3
     notes = [step.detail for step in plan.applied if step.recipe == "baseline"]
     if has_tf32:
         major, minor = hardware.min_compute_capability
-        assert notes == [f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow "
-                         "runs float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false "
-                         "gives IEEE float32"]
+        assert notes == [
+            f"float32 baseline: TF32 on this GPU (compute capability {major}.{minor} >= 8.0: TensorFlow "
+            "runs float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false "
+            "gives IEEE float32"
+        ]
     else:
         assert notes == []
 
@@ -166,8 +174,9 @@ def compiled_step_hlo(model, stage):
 
 def test_bf16_step_convolves_in_bf16(cpu_hardware):
     # The faked-hardware side of the GPU test below: what the policy makes the compiled step compute in.
-    model = build(MixedPrecision(policy="mixed_bfloat16")(make_plan(make_cnn(), make_images(),
-                                                                    hardware=cpu_hardware))).model
+    model = build(
+        MixedPrecision(policy="mixed_bfloat16")(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
+    ).model
     assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["mixed_bfloat16"] * 3 + ["float32"]
     convolutions = [line for line in compiled_step_hlo(model, "hlo").splitlines() if " convolution(" in line]
     assert convolutions and all(line.split("=", 1)[1].lstrip().startswith("bf16[") for line in convolutions)

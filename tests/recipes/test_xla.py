@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
-from tfopt.builder import build
+from tfopt.builder import build, xla_blockers
+from tfopt.data.batches import static_batches
 from tfopt.plan import make_plan
 from tfopt.recipes.batch_size import BatchSize
-from tfopt.builder import xla_blockers
-from tfopt.data.batches import static_batches
 from tfopt.recipes.xla import Xla
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
@@ -67,8 +66,9 @@ def test_forced_xla_compiles_and_trains_on_cpu(cpu_hardware):
 
 def test_unsupported_layer_is_named_and_the_build_compiles_without_xla():
     # 20 examples in batches of 8: XLA would have dropped the last 4, which without XLA are kept.
-    plan = Xla()(make_plan(model_with_unsupported_layer(), make_images(count=20, batch_size=8),
-                           hardware=FAKE_HARDWARE["a100"]))
+    plan = Xla()(
+        make_plan(model_with_unsupported_layer(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["a100"])
+    )
     assert plan.jit_compile is True  # the recipe decides without building a model
     built = build(plan)
     assert built.model.jit_compile is False and built.plan.jit_compile is False
@@ -88,8 +88,11 @@ def test_the_recipe_builds_no_model():
 
 def test_op_without_xla_kernel_is_reported():
     inputs = keras.Input((4,))
-    outputs = keras.layers.Lambda(lambda x: keras.ops.cast(
-        keras.ops.convert_to_tensor(__import__("tensorflow").strings.as_string(x)) != "", "float32"))(inputs)
+    outputs = keras.layers.Lambda(
+        lambda x: keras.ops.cast(
+            keras.ops.convert_to_tensor(__import__("tensorflow").strings.as_string(x)) != "", "float32"
+        )
+    )(inputs)
     model = keras.Model(inputs, outputs)
     blockers = xla_blockers(model, np.zeros((2, 4), "float32"))
     assert len(blockers) == 1 and "XLA could not compile" in blockers[0]
@@ -131,8 +134,9 @@ def test_static_batches_leaves_full_batches_alone_and_counts_what_it_cannot_know
 
 
 def test_a_new_batch_size_under_xla_is_made_static_at_that_size():
-    plan = Xla(jit_compile=True)(make_plan(make_cnn(), make_images(count=20, batch_size=8),
-                                           hardware=FAKE_HARDWARE["cpu_bf16"]))
+    plan = Xla(jit_compile=True)(
+        make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["cpu_bf16"])
+    )
     built = build(BatchSize(batch_size=6)(plan))  # 20 examples: 3 batches of 6, 2 dropped
     assert [int(x.shape[0]) for x, _ in built.dataset] == [6, 6, 6] and len(built.dataset) == 3
     assert built.dataset.element_spec[0].shape[0] == 6
@@ -160,8 +164,14 @@ model.fit(data, epochs=3, verbose=0)
 def xla_step_compilations(directory, how):
     """XLA's own count: with --xla_dump_to, XLA writes one module per compilation of the train step."""
     dump = directory / how.replace(" ", "_")
-    subprocess.run([sys.executable, "-c", COMPILE_THREE_EPOCHS, how], check=True, cwd=REPOSITORY, timeout=600,
-                   capture_output=True, env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"})
+    subprocess.run(
+        [sys.executable, "-c", COMPILE_THREE_EPOCHS, how],
+        check=True,
+        cwd=REPOSITORY,
+        timeout=600,
+        capture_output=True,
+        env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"},
+    )
     return len(list(dump.glob("*one_step_on_data*before_optimizations.txt")))
 
 

@@ -12,10 +12,19 @@ import time
 
 import pytest
 
-from tfopt.run.directory import (LOCK_HELD_ENV, LOCK_NAME, RESOLVED_RECIPE_NAME, check_out_dir, differences,
-                                 discard_unused, new_run_dir, resumed_run_dir, run_dir_lock)
-from tfopt.errors import TfoptError
 from tests.processes import kill_all, wait_gone
+from tfopt.errors import TfoptError
+from tfopt.run.directory import (
+    LOCK_HELD_ENV,
+    LOCK_NAME,
+    RESOLVED_RECIPE_NAME,
+    check_out_dir,
+    differences,
+    discard_unused,
+    new_run_dir,
+    resumed_run_dir,
+    run_dir_lock,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -23,9 +32,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def test_differences_lists_every_changed_key_path_in_order():
     earlier = {"train": {"epochs": 1, "seed": 0}, "recipes": [{"xla": {"jit_compile": False}}]}
     now = {"train": {"epochs": 3, "seed": 0}, "recipes": [{"xla": {"jit_compile": True}}], "extra": 1}
-    assert differences(earlier, now) == [(("train", "epochs"), 1, 3),
-                                         (("recipes",), [{"xla": {"jit_compile": False}}], [{"xla": {"jit_compile": True}}]),
-                                         (("extra",), None, 1)]
+    assert differences(earlier, now) == [
+        (("train", "epochs"), 1, 3),
+        (("recipes",), [{"xla": {"jit_compile": False}}], [{"xla": {"jit_compile": True}}]),
+        (("extra",), None, 1),
+    ]
     assert differences(earlier, earlier) == []
 
 
@@ -57,7 +68,10 @@ def test_discard_unused_removes_only_a_directory_holding_just_the_saved_recipe(t
     (used / "tensorboard" / "events.out.tfevents.1").write_bytes(b"trace")
     assert discard_unused(used) is False
     assert sorted(str(p.relative_to(used)) for p in used.rglob("*")) == [
-        RESOLVED_RECIPE_NAME, "tensorboard", "tensorboard/events.out.tfevents.1"]
+        RESOLVED_RECIPE_NAME,
+        "tensorboard",
+        "tensorboard/events.out.tfevents.1",
+    ]
 
 
 def test_out_that_is_a_file_or_read_only_is_refused_before_any_work(tmp_path, monkeypatch):
@@ -120,8 +134,9 @@ def test_a_live_run_locks_its_directory_and_a_killed_runs_lock_is_taken_over(tmp
         with caplog.at_level(logging.WARNING, logger="tfopt"):
             with run_dir_lock(tmp_path) as descriptor:
                 assert (tmp_path / LOCK_NAME).read_text() == str(os.getpid()) and descriptor is not None
-        assert f"taking over the lock of a run that is no longer running (started by process {holder.pid})" \
-            in caplog.text
+        assert (
+            f"taking over the lock of a run that is no longer running (started by process {holder.pid})" in caplog.text
+        )
         assert not (tmp_path / LOCK_NAME).exists()
     finally:
         kill_all(holder, [worker] if worker is not None else [])

@@ -9,10 +9,12 @@ import sys
 import textwrap
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RECIPE = ("runtime: {gpu_memory_growth: false, gpu_memory_limit_bytes: 1073741824}\n"
-          "model: {name: small_cnn, filters: [4]}\n"
-          "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
-          "recipes:\n  - distribution: {strategy: auto}\n")
+RECIPE = (
+    "runtime: {gpu_memory_growth: false, gpu_memory_limit_bytes: 1073741824}\n"
+    "model: {name: small_cnn, filters: [4]}\n"
+    "data: {source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}\n"
+    "recipes:\n  - distribution: {strategy: auto}\n"
+)
 
 CHILD = textwrap.dedent("""
     import sys
@@ -37,11 +39,19 @@ def test_gpu_memory_is_configured_before_tensorflow_initialises_and_one_process_
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     (tmp_path / "child.py").write_text(CHILD)
     environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    environment.update(PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-                       TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "recipe.yaml")],
-                             capture_output=True, text=True, env=environment, timeout=300)
+    environment.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2"
+    )
+    process = subprocess.run(
+        [sys.executable, str(tmp_path / "child.py"), str(tmp_path / "recipe.yaml")],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert process.returncode == 0, process.stderr[-2000:]
     lines = [line for line in process.stdout.splitlines() if line.startswith(("CONFIGURED", "STRATEGY"))]
-    assert lines == ["CONFIGURED {'growth': False, 'limit_bytes': 1073741824} INITIALISED False",
-                     "STRATEGY None INITIALISED True"]  # loading the recipe initialises TF: too late for GPUs
+    assert lines == [
+        "CONFIGURED {'growth': False, 'limit_bytes': 1073741824} INITIALISED False",
+        "STRATEGY None INITIALISED True",
+    ]  # loading the recipe initialises TF: too late for GPUs

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfopt.run import runner
-from tfopt.run import training as run_training
 from tfopt.errors import NonFiniteLossError, TfoptError
 from tfopt.profiling.metrics import Metrics, compared
 from tfopt.recipe_file import load_recipe
+from tfopt.run import runner
+from tfopt.run import training as run_training
 
 RECIPE = """\
 model: {name: small_cnn, filters: [4]}
@@ -41,10 +41,15 @@ def test_prepare_takes_model_arguments_from_the_data_unless_the_file_gives_them(
 
 
 def test_prepare_fills_sequence_length_and_vocabulary_of_a_text_model(tmp_path):
-    recipe = load_recipe(write(tmp_path, """\
+    recipe = load_recipe(
+        write(
+            tmp_path,
+            """\
         model: {name: text_transformer, embed_dim: 8, ff_dim: 8, num_layers: 1}
         data: {source: synthetic, kind: tokens, examples: 8, sequence_length: 12, vocab_size: 50}
-    """))
+    """,
+        )
+    )
     kwargs = runner.prepare(recipe).model.kwargs
     assert (kwargs["sequence_length"], kwargs["vocab_size"], kwargs["classes"]) == (12, 50, 5)
 
@@ -86,12 +91,20 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert (run_dir / "tensorboard" / "before").is_dir() and (run_dir / "tensorboard" / "after").is_dir()
     training = json.loads((run_dir / "training.json").read_text())
     assert training == outcome.training
-    assert (training["engine"], training["global_step"], training["resumed_from_step"]) == ("tfopt.training.train", 4, 0)
+    assert (training["engine"], training["global_step"], training["resumed_from_step"]) == (
+        "tfopt.training.train",
+        4,
+        0,
+    )
     assert len(training["history"]["loss"]) == 2
     assert list((run_dir / "checkpoints").iterdir())
     events = list((run_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
-    tags = {value.tag for path in events for event in tf.compat.v1.train.summary_iterator(str(path))
-            for value in event.summary.value}
+    tags = {
+        value.tag
+        for path in events
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        for value in event.summary.value
+    }
     assert {"epoch_loss", "epoch_accuracy", "tfopt/steps_per_second", "tfopt/input_wait_percent"} <= tags
     # The training ran under tfopt.Monitor: its windows are in training.json, monitor.jsonl and the report.
     windows = training["monitor"]
@@ -115,8 +128,9 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
 def test_resume_keeps_the_measurements_and_trains_only_the_missing_steps(tmp_path):
     first = runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
     report_text = (tmp_path / "run" / "report.json").read_text()
-    longer = runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=3"]), out_dir=tmp_path / "run",
-                        resume=True)
+    longer = runner.run(
+        load_recipe(write(tmp_path), overrides=["train.epochs=3"]), out_dir=tmp_path / "run", resume=True
+    )
     assert (longer.training["resumed_from_step"], longer.training["global_step"]) == (4, 6)
     # training.json keeps the whole run: the first attempt's two epochs, then the one trained now.
     assert longer.training["steps_run"] == 2 and len(longer.training["history"]["loss"]) == 3
@@ -128,8 +142,9 @@ def test_resume_keeps_the_measurements_and_trains_only_the_missing_steps(tmp_pat
 def test_resume_refuses_other_settings_and_directories_without_a_run(tmp_path):
     runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=0"]), out_dir=tmp_path / "run")
     with pytest.raises(TfoptError, match=r"made with train.learning_rate: 0.001, and this command asks for 0.01"):
-        runner.run(load_recipe(write(tmp_path), overrides=["train.learning_rate=0.01"]), out_dir=tmp_path / "run",
-                   resume=True)
+        runner.run(
+            load_recipe(write(tmp_path), overrides=["train.learning_rate=0.01"]), out_dir=tmp_path / "run", resume=True
+        )
     (tmp_path / "empty").mkdir()
     with pytest.raises(TfoptError, match="holds no run to continue"):
         runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "empty", resume=True)
@@ -141,8 +156,12 @@ def test_a_diverging_run_stops_with_the_step_and_keeps_its_report(tmp_path):
         runner.run(recipe, out_dir=tmp_path / "run")
     message = str(error.value)
     # The loss goes non-finite first, or the weights do (a checkpoint is never written from them).
-    assert message.startswith((f"Training stopped at step {error.value.step}: the loss is ",
-                               f"Training stopped at step {error.value.step}: the model's weights contain NaN"))
+    assert message.startswith(
+        (
+            f"Training stopped at step {error.value.step}: the loss is ",
+            f"Training stopped at step {error.value.step}: the model's weights contain NaN",
+        )
+    )
     assert f"The partial outputs of this run are in {tmp_path / 'run'}." in message
     assert (tmp_path / "run" / "report.json").exists() and not (tmp_path / "run" / "training.json").exists()
 
@@ -162,8 +181,13 @@ def test_a_failed_run_leaves_earlier_runs_untouched_and_says_where_its_outputs_a
     assert (earlier / "report.md").read_text() == "earlier\n"
     failed = [path for path in (tmp_path / "runs").iterdir() if path != earlier]
     # The report is written before training, so a run that fails while training keeps its measurements.
-    assert sorted(item.name for item in failed[0].iterdir()) == ["recipe.yaml", "report.html", "report.json",
-                                                                  "report.md", "tensorboard"]
+    assert sorted(item.name for item in failed[0].iterdir()) == [
+        "recipe.yaml",
+        "report.html",
+        "report.json",
+        "report.md",
+        "tensorboard",
+    ]
 
 
 def test_run_refuses_an_out_directory_that_holds_files(tmp_path):

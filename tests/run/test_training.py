@@ -28,6 +28,7 @@ def built(fail_from_batch=None):
     features = np.random.default_rng(0).random((64, 4), dtype=np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(8)
     if fail_from_batch is not None:
+
         def check(index):
             if index >= fail_from_batch:
                 raise OSError("the disk went away")
@@ -38,24 +39,32 @@ def built(fail_from_batch=None):
                 return tf.nest.map_structure(tf.identity, batch)
 
         dataset = tf.data.Dataset.zip(tf.data.Dataset.range(10_000), dataset.repeat()).map(load)
-    return SimpleNamespace(model=model, dataset=dataset, strategy=tf.distribute.get_strategy(),
-                           plan=SimpleNamespace(strategy="default", hardware=Hardware()))
+    return SimpleNamespace(
+        model=model,
+        dataset=dataset,
+        strategy=tf.distribute.get_strategy(),
+        plan=SimpleNamespace(strategy="default", hardware=Hardware()),
+    )
 
 
 def recipe(epochs, steps_per_epoch):
-    return SimpleNamespace(train=SimpleNamespace(epochs=epochs, steps_per_epoch=steps_per_epoch,
-                                                 checkpoint_every_steps=100))
+    return SimpleNamespace(
+        train=SimpleNamespace(epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_every_steps=100)
+    )
 
 
 def windows_in(path):
     return [line for line in map(json.loads, path.read_text().splitlines()) if line["kind"] == "window"]
 
 
-@pytest.mark.parametrize("epochs, steps_per_epoch, every_steps", [
-    (30, 10, 300 // WINDOWS_PER_RUN),  # long enough: about 20 windows
-    (2, 2, MIN_WINDOW_STEPS),  # 4 steps: never windows of one step
-    (3, None, MIN_WINDOW_STEPS),  # one pass per epoch over the 8 batches: 24 steps
-])
+@pytest.mark.parametrize(
+    "epochs, steps_per_epoch, every_steps",
+    [
+        (30, 10, 300 // WINDOWS_PER_RUN),  # long enough: about 20 windows
+        (2, 2, MIN_WINDOW_STEPS),  # 4 steps: never windows of one step
+        (3, None, MIN_WINDOW_STEPS),  # one pass per epoch over the 8 batches: 24 steps
+    ],
+)
 def test_windows_are_sized_to_the_run_with_a_floor(epochs, steps_per_epoch, every_steps):
     monitor = _monitor(built(), recipe(epochs, steps_per_epoch).train, None)
     assert monitor.every_steps == every_steps and monitor.logdir is None
@@ -64,8 +73,7 @@ def test_windows_are_sized_to_the_run_with_a_floor(epochs, steps_per_epoch, ever
 def test_a_run_of_many_short_epochs_gets_its_windows(tmp_path):
     record = train_model(built(), recipe(25, 2), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard")
     # 50 steps in epochs of 2: windows of 3 steps span the epochs' ends, after the untimed first step.
-    assert [(window["step"], window["steps"]) for window in record["monitor"]] == [(1 + 3 * n, 3) for n in
-                                                                                  range(1, 17)]
+    assert [(window["step"], window["steps"]) for window in record["monitor"]] == [(1 + 3 * n, 3) for n in range(1, 17)]
     written = windows_in(tmp_path / "tensorboard" / "train" / "monitor.jsonl")
     assert [window["step"] for window in written] == [window["step"] for window in record["monitor"]]
 
@@ -94,7 +102,8 @@ def test_a_failed_training_says_where_its_windows_are(tmp_path):
 
 
 def test_only_the_chief_writes_the_monitor_files(tmp_path):
-    record = train_model(built(), recipe(2, 6), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard",
-                         chief=False)
+    record = train_model(
+        built(), recipe(2, 6), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard", chief=False
+    )
     assert [window["step"] for window in record["monitor"]] == [4, 7, 10]
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "training.json").exists()

@@ -25,7 +25,7 @@ def make_built(seed=0, poison_batch=None, optimizer="adam"):
     x = rng.normal(size=(4 * STEPS_PER_EPOCH, 3)).astype("float32")
     y = (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.1).astype("float32")
     if poison_batch is not None:
-        x[4 * poison_batch:4 * poison_batch + 4] = np.nan
+        x[4 * poison_batch : 4 * poison_batch + 4] = np.nan
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.get(optimizer), loss="mse")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)

@@ -2,9 +2,8 @@ import numpy as np
 import pytest
 
 from tests.training.conftest import STEPS_PER_EPOCH, make_built
-from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.errors import DataError, IncompatibleModelError, NonFiniteLossError
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
-from tfopt.errors import NonFiniteLossError
 
 
 def state(model):
@@ -65,8 +64,7 @@ def test_empty_directory_restores_nothing(tmp_path, built):
 
 
 def test_keeps_only_the_newest(tmp_path, built):
-    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=2,
-                                    async_write=False)
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=2, async_write=False)
     for step in range(1, 6):
         checkpoint.save(step)
     assert sorted(path.name for path in tmp_path.glob("*.index")) == ["ckpt-4.index", "ckpt-5.index"]
@@ -106,10 +104,10 @@ def test_keep_must_be_positive(tmp_path, built):
 
 
 def test_callback_saves_at_intervals_and_epoch_ends(tmp_path, built):
-    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=100,
-                                    async_write=False)
-    built.model.fit(built.dataset, epochs=2, verbose=0,
-                    callbacks=[CheckpointCallback(checkpoint, every_steps=4, steps_done=0)])
+    checkpoint = TrainingCheckpoint(tmp_path, built.model, steps_per_epoch=STEPS_PER_EPOCH, keep=100, async_write=False)
+    built.model.fit(
+        built.dataset, epochs=2, verbose=0, callbacks=[CheckpointCallback(checkpoint, every_steps=4, steps_done=0)]
+    )
     steps = sorted(int(path.name.split("-")[1].split(".")[0]) for path in tmp_path.glob("*.index"))
     assert steps == [4, 8, 10, 12, 16, 20]
 

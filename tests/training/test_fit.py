@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from tests.training.conftest import STEPS_PER_EPOCH, make_built
-from tfopt.errors import DataError
+from tfopt.errors import DataError, NonFiniteLossError
 from tfopt.training.checkpointing import TrainingCheckpoint
 from tfopt.training.fit import train
-from tfopt.errors import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,8 +37,9 @@ def weights(built):
 
 
 # Crash at step 15; checkpoints every 4 steps and at epoch ends: the newest is at 12 (10 per epoch) or 14 (7).
-@pytest.mark.parametrize("steps_per_epoch, newest_checkpoint", [(None, 12), (7, 14)],
-                         ids=["one_pass_per_epoch", "stream"])
+@pytest.mark.parametrize(
+    "steps_per_epoch, newest_checkpoint", [(None, 12), (7, 14)], ids=["one_pass_per_epoch", "stream"]
+)
 def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, newest_checkpoint):
     epochs = 3
     reference = make_built()
@@ -49,10 +49,21 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
 
     first = make_built()
     with pytest.raises(Crash):
-        train(first, epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path,
-              checkpoint_every_steps=4, callbacks=[CrashAt(15)])
-    resumed = train(make_built(seed=5), epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path,
-                    checkpoint_every_steps=4)
+        train(
+            first,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            checkpoint_dir=tmp_path,
+            checkpoint_every_steps=4,
+            callbacks=[CrashAt(15)],
+        )
+    resumed = train(
+        make_built(seed=5),
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        checkpoint_dir=tmp_path,
+        checkpoint_every_steps=4,
+    )
 
     assert resumed.resumed_from_step == newest_checkpoint
     assert resumed.steps_run == steps - newest_checkpoint and resumed.global_step == steps
@@ -138,11 +149,14 @@ def test_unknown_length_is_counted(built):
     assert train(filtered, epochs=1).steps_per_epoch == STEPS_PER_EPOCH
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"epochs": 0}, "epochs must be a positive integer; received 0"),
-    ({"epochs": 1, "steps_per_epoch": 0}, "steps_per_epoch must be a positive integer or None"),
-    ({"epochs": 1, "checkpoint_every_steps": 0}, "checkpoint_every_steps must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"epochs": 0}, "epochs must be a positive integer; received 0"),
+        ({"epochs": 1, "steps_per_epoch": 0}, "steps_per_epoch must be a positive integer or None"),
+        ({"epochs": 1, "checkpoint_every_steps": 0}, "checkpoint_every_steps must be a positive integer"),
+    ],
+)
 def test_bad_arguments(built, kwargs, words):
     with pytest.raises(DataError, match=words):
         train(built, **kwargs)
@@ -184,11 +198,13 @@ def test_sigkill_mid_epoch_then_restart_finishes_all_steps(tmp_path):
     script.write_text(CHILD.format(repo=str(REPO)))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     directory = tmp_path / "ckpt"
-    killed = subprocess.run([sys.executable, str(script), str(directory), "17"], capture_output=True, text=True,
-                            env=env, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, str(script), str(directory), "17"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    restarted = subprocess.run([sys.executable, str(script), str(directory), "0"], capture_output=True, text=True,
-                               env=env, timeout=300)
+    restarted = subprocess.run(
+        [sys.executable, str(script), str(directory), "0"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     resumed_from, steps_run, global_step, epochs_logged = map(int, restarted.stdout.split("RESULT")[1].split())
     # Killed at step 17 of epoch 2 (of 3); checkpoints every 5 steps and at epoch ends (10): at most
@@ -213,20 +229,33 @@ def _classifier_built(nan_weights=False, nan_feature=False):
         x[:, 1] = np.nan
     y = np.arange(40) % 3
     nan_to_zero = keras.layers.Lambda(lambda t: keras.ops.where(keras.ops.isnan(t), 0.0, t), name="nan_to_zero")
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, name="hidden"), nan_to_zero,
-                              keras.layers.Dense(3, activation="softmax", name="probabilities")])
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(8, name="hidden"),
+            nan_to_zero,
+            keras.layers.Dense(3, activation="softmax", name="probabilities"),
+        ]
+    )
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     if nan_weights:
         model.layers[0].kernel.assign(np.full((3, 8), np.nan, "float32"))
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
-    return Built(model=model, dataset=dataset, strategy=tf.distribute.get_strategy(),
-                 plan=make_plan(model, dataset, hardware=Hardware()))
+    return Built(
+        model=model,
+        dataset=dataset,
+        strategy=tf.distribute.get_strategy(),
+        plan=make_plan(model, dataset, hardware=Hardware()),
+    )
 
 
 def test_nan_weights_stop_training_before_the_first_step_without_a_checkpoint_dir():
     built = _classifier_built(nan_weights=True)
-    with pytest.raises(NonFiniteLossError, match=r"did not start: the model's weights hold NaN or Inf before the "
-                                                 r"first step \(sequential\w*/hidden/kernel\)") as error:
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"did not start: the model's weights hold NaN or Inf before the "
+        r"first step \(sequential\w*/hidden/kernel\)",
+    ) as error:
         train(built, epochs=2)
     assert error.value.step == 0 and int(built.model.optimizer.iterations) == 0
 
@@ -235,7 +264,10 @@ def test_a_nan_feature_that_keeps_the_loss_finite_stops_training_at_the_epoch_en
     built = _classifier_built(nan_feature=True)
     losses = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: losses.append(logs["loss"]))
-    with pytest.raises(NonFiniteLossError, match=r"step 10: the model's weights hold NaN or Inf "
-                                                 r"\(sequential\w*/hidden/kernel\), though the loss"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"step 10: the model's weights hold NaN or Inf "
+        r"\(sequential\w*/hidden/kernel\), though the loss",
+    ):
         train(built, epochs=3, callbacks=[record])
     assert len(losses) == 10 and all(np.isfinite(losses))  # the loss alone never said a word

@@ -2,8 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfopt.errors import TfoptError
-from tfopt.errors import NonFiniteLossError
+from tfopt.errors import NonFiniteLossError, TfoptError
 from tfopt.training.guards import check_finite_loss, loss_scale_state, non_finite_weights
 
 

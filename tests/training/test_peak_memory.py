@@ -27,6 +27,7 @@ def test_sampling_fallback_where_the_peak_cannot_be_reset(monkeypatch, tmp_path)
     def allocate_slowly():
         block = np.ones(300 * MIB // 8)
         import time
+
         time.sleep(0.05)  # let the sampler see it; not a timing assertion
         del block
 
@@ -47,5 +48,8 @@ def test_gpu_peak_is_the_largest_over_devices(monkeypatch):
 
 
 def test_describe_bytes():
-    assert (describe_bytes(None), describe_bytes(300 * MIB), describe_bytes(5 * 2**30)) == ("unknown", "300 MiB",
-                                                                                            "5.0 GiB")
+    assert (describe_bytes(None), describe_bytes(300 * MIB), describe_bytes(5 * 2**30)) == (
+        "unknown",
+        "300 MiB",
+        "5.0 GiB",
+    )

@@ -21,9 +21,9 @@ INPUT_BOUND_EFFICIENCY = 0.8
 
 NOT_COMPARABLE = {
     "batch_size": "it changes the batch size, so examples/s and the loss trajectory are not comparable "
-                  "with the baseline's; apply it explicitly",
+    "with the baseline's; apply it explicitly",
     "grad_accum": "it changes how many examples each update sees, so the loss trajectory is not comparable; "
-                  "apply it explicitly",
+    "apply it explicitly",
     "distribution": "it changes the device layout; auto mode tunes one process on the devices it has",
     "tfrecord": "it writes the data to TFRecord files first; apply it explicitly",
 }
@@ -86,12 +86,16 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
     if input_efficiency is not None:
         notes.append(f"baseline input efficiency: {input_efficiency:.0%} of the on-device compute-only ceiling")
     input_bound = bool(diagnosis is not None and diagnosis.input_bound) or (
-        input_efficiency is not None and input_efficiency < INPUT_BOUND_EFFICIENCY)
+        input_efficiency is not None and input_efficiency < INPUT_BOUND_EFFICIENCY
+    )
     if input_bound:
         recipes["data_pipeline"] = DataPipeline()
     else:
-        measured = f"real training reaches {input_efficiency:.0%} of the compute-only ceiling" \
-            if input_efficiency is not None else "no input wait was measured"
+        measured = (
+            f"real training reaches {input_efficiency:.0%} of the compute-only ceiling"
+            if input_efficiency is not None
+            else "no input wait was measured"
+        )
         not_tried["data_pipeline"] = f"not input-bound: {measured}"
     policy, reason = choose_policy(hardware)
     if policy == "float32":
@@ -105,9 +109,11 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
             recipes[f"data_service:{workers}"] = DataService(workers=workers)
     elif input_bound:
         not_tried["data_service"] = (
-            "the input pipeline was not read stage by stage (no profile)" if stages is None else
-            "the input pipeline is not yet parallel with every core of the host busy: parallel stages here come first")
-    for name in (diagnosis.recipes if diagnosis is not None else ()):
+            "the input pipeline was not read stage by stage (no profile)"
+            if stages is None
+            else "the input pipeline is not yet parallel with every core of the host busy: parallel stages here come first"
+        )
+    for name in diagnosis.recipes if diagnosis is not None else ():
         if name in NOT_COMPARABLE:
             not_tried[name] = f"suggested by the diagnosis, but {NOT_COMPARABLE[name]}"
     return Candidates(recipes=recipes, not_tried=not_tried, notes=tuple(notes))

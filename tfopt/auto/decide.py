@@ -35,7 +35,6 @@ loss differs from float32's by well under 2% on healthy models; a recipe that br
 NaN, a lost loss scale) differs by far more."""
 
 
-
 def throughput(step_times: StepTimes) -> float:
     """Examples per second over all timed steps: total examples / total time.
 
@@ -78,8 +77,7 @@ class TrialResult:
     @property
     def measured(self) -> bool:
         """Whether the trial produced a speed to compare."""
-        return (self.step_times is not None and not self.error and not self.skipped
-                and not self.stopped_by_budget)
+        return self.step_times is not None and not self.error and not self.skipped and not self.stopped_by_budget
 
     @property
     def examples_per_second(self) -> float | None:
@@ -150,17 +148,24 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float]) -> float
         0.0019
     """
     if len(reference) != len(losses) or not reference:
-        raise ValueError(f"Loss trajectories must have the same, nonzero length; received {len(reference)} "
-                         f"and {len(losses)} steps.")
+        raise ValueError(
+            f"Loss trajectories must have the same, nonzero length; received {len(reference)} and {len(losses)} steps."
+        )
     if not all(math.isfinite(value) for value in losses):
         return math.inf
     scale = max(max(abs(ref) for ref in reference), 1e-12)
     return max(abs(value - ref) for ref, value in zip(reference, losses)) / scale
 
 
-def judge(trial: TrialResult, *, reference_examples_per_second: float, reference_label: str = "baseline",
-          reference_losses: Sequence[float] | None, noise: float,
-          loss_tolerance: float = LOSS_TOLERANCE) -> Verdict:
+def judge(
+    trial: TrialResult,
+    *,
+    reference_examples_per_second: float,
+    reference_label: str = "baseline",
+    reference_losses: Sequence[float] | None,
+    noise: float,
+    loss_tolerance: float = LOSS_TOLERANCE,
+) -> Verdict:
     """Keeps a configuration only if it is faster than the reference beyond the noise, with sound numerics.
 
     Args:
@@ -194,8 +199,13 @@ def judge(trial: TrialResult, *, reference_examples_per_second: float, reference
     versus = f"{ratio:.2f}x {reference_label}"
     if deviation is not None and deviation > loss_tolerance:
         what = "loss is not finite" if math.isinf(deviation) else f"loss differs {deviation:.1%} from float32"
-        return Verdict("rejected", ratio, deviation,
-                       f"rejected: {what} (tolerance {loss_tolerance:.0%}), although {versus}", numerics_ok=False)
+        return Verdict(
+            "rejected",
+            ratio,
+            deviation,
+            f"rejected: {what} (tolerance {loss_tolerance:.0%}), although {versus}",
+            numerics_ok=False,
+        )
     if ratio - 1.0 <= noise:
         why = "slower" if ratio < 1.0 - noise else "within the noise"
         if why == "slower":

@@ -55,11 +55,20 @@ class ProgressEvent:
     trials_planned: int
 
 
-def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clock: Callable[[], float],
-           start: float | None = None, loss_tolerance: float = LOSS_TOLERANCE,
-           noise_floor: float = NOISE_FLOOR_FRACTION, not_tried: Mapping[str, str] | None = None,
-           notes: Sequence[str] = (), on_progress: Callable[[ProgressEvent], None] | None = None,
-           alternatives: Mapping[str, str] | None = None) -> TrialsTable:
+def search(
+    candidates: Sequence[str],
+    run: Runner,
+    *,
+    budget_seconds: float,
+    clock: Callable[[], float],
+    start: float | None = None,
+    loss_tolerance: float = LOSS_TOLERANCE,
+    noise_floor: float = NOISE_FLOOR_FRACTION,
+    not_tried: Mapping[str, str] | None = None,
+    notes: Sequence[str] = (),
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    alternatives: Mapping[str, str] | None = None,
+) -> TrialsTable:
     """Measures the baseline and the candidates, combines the ones that help, and returns the trials table.
 
     Args:
@@ -86,9 +95,11 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
     state = _Search(candidates, run, budget_seconds, clock, clock() if start is None else start, on_progress)
     first = state.trial(())
     if not first.measured:
-        raise MeasurementError(f"auto mode could not measure the baseline, the setup as given: "
-                               f"{first.error or first.skipped or 'the time budget ran out'}. Check that "
-                               "model.fit(dataset) trains, or give a larger tune budget.")
+        raise MeasurementError(
+            f"auto mode could not measure the baseline, the setup as given: "
+            f"{first.error or first.skipped or 'the time budget ran out'}. Check that "
+            "model.fit(dataset) trains, or give a larger tune budget."
+        )
     alone: dict[str, TrialResult] = {}
     for candidate in candidates:
         if state.affordable(repeats_left=1):
@@ -99,8 +110,14 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
     baseline_speed = statistics.fmean(trial.examples_per_second for trial in baseline_runs)
 
     def verdict(trial: TrialResult, speed: float, label: str) -> Verdict:
-        return judge(trial, reference_examples_per_second=speed, reference_label=label,
-                     reference_losses=first.losses, noise=noise, loss_tolerance=loss_tolerance)
+        return judge(
+            trial,
+            reference_examples_per_second=speed,
+            reference_label=label,
+            reference_losses=first.losses,
+            noise=noise,
+            loss_tolerance=loss_tolerance,
+        )
 
     rows = [_row(first, "baseline", "baseline", "baseline: first run", baseline_speed)]
     decisions: dict[str, Decision] = {}
@@ -119,9 +136,10 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
 
     # Greedy combination, fastest alone first. Only failing or numerics-breaking candidates are out: a
     # starved pipeline hides (and its CPU threads can even reverse) a faster model's gain until it is fixed.
-    eligible = sorted((c for c, v in verdicts.items() if v.ratio is not None
-                       and v.status in ("kept", "rejected") and v.numerics_ok),
-                      key=lambda c: -verdicts[c].ratio)
+    eligible = sorted(
+        (c for c, v in verdicts.items() if v.ratio is not None and v.status in ("kept", "rejected") and v.numerics_ok),
+        key=lambda c: -verdicts[c].ratio,
+    )
     kept_alone = [c for c in eligible if verdicts[c].kept]
     chosen: tuple[str, ...] = ()
     chosen_speed = baseline_speed
@@ -134,8 +152,9 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
                 continue
             rival = next((c for c in chosen if c in recipe_of and recipe_of[c] == recipe_of.get(candidate)), None)
             if rival is not None:  # a setting of a recipe already chosen, which was faster alone
-                decisions[candidate] = Decision(candidate, False, f"another setting of {recipe_of[rival]}, {rival}, "
-                                                                  "was chosen")
+                decisions[candidate] = Decision(
+                    candidate, False, f"another setting of {recipe_of[rival]}, {rival}, was chosen"
+                )
                 continue
             combination = tuple(c for c in candidates if c in chosen or c == candidate)
             label = " + ".join(combination)
@@ -147,29 +166,45 @@ def search(candidates: Sequence[str], run: Runner, *, budget_seconds: float, clo
             rows.append(_row(trial, "combination", judged.status, judged.reason, baseline_speed, judged))
             if judged.kept:
                 chosen, chosen_speed = combination, trial.examples_per_second
-                decisions[candidate] = Decision(candidate, True, f"{judged.reason} ({chosen_speed / baseline_speed:.2f}x "
-                                                                 "baseline)")
+                decisions[candidate] = Decision(
+                    candidate, True, f"{judged.reason} ({chosen_speed / baseline_speed:.2f}x baseline)"
+                )
             else:
                 decisions[candidate] = Decision(candidate, False, f"on top of {' + '.join(chosen)}: {judged.reason}")
     for candidate in candidates:
         if not decisions[candidate].kept and decisions[candidate].reason.startswith("faster alone"):
-            decisions[candidate] = Decision(candidate, False, f"{decisions[candidate].reason}; not combined: "
-                                                              "the time budget ran out")
+            decisions[candidate] = Decision(
+                candidate, False, f"{decisions[candidate].reason}; not combined: the time budget ran out"
+            )
     for candidate, reason in (not_tried or {}).items():
         rows.append(TrialRow(candidate, "candidate", "not tried", reason))
         decisions[candidate] = Decision(candidate, False, f"not tried: {reason}")
     state.report(f"chose {' + '.join(chosen) or 'the baseline'}")
-    return TrialsTable(rows=tuple(rows), decisions=tuple(decisions.values()), chosen=chosen,
-                       baseline_examples_per_second=baseline_speed, noise_fraction=noise,
-                       loss_tolerance=loss_tolerance, budget_seconds=budget_seconds,
-                       elapsed_seconds=clock() - state.start, notes=tuple(notes))
+    return TrialsTable(
+        rows=tuple(rows),
+        decisions=tuple(decisions.values()),
+        chosen=chosen,
+        baseline_examples_per_second=baseline_speed,
+        noise_fraction=noise,
+        loss_tolerance=loss_tolerance,
+        budget_seconds=budget_seconds,
+        elapsed_seconds=clock() - state.start,
+        notes=tuple(notes),
+    )
 
 
 class _Search:
     """The clock, the budget and the trial count that every step of `search` consults."""
 
-    def __init__(self, candidates: Sequence[str], run: Runner, budget_seconds: float, clock: Callable[[], float],
-                 start: float, on_progress: Callable[[ProgressEvent], None] | None):
+    def __init__(
+        self,
+        candidates: Sequence[str],
+        run: Runner,
+        budget_seconds: float,
+        clock: Callable[[], float],
+        start: float,
+        on_progress: Callable[[ProgressEvent], None] | None,
+    ):
         self.run, self.budget_seconds, self.clock, self.start = run, budget_seconds, clock, start
         self.on_progress = on_progress
         self.planned = 2 + 2 * len(candidates) - (1 if candidates else 0)
@@ -191,32 +226,47 @@ class _Search:
         try:
             result = self.run(configuration, self.deadline)
         except Exception as error:  # a candidate that raises is a rejected candidate, not a failed search
-            result = TrialResult(configuration, error=f"{type(error).__name__}: {error}",
-                                 wall_seconds=self.clock() - began)
+            result = TrialResult(
+                configuration, error=f"{type(error).__name__}: {error}", wall_seconds=self.clock() - began
+            )
         if not configuration and result.measured and not self.trial_seconds:
             self.trial_seconds = result.wall_seconds
         self.done += 1
-        speed = f"{result.examples_per_second:.1f} examples/s" if result.measured else (
-            result.error or result.skipped or "stopped by the budget")
+        speed = (
+            f"{result.examples_per_second:.1f} examples/s"
+            if result.measured
+            else (result.error or result.skipped or "stopped by the budget")
+        )
         self.report(f"{label}: {speed}")
         return result
 
     def report(self, message: str) -> None:
         _log.info("auto: %s (%.0f of %.0f s)", message, self.clock() - self.start, self.budget_seconds)
         if self.on_progress is not None:
-            self.on_progress(ProgressEvent(message, self.clock() - self.start, self.budget_seconds,
-                                           self.done, max(self.planned, self.done)))
+            self.on_progress(
+                ProgressEvent(
+                    message, self.clock() - self.start, self.budget_seconds, self.done, max(self.planned, self.done)
+                )
+            )
 
 
-def _row(trial: TrialResult, role: str, status: str, reason: str, baseline_speed: float,
-         verdict: Verdict | None = None) -> TrialRow:
+def _row(
+    trial: TrialResult, role: str, status: str, reason: str, baseline_speed: float, verdict: Verdict | None = None
+) -> TrialRow:
     times = trial.step_times if trial.measured else None
     speed = spread = None
     if times is not None:
         speed = trial.examples_per_second
         spread = speed * times.spread_seconds / times.median_seconds
-    return TrialRow(configuration=trial.label, role=role, status=status, reason=reason,
-                    examples_per_second=speed, spread_examples_per_second=spread,
-                    ratio=speed / baseline_speed if times else None,
-                    step_seconds=times.median_seconds if times else None, compile_seconds=trial.compile_seconds,
-                    loss_deviation=verdict.loss_deviation if verdict else None)
+    return TrialRow(
+        configuration=trial.label,
+        role=role,
+        status=status,
+        reason=reason,
+        examples_per_second=speed,
+        spread_examples_per_second=spread,
+        ratio=speed / baseline_speed if times else None,
+        step_seconds=times.median_seconds if times else None,
+        compile_seconds=trial.compile_seconds,
+        loss_deviation=verdict.loss_deviation if verdict else None,
+    )

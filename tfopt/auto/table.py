@@ -96,8 +96,11 @@ class TrialsTable:
         """The chosen configuration's measured speed (the baseline's mean when nothing was kept)."""
         if not self.chosen:
             return self.baseline_examples_per_second
-        return next(row.examples_per_second for row in self.rows
-                    if row.configuration == self.chosen_label and row.examples_per_second is not None)
+        return next(
+            row.examples_per_second
+            for row in self.rows
+            if row.configuration == self.chosen_label and row.examples_per_second is not None
+        )
 
     @property
     def best_row(self) -> TrialRow | None:
@@ -106,9 +109,14 @@ class TrialsTable:
         Compare it with `baseline_examples_per_second`, the mean of the baseline's runs: a single
         baseline run is not a configuration of its own.
         """
-        rows = [row for row in self.rows if row.examples_per_second is not None and row.role != "baseline"
-                and row.status != "failed"
-                and (row.loss_deviation is None or row.loss_deviation <= self.loss_tolerance)]
+        rows = [
+            row
+            for row in self.rows
+            if row.examples_per_second is not None
+            and row.role != "baseline"
+            and row.status != "failed"
+            and (row.loss_deviation is None or row.loss_deviation <= self.loss_tolerance)
+        ]
         return max(rows, key=lambda row: row.examples_per_second, default=None)
 
     @property
@@ -119,15 +127,20 @@ class TrialsTable:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: every row, every decision, the choice and the numbers it was judged by."""
-        return {"rows": [dataclasses.asdict(row) for row in self.rows],
-                "decisions": [dataclasses.asdict(decision) for decision in self.decisions],
-                "chosen": list(self.chosen), "chosen_label": self.chosen_label,
-                "chosen_examples_per_second": self.chosen_examples_per_second,
-                "baseline_examples_per_second": self.baseline_examples_per_second,
-                "best_examples_per_second": self.best_examples_per_second,
-                "noise_fraction": self.noise_fraction, "loss_tolerance": self.loss_tolerance,
-                "budget_seconds": self.budget_seconds, "elapsed_seconds": self.elapsed_seconds,
-                "notes": list(self.notes)}
+        return {
+            "rows": [dataclasses.asdict(row) for row in self.rows],
+            "decisions": [dataclasses.asdict(decision) for decision in self.decisions],
+            "chosen": list(self.chosen),
+            "chosen_label": self.chosen_label,
+            "chosen_examples_per_second": self.chosen_examples_per_second,
+            "baseline_examples_per_second": self.baseline_examples_per_second,
+            "best_examples_per_second": self.best_examples_per_second,
+            "noise_fraction": self.noise_fraction,
+            "loss_tolerance": self.loss_tolerance,
+            "budget_seconds": self.budget_seconds,
+            "elapsed_seconds": self.elapsed_seconds,
+            "notes": list(self.notes),
+        }
 
     def to_markdown(self) -> str:
         """A Markdown table of the trials, then the decisions and the choice."""
@@ -142,27 +155,41 @@ class TrialsTable:
         header = ["configuration", "examples/s", "vs base", "step ms", "compile s", "loss diff", "result"]
         body = [self._cells(row) for row in self.rows]
         widths = [max(len(line[column]) for line in [header, *body]) for column in range(len(header) - 1)]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
-                 for line in [header, *body]]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
+            for line in [header, *body]
+        ]
         return "\n".join([*lines, "", *self._footer()])
 
     def __str__(self) -> str:
         return self.to_text()
 
     def _cells(self, row: TrialRow) -> list[str]:
-        speed = "" if row.examples_per_second is None else (
-            f"{row.examples_per_second:.1f} ± {row.spread_examples_per_second / 2:.1f}")
-        return [row.configuration, speed, _number(row.ratio, "{:.2f}x"), _number(row.step_seconds, "{:.1f}", 1e3),
-                "shared" if row.compile_seconds is None and row.examples_per_second is not None
-                else _number(row.compile_seconds, "{:.2f}"),
-                _number(row.loss_deviation, "{:.2%}"), f"{row.status}: {_without_status(row)}"]
+        speed = (
+            ""
+            if row.examples_per_second is None
+            else (f"{row.examples_per_second:.1f} ± {row.spread_examples_per_second / 2:.1f}")
+        )
+        return [
+            row.configuration,
+            speed,
+            _number(row.ratio, "{:.2f}x"),
+            _number(row.step_seconds, "{:.1f}", 1e3),
+            "shared"
+            if row.compile_seconds is None and row.examples_per_second is not None
+            else _number(row.compile_seconds, "{:.2f}"),
+            _number(row.loss_deviation, "{:.2%}"),
+            f"{row.status}: {_without_status(row)}",
+        ]
 
     def _footer(self) -> list[str]:
-        lines = [f"Chosen: {self.chosen_label} at {self.chosen_examples_per_second:.1f} examples/s "
-                 f"({self.chosen_examples_per_second / self.baseline_examples_per_second:.2f}x baseline). "
-                 f"Noise {self.noise_fraction:.0%}, loss tolerance {self.loss_tolerance:.0%}; tuning took "
-                 f"{self.elapsed_seconds:.0f} s of a {self.budget_seconds:.0f} s budget.",
-                 *(f"- {decision}" for decision in self.decisions)]
+        lines = [
+            f"Chosen: {self.chosen_label} at {self.chosen_examples_per_second:.1f} examples/s "
+            f"({self.chosen_examples_per_second / self.baseline_examples_per_second:.2f}x baseline). "
+            f"Noise {self.noise_fraction:.0%}, loss tolerance {self.loss_tolerance:.0%}; tuning took "
+            f"{self.elapsed_seconds:.0f} s of a {self.budget_seconds:.0f} s budget.",
+            *(f"- {decision}" for decision in self.decisions),
+        ]
         return lines + [f"Note: {note}" for note in self.notes]
 
 
@@ -172,4 +199,4 @@ def _number(value: float | None, template: str, scale: float = 1.0) -> str:
 
 def _without_status(row: TrialRow) -> str:
     prefix = f"{row.status}: "
-    return row.reason[len(prefix):] if row.reason.startswith(prefix) else row.reason
+    return row.reason[len(prefix) :] if row.reason.startswith(prefix) else row.reason

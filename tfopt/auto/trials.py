@@ -29,8 +29,8 @@ import keras
 from tfopt.auto.decide import TrialResult
 from tfopt.builder import Built, build
 from tfopt.data.service_client import serve_offload
-from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.errors import MeasurementError
+from tfopt.plan import Plan, put_tf32_in_force
 from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
 from tfopt.recipes.base import Recipe, chain
 
@@ -58,11 +58,22 @@ class TrialRunner:
         built: The baseline plan already built, used as the baseline's model instead of another build.
     """
 
-    def __init__(self, plan: Plan, recipes: Mapping[str, Recipe], *, steps: int, warmup_steps: int,
-                 numerics_steps: int, clock: Callable[[], float] = time.monotonic, built: Built | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        recipes: Mapping[str, Recipe],
+        *,
+        steps: int,
+        warmup_steps: int,
+        numerics_steps: int,
+        clock: Callable[[], float] = time.monotonic,
+        built: Built | None = None,
+    ):
         if steps < 2 or warmup_steps < 1 or numerics_steps < 2:
-            raise ValueError(f"Trials need steps >= 2, warmup_steps >= 1 and numerics_steps >= 2; received "
-                             f"steps={steps}, warmup_steps={warmup_steps}, numerics_steps={numerics_steps}.")
+            raise ValueError(
+                f"Trials need steps >= 2, warmup_steps >= 1 and numerics_steps >= 2; received "
+                f"steps={steps}, warmup_steps={warmup_steps}, numerics_steps={numerics_steps}."
+            )
         self.plan, self.recipes, self.clock = plan, dict(recipes), clock
         self.steps, self.warmup_steps, self.numerics_steps = steps, warmup_steps, numerics_steps
         self._models: dict[str, _Compiled] = {}
@@ -90,12 +101,12 @@ class TrialRunner:
     def _trial(self, configuration: tuple[str, ...], deadline: float) -> TrialResult:
         began = self.clock()
         plan = chain(*(self.recipes[label] for label in configuration))(self.plan)
-        declined = [str(step) for step in plan.applied[len(self.plan.applied):] if step.skipped]
+        declined = [str(step) for step in plan.applied[len(self.plan.applied) :] if step.skipped]
         if declined:
             return TrialResult(configuration, skipped="; ".join(declined), wall_seconds=self.clock() - began)
         compiled = self._compiled(plan)
         # The build declines too (XLA off where a layer cannot compile): that configuration is not what it says.
-        declined = [str(step) for step in compiled.built.plan.applied[len(plan.applied):] if step.skipped]
+        declined = [str(step) for step in compiled.built.plan.applied[len(plan.applied) :] if step.skipped]
         if declined:
             return TrialResult(configuration, skipped="; ".join(declined), wall_seconds=self.clock() - began)
         self._check_numerics(compiled, deadline)
@@ -109,15 +120,27 @@ class TrialRunner:
             if not stopped and plan.dataset is not self.plan.dataset:
                 stopped = _read_one_epoch(dataset, deadline, self.clock)
             if not stopped:
-                times, stopped = _timed(compiled.built.model, dataset, steps=self.steps,
-                                        warmup_steps=self.warmup_steps, batch_size=plan.batch_size,
-                                        deadline=deadline, clock=self.clock)
+                times, stopped = _timed(
+                    compiled.built.model,
+                    dataset,
+                    steps=self.steps,
+                    warmup_steps=self.warmup_steps,
+                    batch_size=plan.batch_size,
+                    deadline=deadline,
+                    clock=self.clock,
+                )
         finally:
             if cluster is not None:
                 cluster.close()
         compiled.reset()
-        return TrialResult(configuration, step_times=times, compile_seconds=compile_seconds, losses=compiled.losses,
-                           wall_seconds=self.clock() - began, stopped_by_budget=stopped)
+        return TrialResult(
+            configuration,
+            step_times=times,
+            compile_seconds=compile_seconds,
+            losses=compiled.losses,
+            wall_seconds=self.clock() - began,
+            stopped_by_budget=stopped,
+        )
 
     def _compiled(self, plan: Plan) -> _Compiled:
         key = _model_key(plan)
@@ -143,14 +166,14 @@ class TrialRunner:
         """Runs the loss trajectory once per built model (its first steps also trace and compile)."""
         if compiled.losses is None:
             compiled.reset()
-            compiled.losses, compiled.compile_seconds, compiled.stopped = self._numerics(
-                compiled.built.model, deadline)
+            compiled.losses, compiled.compile_seconds, compiled.stopped = self._numerics(compiled.built.model, deadline)
         compiled.reset()
 
     def _numerics(self, model: Any, deadline: float) -> tuple[tuple[float, ...], float, bool]:
         recorder = _Recorder(deadline, self.clock)
-        model.fit(self._batches, steps_per_epoch=self.numerics_steps, epochs=1, verbose=0, shuffle=False,
-                  callbacks=[recorder])
+        model.fit(
+            self._batches, steps_per_epoch=self.numerics_steps, epochs=1, verbose=0, shuffle=False, callbacks=[recorder]
+        )
         losses = _per_step_losses(recorder.running_means, self._batch_sizes)
         steady = statistics.median(recorder.step_seconds[1:]) if len(recorder.step_seconds) > 1 else 0.0
         compile_seconds = max(recorder.step_seconds[0] - steady, 0.0) if recorder.step_seconds else 0.0
@@ -181,13 +204,28 @@ class _Recorder(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def _timed(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int, deadline: float,
-           clock: Callable[[], float]) -> tuple[StepTimes | None, bool]:
+def _timed(
+    model: Any,
+    dataset: Any,
+    *,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    deadline: float,
+    clock: Callable[[], float],
+) -> tuple[StepTimes | None, bool]:
     """Times steps as every measurement does (windows, one sync at each end); (None, True) where the
     deadline stopped it before all of them were timed."""
     try:
-        times = time_training_steps(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
-                                    deadline=deadline, clock=clock)
+        times = time_training_steps(
+            model,
+            dataset,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            batch_size=batch_size,
+            deadline=deadline,
+            clock=clock,
+        )
     except MeasurementError:
         if clock() > deadline:
             return None, True
@@ -232,5 +270,12 @@ def _per_step_losses(running_means: list[float], batch_sizes: list[int]) -> tupl
 def _model_key(plan: Plan) -> str:
     """What decides the built model: configurations with the same key differ only in their data. TF32 is
     part of it: float32 math in TF32 or IEEE float32 is another model to time (and, under XLA, to compile)."""
-    return repr((plan.dtype_policy, plan.tf32, plan.strategy, sorted(plan.strategy_options.items()),
-                 sorted(plan.compile_config.items())))
+    return repr(
+        (
+            plan.dtype_policy,
+            plan.tf32,
+            plan.strategy,
+            sorted(plan.strategy_options.items()),
+            sorted(plan.compile_config.items()),
+        )
+    )

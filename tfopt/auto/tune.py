@@ -56,15 +56,27 @@ class Tuning:
     input_efficiency: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"chosen": list(self.table.chosen), "input_efficiency": self.input_efficiency,
-                "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
-                "trials": self.table.to_dict()}
+        return {
+            "chosen": list(self.table.chosen),
+            "input_efficiency": self.input_efficiency,
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
+            "trials": self.table.to_dict(),
+        }
 
 
-def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: int = 10, warmup_steps: int = 3,
-         numerics_steps: int = 5, loss_tolerance: float = LOSS_TOLERANCE, noise_floor: float = NOISE_FLOOR_FRACTION,
-         profile: bool | None = None, on_progress: Callable[[ProgressEvent], None] | None = None,
-         built: Any = None) -> Tuning:
+def tune(
+    plan: Plan,
+    *,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    steps: int = 10,
+    warmup_steps: int = 3,
+    numerics_steps: int = 5,
+    loss_tolerance: float = LOSS_TOLERANCE,
+    noise_floor: float = NOISE_FLOOR_FRACTION,
+    profile: bool | None = None,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    built: Any = None,
+) -> Tuning:
     """Finds the recipes that make this model train faster on this machine, by measuring them.
 
     Diagnoses the baseline (the profiler's diagnosis where it works, else the input efficiency measured
@@ -99,8 +111,10 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
         >>> print(tuning.table.to_text())  # doctest: +SKIP
     """
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
-        raise RecipeConfigError(f"auto: tune budget {budget_seconds!r} is not valid. Expected a positive number "
-                                "of seconds, e.g. 120 (on the command line: --tune-budget 120s).")
+        raise RecipeConfigError(
+            f"auto: tune budget {budget_seconds!r} is not valid. Expected a positive number "
+            "of seconds, e.g. 120 (on the command line: --tune-budget 120s)."
+        )
     steps_per_execution = plan.compile_config.get("steps_per_execution") or 1
     if steps_per_execution != 1:
         # Keras reports the loss once per call of steps_per_execution steps, so the per-step loss
@@ -108,27 +122,47 @@ def tune(plan: Plan, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, steps: i
         raise RecipeConfigError(
             f"auto: the model is compiled with steps_per_execution={steps_per_execution}; auto mode compares "
             "losses step by step, which Keras only reports with steps_per_execution=1. Compile with "
-            "steps_per_execution=1 for tuning, or choose the recipes yourself.")
+            "steps_per_execution=1 for tuning, or choose the recipes yourself."
+        )
     clock = time.monotonic
     start = clock()
     _progress(on_progress, "diagnosing the baseline", start, budget_seconds)
-    runner = TrialRunner(plan, {}, steps=steps, warmup_steps=warmup_steps, numerics_steps=numerics_steps,
-                         clock=clock, built=built)
+    runner = TrialRunner(
+        plan, {}, steps=steps, warmup_steps=warmup_steps, numerics_steps=numerics_steps, clock=clock, built=built
+    )
     if profile is None:
         profile = budget_seconds >= PROFILE_MIN_BUDGET_SECONDS
-    diagnosis, measurement = _diagnose(runner.baseline(start + budget_seconds).model, plan, steps=steps,
-                                       warmup_steps=warmup_steps, profile=profile)
+    diagnosis, measurement = _diagnose(
+        runner.baseline(start + budget_seconds).model, plan, steps=steps, warmup_steps=warmup_steps, profile=profile
+    )
     input_efficiency = measurement.input_efficiency
     candidates = choose_candidates(plan.hardware, input_efficiency=input_efficiency, diagnosis=diagnosis)
-    runner.steps = _steps_for_budget(steps, warmup_steps + numerics_steps, measurement.real.median_seconds,
-                                     trials=1 + 2 * len(candidates.recipes),
-                                     seconds_left=start + budget_seconds - clock())
-    _log.info("auto: candidates %s; not tried: %s", ", ".join(candidates.recipes) or "none",
-              "; ".join(f"{name} ({why})" for name, why in candidates.not_tried.items()) or "none")
+    runner.steps = _steps_for_budget(
+        steps,
+        warmup_steps + numerics_steps,
+        measurement.real.median_seconds,
+        trials=1 + 2 * len(candidates.recipes),
+        seconds_left=start + budget_seconds - clock(),
+    )
+    _log.info(
+        "auto: candidates %s; not tried: %s",
+        ", ".join(candidates.recipes) or "none",
+        "; ".join(f"{name} ({why})" for name, why in candidates.not_tried.items()) or "none",
+    )
     runner.recipes.update(candidates.recipes)  # the baseline model it built and compiled is shared
-    table = search(list(candidates.recipes), runner, budget_seconds=budget_seconds, clock=clock, start=start,
-                   loss_tolerance=loss_tolerance, noise_floor=noise_floor, not_tried=candidates.not_tried,
-                   notes=candidates.notes, on_progress=on_progress, alternatives=candidates.alternatives)
+    table = search(
+        list(candidates.recipes),
+        runner,
+        budget_seconds=budget_seconds,
+        clock=clock,
+        start=start,
+        loss_tolerance=loss_tolerance,
+        noise_floor=noise_floor,
+        not_tried=candidates.not_tried,
+        notes=candidates.notes,
+        on_progress=on_progress,
+        alternatives=candidates.alternatives,
+    )
     recipe = chain(*(candidates.recipes[label] for label in table.chosen))
     tuned = recipe(plan)
     for decision in table.decisions:
@@ -147,13 +181,22 @@ def _diagnose(model: Any, plan: Plan, *, steps: int, warmup_steps: int, profile:
             from tfopt.profiling.capture import profile as capture_profile
 
             # Half the trial's steps: the diagnosis only has to tell input-bound from not.
-            result = capture_profile(model, dataset, steps=max(2, steps // 2), warmup_steps=warmup_steps,
-                                     hardware=plan.hardware)
+            result = capture_profile(
+                model, dataset, steps=max(2, steps // 2), warmup_steps=warmup_steps, hardware=plan.hardware
+            )
             return result.diagnosis, result.measurement
         except (ImportError, TfoptError) as error:
-            _log.warning("auto: profiling the baseline failed (%s); deciding by the measured input efficiency alone", error)
-    measurement = measure(model, dataset, steps=max(2, steps // 2), warmup_steps=warmup_steps,
-                          batch_size=plan.batch_size, hardware=plan.hardware)
+            _log.warning(
+                "auto: profiling the baseline failed (%s); deciding by the measured input efficiency alone", error
+            )
+    measurement = measure(
+        model,
+        dataset,
+        steps=max(2, steps // 2),
+        warmup_steps=warmup_steps,
+        batch_size=plan.batch_size,
+        hardware=plan.hardware,
+    )
     return None, measurement
 
 
@@ -171,8 +214,9 @@ def _steps_for_budget(steps: int, other_steps: int, step_seconds: float, *, tria
     return max(steps, min(affordable, MAX_STEPS_FACTOR * steps))
 
 
-def _progress(on_progress: Callable[[ProgressEvent], None] | None, message: str, start: float,
-              budget_seconds: float) -> None:
+def _progress(
+    on_progress: Callable[[ProgressEvent], None] | None, message: str, start: float, budget_seconds: float
+) -> None:
     _log.info("auto: %s", message)
     if on_progress is not None:
         on_progress(ProgressEvent(message, time.monotonic() - start, budget_seconds, 0, 0))

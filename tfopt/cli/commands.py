@@ -34,14 +34,19 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tfopt._version import __version__
 from tfopt.cli import options
 from tfopt.cli.progress import PROGRAM, terminal_progress
-from tfopt._version import __version__
 from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
 
 # Errors of the machine, not of tfopt or the model: said as they are, without "this may be a bug".
-_STORAGE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+}
+
 
 class _UsageError(Exception):
     """A command-line mistake found after parsing (exit code 2, like argparse's own)."""
@@ -83,8 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_error(error, 1, args, hint=_BUG_HINT)
 
 
-_BUG_HINT = (" This may be a bug in tfopt or in your model code: rerun with --traceback to see where it "
-             "happened.")
+_BUG_HINT = " This may be a bug in tfopt or in your model code: rerun with --traceback to see where it happened."
 
 
 def _storage_problem(error: OSError) -> str:
@@ -100,8 +104,10 @@ def _storage_problem(error: OSError) -> str:
         except OSError:
             free = ""
         where = f" writing {error.filename} (in {directory}{free})"
-    return (f"{_STORAGE_ERRNOS[error.errno]}{where}: {error.strerror}. Free space, or choose a writable --out, "
-            "then run again (--resume continues a run).")
+    return (
+        f"{_STORAGE_ERRNOS[error.errno]}{where}: {error.strerror}. Free space, or choose a writable --out, "
+        "then run again (--resume continues a run)."
+    )
 
 
 @contextlib.contextmanager
@@ -109,6 +115,7 @@ def _signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP stop a command as Ctrl-C does (a `RunInterrupted` raised in the main thread), so
     its cleanup runs: workers are stopped, locks released, nothing half-written is kept. Python's default
     for SIGTERM ends the process at once, leaving the workers of `run --workers N` training on."""
+
     def interrupt(signum: int, frame: Any) -> None:
         raise RunInterrupted(signal.Signals(signum).name)
 
@@ -126,8 +133,18 @@ def _report_interrupt(interrupt: KeyboardInterrupt, args: argparse.Namespace) ->
     workers = getattr(args, "workers", None)
     said = f" Its {workers} workers were stopped." if workers and run_dir else ""
     if run_dir:
-        command = " ".join([PROGRAM, "run", args.file, *options.worker_arguments(args), "--out", run_dir, "--resume",
-                            *(["--workers", str(workers)] if workers else [])])
+        command = " ".join(
+            [
+                PROGRAM,
+                "run",
+                args.file,
+                *options.worker_arguments(args),
+                "--out",
+                run_dir,
+                "--resume",
+                *(["--workers", str(workers)] if workers else []),
+            ]
+        )
         said += f" The outputs so far are in {run_dir}; `{command}` continues the run."
     print(f"{PROGRAM}: interrupted ({name}).{said}", file=sys.stderr)
     return 128 + signal.Signals[name].value
@@ -141,10 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         'recipes/small_cnn.yaml'
     """
     parser = argparse.ArgumentParser(
-        prog=PROGRAM, description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
-                                   "well, and prove the gain with before/after measurements.",
+        prog=PROGRAM,
+        description="Run YAML recipes that make TensorFlow/Keras training use its hardware "
+        "well, and prove the gain with before/after measurements.",
         epilog="Exit codes: 0 success, 2 bad recipe file or arguments, 1 run failure. "
-               "Example: tfopt-recipe run recipes/resnet.yaml")
+        "Example: tfopt-recipe run recipes/resnet.yaml",
+    )
     parser.add_argument("--version", action="version", version=f"{PROGRAM} {__version__}")
     parser.set_defaults(handler=None)
     common = argparse.ArgumentParser(add_help=False)
@@ -153,80 +172,125 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--traceback", action="store_true", help="show Python tracebacks (for bug reports)")
     overrides = argparse.ArgumentParser(add_help=False, parents=[common])
     overrides.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
         help="override a value of the file, parsed as YAML (repeatable): --set train.epochs=2 "
-             "--set data.image_size=[32,32] --set recipes.0.xla.jit_compile=false")
-    overrides.add_argument("--steps", type=int, metavar="N",
-                           help="timed steps of each measurement (same as --set profile.steps=N)")
-    overrides.add_argument("--tune-budget", type=options.seconds, metavar="TIME",
-                           help="time `recipes: auto` may spend timing candidates, e.g. 120s or 2m "
-                                "(same as --set profile.tune_budget_seconds=120)")
+        "--set data.image_size=[32,32] --set recipes.0.xla.jit_compile=false",
+    )
+    overrides.add_argument(
+        "--steps", type=int, metavar="N", help="timed steps of each measurement (same as --set profile.steps=N)"
+    )
+    overrides.add_argument(
+        "--tune-budget",
+        type=options.seconds,
+        metavar="TIME",
+        help="time `recipes: auto` may spend timing candidates, e.g. 120s or 2m "
+        "(same as --set profile.tune_budget_seconds=120)",
+    )
     recipe_options = argparse.ArgumentParser(add_help=False, parents=[overrides])
     recipe_options.add_argument("file", metavar="FILE", help="a YAML recipe file, e.g. recipes/resnet.yaml")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     run = commands.add_parser("run", parents=[recipe_options], help="apply a recipe, measure, train, report")
     run.add_argument("--out", metavar="DIR", help="run directory (new or empty); default runs/<name>-<timestamp>")
-    run.add_argument("--resume", action="store_true",
-                     help="continue the run in --out DIR after a crash or kill: keep its report, train from its "
-                          "newest checkpoint (train.epochs may be raised to train longer)")
-    run.add_argument("--workers", type=int, metavar="N",
-                     help="train with N local worker processes over 127.0.0.1 (MultiWorkerMirroredStrategy; "
-                          "the recipes need a distribution item); measured on one process first")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out DIR after a crash or kill: keep its report, train from its "
+        "newest checkpoint (train.epochs may be raised to train longer)",
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="train with N local worker processes over 127.0.0.1 (MultiWorkerMirroredStrategy; "
+        "the recipes need a distribution item); measured on one process first",
+    )
     run.add_argument("--dry-run", action="store_true", help="print the resolved recipe and plan, run nothing")
     run.set_defaults(handler=_run)
     commands.add_parser(
-        "validate", parents=[recipe_options], help="check a recipe file, run nothing",
+        "validate",
+        parents=[recipe_options],
+        help="check a recipe file, run nothing",
         description="Check a recipe file without running or fetching anything it names. A recipe that names "
-                    "a model by import path (package.module:function) is code, like a script: `run` imports "
-                    "that module and calls the function; validate only finds the module's file, so it checks "
-                    "the model's arguments when it runs. Standard-library modules and functions that are not "
-                    "Python functions or classes are refused as models.").set_defaults(handler=_validate)
-    diagnose = commands.add_parser("diagnose", parents=[overrides],
-                                   help="measure the baseline (or read an existing trace), change nothing")
+        "a model by import path (package.module:function) is code, like a script: `run` imports "
+        "that module and calls the function; validate only finds the module's file, so it checks "
+        "the model's arguments when it runs. Standard-library modules and functions that are not "
+        "Python functions or classes are refused as models.",
+    ).set_defaults(handler=_validate)
+    diagnose = commands.add_parser(
+        "diagnose", parents=[overrides], help="measure the baseline (or read an existing trace), change nothing"
+    )
     diagnose.add_argument("file", metavar="FILE", nargs="?", help="a YAML recipe file, e.g. recipes/resnet.yaml")
-    diagnose.add_argument("--trace", metavar="DIR",
-                          help="diagnose an existing TF Profiler capture instead (a TensorBoard logdir or "
-                               ".xplane.pb, e.g. from Keras' TensorBoard(profile_batch=...)); runs nothing")
+    diagnose.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="diagnose an existing TF Profiler capture instead (a TensorBoard logdir or "
+        ".xplane.pb, e.g. from Keras' TensorBoard(profile_batch=...)); runs nothing",
+    )
     diagnose.set_defaults(handler=_diagnose)
-    convert = commands.add_parser("convert", parents=[recipe_options],
-                                  help="write the recipe's data as TFRecord files")
+    convert = commands.add_parser("convert", parents=[recipe_options], help="write the recipe's data as TFRecord files")
     convert.add_argument("--out", metavar="DIR", required=True, help="directory for the TFRecord files")
-    convert.add_argument("--overwrite", action="store_true",
-                         help="write the conversion again even where DIR holds a complete one (of this data or "
-                              "other data); without it, a complete conversion of this data is verified and kept, "
-                              "and a damaged one written again")
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the conversion again even where DIR holds a complete one (of this data or "
+        "other data); without it, a complete conversion of this data is verified and kept, "
+        "and a damaged one written again",
+    )
     convert.set_defaults(handler=_convert)
-    commands.add_parser("list", parents=[common], help="list recipes, models and data sources") \
-        .set_defaults(handler=_list)
+    commands.add_parser("list", parents=[common], help="list recipes, models and data sources").set_defaults(
+        handler=_list
+    )
     _add_data_service(commands, common)
     return parser
 
 
 def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
     service = commands.add_parser(
-        "data-service", help="run a tf.data service dispatcher or worker (for the data_service recipe)",
+        "data-service",
+        help="run a tf.data service dispatcher or worker (for the data_service recipe)",
         description="TensorFlow's tf.data service servers, one per command, in the foreground until SIGTERM or "
-                    "Ctrl-C (docs/data-service.md has Kubernetes and Slurm examples). A recipe reaches them with "
-                    "`- data_service: {dispatcher: grpc://HOST:PORT}`.")
+        "Ctrl-C (docs/data-service.md has Kubernetes and Slurm examples). A recipe reaches them with "
+        "`- data_service: {dispatcher: grpc://HOST:PORT}`.",
+    )
     service.set_defaults(handler=lambda args: (service.print_help(sys.stderr), 2)[1])
     servers = service.add_subparsers(title="servers", metavar="SERVER")
     dispatcher = servers.add_parser("dispatcher", parents=[common], help="coordinate the workers")
     dispatcher.add_argument("--port", type=int, required=True, metavar="P", help="the port to serve on")
-    dispatcher.add_argument("--work-dir", metavar="DIR",
-                            help="keep a journal there, so that a restarted dispatcher keeps its datasets and jobs")
-    dispatcher.add_argument("--worker-timeout", type=options.seconds, default=30.0, metavar="TIME",
-                            help="drop a worker whose heartbeats stopped this long ago (default 30s)")
+    dispatcher.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="keep a journal there, so that a restarted dispatcher keeps its datasets and jobs",
+    )
+    dispatcher.add_argument(
+        "--worker-timeout",
+        type=options.seconds,
+        default=30.0,
+        metavar="TIME",
+        help="drop a worker whose heartbeats stopped this long ago (default 30s)",
+    )
     dispatcher.set_defaults(handler=_data_service, server="dispatcher")
     worker = servers.add_parser("worker", parents=[common], help="run pipelines for a dispatcher")
     worker.add_argument("--dispatcher", required=True, metavar="HOST:PORT", help="the dispatcher's address")
     worker.add_argument("--port", type=int, default=0, metavar="Q", help="the port to serve on (default: a free one)")
-    worker.add_argument("--address", metavar="HOST:PORT",
-                        help="the address clients reach this worker at (default: this host's name and the port)")
+    worker.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="the address clients reach this worker at (default: this host's name and the port)",
+    )
     worker.set_defaults(handler=_data_service, server="worker")
     for server in (dispatcher, worker):
-        server.add_argument("--report-every", type=options.seconds, default=30.0, metavar="TIME",
-                            help="how often to say what the server holds and sends (default 30s)")
+        server.add_argument(
+            "--report-every",
+            type=options.seconds,
+            default=30.0,
+            metavar="TIME",
+            help="how often to say what the server holds and sends (default 30s)",
+        )
 
 
 def _load(args: argparse.Namespace, *, start: bool = False, dry: bool = False) -> Any:
@@ -272,14 +336,17 @@ def _run_workers(args: argparse.Namespace) -> int:
     only the chief (worker 0) writes checkpoints and training.json.
     """
     if args.workers < 2:
-        raise _UsageError(f"--workers {args.workers}: expected 2 or more worker processes; for one process, "
-                          "run without --workers.")
+        raise _UsageError(
+            f"--workers {args.workers}: expected 2 or more worker processes; for one process, run without --workers."
+        )
     # Its runtime: settings hold here too (workers share the GPUs).
     recipe = _load(args, start=not args.dry_run, dry=args.dry_run)
     if isinstance(recipe.recipes, str) or "distribution" not in {item.name for item in recipe.recipes}:
-        raise _UsageError(f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
-                          "would train a model of its own. Add `- distribution: {strategy: auto}` under recipes: "
-                          f"({recipe.where('recipes')}).")
+        raise _UsageError(
+            f"--workers {args.workers} needs a distribution recipe in the recipe list, or every worker "
+            "would train a model of its own. Add `- distribution: {strategy: auto}` under recipes: "
+            f"({recipe.where('recipes')})."
+        )
     if args.dry_run:
         return _dry_run(recipe, args)
     from tfopt.distribute import launch_local_workers
@@ -294,13 +361,27 @@ def _run_workers(args: argparse.Namespace) -> int:
             try:
                 # The workers print little (--quiet): their error paragraphs and summary lines, as they come.
                 launch_local_workers(
-                    [sys.executable, "-m", "tfopt.cli", "run", args.file, *options.worker_arguments(args),
-                     "--out", os.fspath(measured.run_dir), "--resume", "--quiet"], args.workers,
-                    env={**os.environ, LOCK_HELD_ENV: os.path.realpath(measured.run_dir)}, pass_fds=(lock,),
-                    output=options.worker_line)
+                    [
+                        sys.executable,
+                        "-m",
+                        "tfopt.cli",
+                        "run",
+                        args.file,
+                        *options.worker_arguments(args),
+                        "--out",
+                        os.fspath(measured.run_dir),
+                        "--resume",
+                        "--quiet",
+                    ],
+                    args.workers,
+                    env={**os.environ, LOCK_HELD_ENV: os.path.realpath(measured.run_dir)},
+                    pass_fds=(lock,),
+                    output=options.worker_line,
+                )
             except KeyboardInterrupt as interrupt:  # the launcher stopped the workers before this line
-                raise RunInterrupted(getattr(interrupt, "signal_name", "SIGINT"), os.fspath(measured.run_dir)) \
-                    from interrupt
+                raise RunInterrupted(
+                    getattr(interrupt, "signal_name", "SIGINT"), os.fspath(measured.run_dir)
+                ) from interrupt
     _print_outcome(dataclasses.replace(measured, training=training_record(measured.run_dir)), args)
     return 0
 
@@ -323,8 +404,10 @@ def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
         return 0
     import yaml
 
-    print(f"# Resolved recipe (dry run: nothing is built, measured or written)\n"
-          f"{yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None)}")
+    print(
+        f"# Resolved recipe (dry run: nothing is built, measured or written)\n"
+        f"{yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None)}"
+    )
     print("# Plan")
     print("\n".join(f"{index}. {line}" for index, line in enumerate(plan, 1)))
     return 0
@@ -337,8 +420,10 @@ def _validate(args: argparse.Namespace) -> int:
         _print_json({"valid": True, "resolved": recipe.to_dict(), "checked_when_run": notes})
         return 0
     recipes = recipe.recipes if isinstance(recipe.recipes, str) else ", ".join(r.name for r in recipe.recipes)
-    print(f"{args.file}: valid. model {recipe.model.name}, data {recipe.data.source} (batch "
-          f"{recipe.data.batch_size}), recipes: {recipes or '(none)'}.")
+    print(
+        f"{args.file}: valid. model {recipe.model.name}, data {recipe.data.source} (batch "
+        f"{recipe.data.batch_size}), recipes: {recipes or '(none)'}."
+    )
     for note in notes:
         print(f"  note: {note}")
     return 0
@@ -348,12 +433,16 @@ def _unchecked(recipe: Any) -> list[str]:
     """What a dry load leaves for `run` to check, in words."""
     notes = []
     if recipe.model.builder is None:
-        notes.append(f"model {recipe.model.name}: the module was found, not imported (validate runs none of the "
-                     "recipe's code); `run` imports it, running its code as a script would, and checks the "
-                     "model's arguments then.")
+        notes.append(
+            f"model {recipe.model.name}: the module was found, not imported (validate runs none of the "
+            "recipe's code); `run` imports it, running its code as a script would, and checks the "
+            "model's arguments then."
+        )
     if recipe.data.source_object is None:
-        notes.append(f"data: the {recipe.data.source} dataset is not prepared yet; `run` downloads it "
-                     "(download: true), validate does not.")
+        notes.append(
+            f"data: the {recipe.data.source} dataset is not prepared yet; `run` downloads it "
+            "(download: true), validate does not."
+        )
     return notes
 
 
@@ -370,36 +459,58 @@ def _diagnose(args: argparse.Namespace) -> int:
     real, ceiling = profile.measurement.real, profile.measurement.ceiling
     diagnosis = profile.diagnosis
     if args.json:
-        _print_json({"recipe": recipe.name, "hardware": profile.hardware.describe(),
-                     "measurement": profile.measurement.to_dict(), "breakdown": profile.breakdown.to_dict(),
-                     "metrics": profile.metrics.to_dict(), "diagnosis": diagnosis.to_dict(),
-                     "logdir": os.fspath(profile.logdir)})
+        _print_json(
+            {
+                "recipe": recipe.name,
+                "hardware": profile.hardware.describe(),
+                "measurement": profile.measurement.to_dict(),
+                "breakdown": profile.breakdown.to_dict(),
+                "metrics": profile.metrics.to_dict(),
+                "diagnosis": diagnosis.to_dict(),
+                "logdir": os.fspath(profile.logdir),
+            }
+        )
         return 0
     print(f"{recipe.name} on {profile.hardware.describe()}")
-    print(f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); on-device "
-          f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}.")
+    print(
+        f"baseline: {real.steps_per_second:.2f} steps/s ({real.examples_per_second:.1f} examples/s); on-device "
+        f"compute-only ceiling {ceiling.steps_per_second:.2f} steps/s; {profile.metrics.headline()}."
+    )
     _print_diagnosis(diagnosis)
-    print(f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
-          f"`{PROGRAM} run {args.file}` applies the recipes and measures the gain.")
+    print(
+        f"Nothing was changed. Trace: tensorboard --logdir {profile.logdir}. "
+        f"`{PROGRAM} run {args.file}` applies the recipes and measures the gain."
+    )
     return 0
 
 
 def _diagnose_trace(args: argparse.Namespace) -> int:
     if args.file or options.overrides(args):
-        raise _UsageError("diagnose --trace reads an existing capture and runs nothing: give it no recipe FILE, "
-                          "--set, --steps or --tune-budget.")
+        raise _UsageError(
+            "diagnose --trace reads an existing capture and runs nothing: give it no recipe FILE, "
+            "--set, --steps or --tune-budget."
+        )
     from tfopt.profiling.diagnose import diagnose_capture
     from tfopt.profiling.metrics import Metrics
 
     breakdown, hardware, diagnosis = diagnose_capture(args.trace)
     metrics = Metrics.of(hardware, None, breakdown)
     if args.json:
-        _print_json({"trace": args.trace, "gpus": [gpu.name for gpu in hardware.gpus],
-                     "breakdown": breakdown.to_dict(), "metrics": metrics.to_dict(), "diagnosis": diagnosis.to_dict()})
+        _print_json(
+            {
+                "trace": args.trace,
+                "gpus": [gpu.name for gpu in hardware.gpus],
+                "breakdown": breakdown.to_dict(),
+                "metrics": metrics.to_dict(),
+                "diagnosis": diagnosis.to_dict(),
+            }
+        )
         return 0
     devices = ", ".join(gpu.name for gpu in hardware.gpus) or "no accelerator (a CPU-only capture)"
-    print(f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
-          f"ms; {metrics.headline()}.")
+    print(
+        f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
+        f"ms; {metrics.headline()}."
+    )
     _print_diagnosis(diagnosis)
     return 0
 
@@ -409,8 +520,9 @@ def _print_diagnosis(diagnosis: Any) -> None:
     if not diagnosis.findings:
         print(diagnosis.summary)
     for finding in diagnosis.findings:
-        print(f"- {finding.bottleneck} ({finding.severity}, {finding.percent:.1f}%) -> {finding.recipe}: "
-              f"{finding.reason}")
+        print(
+            f"- {finding.bottleneck} ({finding.severity}, {finding.percent:.1f}%) -> {finding.recipe}: {finding.reason}"
+        )
     for line in diagnosis.hotspots.top_lines() if diagnosis.hotspots is not None else ():
         print(f"- {line}")
     for note in diagnosis.notes:
@@ -426,11 +538,17 @@ def _data_service(args: argparse.Namespace) -> int:
 
     try:
         if args.server == "dispatcher":
-            serve_dispatcher(args.port, work_dir=args.work_dir, worker_timeout_seconds=args.worker_timeout,
-                             report_seconds=args.report_every, say=say)
+            serve_dispatcher(
+                args.port,
+                work_dir=args.work_dir,
+                worker_timeout_seconds=args.worker_timeout,
+                report_seconds=args.report_every,
+                say=say,
+            )
         else:
-            serve_worker(args.dispatcher, port=args.port, address=args.address, report_seconds=args.report_every,
-                         say=say)
+            serve_worker(
+                args.dispatcher, port=args.port, address=args.address, report_seconds=args.report_every, say=say
+            )
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the server stopped and said so
         pass
     return 0
@@ -461,8 +579,10 @@ def _list(args: argparse.Namespace) -> int:
 
     listing = {
         "recipes": {name: _summary(registry.get(name)) for name in registry.names()},
-        "models": {**{name: _summary(function) for name, function in models.MODELS.items()},
-                   **{name: "keras.applications model" for name in models.application_names()}},
+        "models": {
+            **{name: _summary(function) for name, function in models.MODELS.items()},
+            **dict.fromkeys(models.application_names(), "keras.applications model"),
+        },
         "data_sources": {name: _summary(source) for name, source in sorted(tfopt.data.SOURCES.items())},
     }
     if args.json:
@@ -473,8 +593,10 @@ def _list(args: argparse.Namespace) -> int:
         print("\n".join(f"  {name:<18} {summary}" for name, summary in entries.items()))
     print("Models:")
     print("\n".join(f"  {name:<18} {models.MODELS[name].__doc__.strip().splitlines()[0]}" for name in models.MODELS))
-    print(f"  keras.applications: {', '.join(models.application_names())} (weights: null unless you write "
-          "weights: imagenet)")
+    print(
+        f"  keras.applications: {', '.join(models.application_names())} (weights: null unless you write "
+        "weights: imagenet)"
+    )
     print("  or any import path package.module:function returning a keras.Model")
     return 0
 
@@ -494,4 +616,3 @@ def _report_error(error: BaseException, code: int, args: argparse.Namespace, hin
     kind = "" if isinstance(error, (TfoptError, _UsageError)) else f"{type(error).__name__}: "
     print(f"{PROGRAM}: error: {kind}{' '.join(str(error).split())}{hint}", file=sys.stderr)
     return code
-

@@ -11,8 +11,11 @@ import sys
 
 def overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` options, with `--steps` and `--tune-budget` as the overrides they stand for."""
-    return (list(args.overrides) + ([f"profile.steps={args.steps}"] if args.steps is not None else [])
-            + ([f"profile.tune_budget_seconds={args.tune_budget}"] if args.tune_budget is not None else []))
+    return (
+        list(args.overrides)
+        + ([f"profile.steps={args.steps}"] if args.steps is not None else [])
+        + ([f"profile.tune_budget_seconds={args.tune_budget}"] if args.tune_budget is not None else [])
+    )
 
 
 def seconds(text: str) -> float:

@@ -90,6 +90,7 @@ class NumpySource(DataSource):
 
     def get_config(self) -> dict:
         """Returns the constructor arguments: paths stay paths (YAML-safe), arrays stay arrays (not YAML-safe)."""
+
         def plain(value):
             return str(value) if isinstance(value, os.PathLike) else value
 
@@ -113,7 +114,7 @@ def in_memory_pipeline(
     batch (optimized); there is nothing to decode and nothing worth caching.
     """
     # Shard the arrays in NumPy before they become constants, so a worker holds only its part.
-    x_shard, y_shard = x[request.shard_index::request.num_shards], y[request.shard_index::request.num_shards]
+    x_shard, y_shard = x[request.shard_index :: request.num_shards], y[request.shard_index :: request.num_shards]
     records = tf.data.Dataset.from_tensor_slices((x_shard, y_shard))
     return pipeline.assemble(
         records,
@@ -133,26 +134,32 @@ def _as_array(value, role: str) -> np.ndarray:
     if isinstance(value, (str, os.PathLike)):
         path = pathlib.Path(value).expanduser()
         if not path.is_file():
-            raise DataError(f"numpy: the {role} file {path} does not exist. Pass the path of a .npy file (or an array).",
-                            setting=role)
+            raise DataError(
+                f"numpy: the {role} file {path} does not exist. Pass the path of a .npy file (or an array).",
+                setting=role,
+            )
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:
-            raise DataError(f"numpy: cannot read {path} as a .npy array ({error}). Save it with numpy.save().",
-                            setting=role) from error
+            raise DataError(
+                f"numpy: cannot read {path} as a .npy array ({error}). Save it with numpy.save().", setting=role
+            ) from error
     return np.asarray(value)
 
 
 def _load_npz(path: pathlib.Path, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"numpy: the file {path} does not exist. Pass the path of a .npz file saved with numpy.savez().",
-                        setting="x")
+        raise DataError(
+            f"numpy: the file {path} does not exist. Pass the path of a .npz file saved with numpy.savez().",
+            setting="x",
+        )
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError) as error:
-        raise DataError(f"numpy: cannot read {path} as a .npz archive ({error}). Save it with numpy.savez().",
-                        setting="x") from error
+        raise DataError(
+            f"numpy: cannot read {path} as a .npz archive ({error}). Save it with numpy.savez().", setting="x"
+        ) from error
     missing = [key for key in (x_key, y_key) if key not in arrays]
     if missing:
         raise DataError(
@@ -165,8 +172,9 @@ def _load_npz(path: pathlib.Path, x_key: str, y_key: str) -> tuple[np.ndarray, n
 
 def _check_lengths(x: np.ndarray, y: np.ndarray, origin: str) -> None:
     if x.ndim == 0 or len(x) == 0:
-        raise DataError(f"numpy: {origin} holds zero examples (x has shape {x.shape}). Pass at least one example.",
-                        setting="x")
+        raise DataError(
+            f"numpy: {origin} holds zero examples (x has shape {x.shape}). Pass at least one example.", setting="x"
+        )
     if y.ndim == 0 or len(y) != len(x):
         raise DataError(
             f"numpy: {origin}: x has {len(x)} examples but y has shape {y.shape}. Pass one label per example.",

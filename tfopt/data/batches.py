@@ -69,9 +69,11 @@ def describe_dropped(dropped: int | None, batch_size: int) -> str:
     if dropped == 0:
         return f"batches of {batch_size} are full (a static shape: the step compiles once)"
     count = f"up to {batch_size - 1}" if dropped is None else str(dropped)
-    return (f"batches of {batch_size} kept full, so the step compiles once: the last {count} examples of each "
-            "pass are dropped (a partial batch would compile the step again every epoch); shuffle the data "
-            "each epoch so that other examples are dropped each time")
+    return (
+        f"batches of {batch_size} kept full, so the step compiles once: the last {count} examples of each "
+        "pass are dropped (a partial batch would compile the step again every epoch); shuffle the data "
+        "each epoch so that other examples are dropped each time"
+    )
 
 
 def examples_per_pass(dataset: Any) -> tuple[int | None, bool]:

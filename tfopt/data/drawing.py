@@ -87,7 +87,9 @@ def _draw_circle(draw, centre, radius, angle):
 
 def _draw_square(draw, centre, radius, angle):
     side = 0.8
-    draw.polygon(_polygon(centre, radius, angle, [(-side, -side), (side, -side), (side, side), (-side, side)]), fill=255)
+    draw.polygon(
+        _polygon(centre, radius, angle, [(-side, -side), (side, -side), (side, side), (-side, side)]), fill=255
+    )
 
 
 def _draw_triangle(draw, centre, radius, angle):
@@ -97,7 +99,20 @@ def _draw_triangle(draw, centre, radius, angle):
 
 def _draw_cross(draw, centre, radius, angle):
     w = 0.3
-    outline = [(-w, -1), (w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w)]
+    outline = [
+        (-w, -1),
+        (w, -1),
+        (w, -w),
+        (1, -w),
+        (1, w),
+        (w, w),
+        (w, 1),
+        (-w, 1),
+        (-w, w),
+        (-1, w),
+        (-1, -w),
+        (-w, -w),
+    ]
     draw.polygon(_polygon(centre, radius, angle, outline), fill=255)
 
 

@@ -229,6 +229,6 @@ def _write_images(directory: pathlib.Path, parameters: dict) -> None:
 
 
 def _write_manifest(directory: pathlib.Path, parameters: dict) -> None:
-    counts = {name: parameters["images_per_class"] for name in parameters["classes"]}
+    counts = dict.fromkeys(parameters["classes"], parameters["images_per_class"])
     manifest = {"name": _DATASET_NAME, "parameters": parameters, "counts": counts}
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))

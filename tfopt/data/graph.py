@@ -43,31 +43,85 @@ OTHER = "other"
 
 # `numpy_function(stateful=False)` (PyFuncStateless) is stateless by the user's own declaration.
 _PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc"})
-_RANDOM_OPS = frozenset({
-    "RandomCrop", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "RandomStandardNormal",
-    "RandomUniform", "RandomUniformInt", "TruncatedNormal", "ParameterizedTruncatedNormal", "Multinomial",
-    "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2", "NonDeterministicInts", "RngSkip",
-    "RngReadAndSkip", "StatefulRandomBinomial", "StatefulStandardNormal", "StatefulStandardNormalV2",
-    "StatefulTruncatedNormal", "StatefulUniform", "StatefulUniformFullInt", "StatefulUniformInt",
-    "AllCandidateSampler", "FixedUnigramCandidateSampler", "LearnedUnigramCandidateSampler",
-    "LogUniformCandidateSampler", "ThreadUnsafeUnigramCandidateSampler", "UniformCandidateSampler",
-})
+_RANDOM_OPS = frozenset(
+    {
+        "RandomCrop",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "RandomStandardNormal",
+        "RandomUniform",
+        "RandomUniformInt",
+        "TruncatedNormal",
+        "ParameterizedTruncatedNormal",
+        "Multinomial",
+        "SampleDistortedBoundingBox",
+        "SampleDistortedBoundingBoxV2",
+        "NonDeterministicInts",
+        "RngSkip",
+        "RngReadAndSkip",
+        "StatefulRandomBinomial",
+        "StatefulStandardNormal",
+        "StatefulStandardNormalV2",
+        "StatefulTruncatedNormal",
+        "StatefulUniform",
+        "StatefulUniformFullInt",
+        "StatefulUniformInt",
+        "AllCandidateSampler",
+        "FixedUnigramCandidateSampler",
+        "LearnedUnigramCandidateSampler",
+        "LogUniformCandidateSampler",
+        "ThreadUnsafeUnigramCandidateSampler",
+        "UniformCandidateSampler",
+    }
+)
 # Registered as stateful, yet the same inputs give the same outputs whatever the call order.
-_ORDER_FREE_OPS = frozenset({
-    "Assert", "StatelessRandomGetAlg", "ReadVariableOp", "VariableShape", "LookupTableFindV2", "LookupTableSizeV2",
-    "_Arg", "_Retval", "NoOp",
-})
+_ORDER_FREE_OPS = frozenset(
+    {
+        "Assert",
+        "StatelessRandomGetAlg",
+        "ReadVariableOp",
+        "VariableShape",
+        "LookupTableFindV2",
+        "LookupTableSizeV2",
+        "_Arg",
+        "_Retval",
+        "NoOp",
+    }
+)
 # Calls and control flow: their own statefulness is their callees'.
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "While",
-                       "StatelessWhile", "Case", "StatelessCase"})
+_CALL_OPS = frozenset(
+    {
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+        "If",
+        "StatelessIf",
+        "While",
+        "StatelessWhile",
+        "Case",
+        "StatelessCase",
+    }
+)
 # The most data a graph may hold for tfopt to read and rebuild it in this process (see the module docstring).
 MAX_GRAPH_BYTES = 256 * 2**20
 # Ops that hand on their input's elements with the same shapes, between a pipeline's last batch and its output.
-_SHAPE_KEEPING_OPS = frozenset({
-    "PrefetchDataset", "OptionsDataset", "CacheDatasetV2", "RepeatDataset", "TakeDataset", "SkipDataset",
-    "ShuffleDatasetV3", "ShardDataset", "FilterDataset", "AssertCardinalityDataset", "IgnoreErrorsDataset",
-    "TakeWhileDataset",
-})
+_SHAPE_KEEPING_OPS = frozenset(
+    {
+        "PrefetchDataset",
+        "OptionsDataset",
+        "CacheDatasetV2",
+        "RepeatDataset",
+        "TakeDataset",
+        "SkipDataset",
+        "ShuffleDatasetV3",
+        "ShardDataset",
+        "FilterDataset",
+        "AssertCardinalityDataset",
+        "IgnoreErrorsDataset",
+        "TakeWhileDataset",
+    }
+)
 # Batching ops whose second input is the batch size.
 _BATCH_OPS = frozenset({"BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDatasetV2"})
 _NOT_SIZED = (tf.string, tf.variant, tf.resource)
@@ -134,9 +188,11 @@ def serialize(dataset: Any) -> Any:
 
 
 def _too_large(what: str, limit: int) -> str:
-    return (f"its graph {what} (arrays passed to from_tensor_slices or captured by its functions are part of it), "
-            f"more than the {_size(limit)} tfopt copies to rewrite a pipeline; pass "
-            "num_parallel_calls=tf.data.AUTOTUNE to your own maps instead")
+    return (
+        f"its graph {what} (arrays passed to from_tensor_slices or captured by its functions are part of it), "
+        f"more than the {_size(limit)} tfopt copies to rewrite a pipeline; pass "
+        "num_parallel_calls=tf.data.AUTOTUNE to your own maps instead"
+    )
 
 
 def _size(size_bytes: int) -> str:
@@ -159,8 +215,11 @@ def _held_bytes(dataset: Any) -> int:
         tensors = list(getattr(current, "_tensors", ()))
         for function in _private_list(current, "_functions"):
             tensors.extend(getattr(getattr(function, "function", None), "captured_inputs", ()))
-        total += sum(tensor.shape.num_elements() * tensor.dtype.size for tensor in tensors
-                     if tensor.dtype not in _NOT_SIZED and tensor.shape.is_fully_defined())
+        total += sum(
+            tensor.shape.num_elements() * tensor.dtype.size
+            for tensor in tensors
+            if tensor.dtype not in _NOT_SIZED and tensor.shape.is_fully_defined()
+        )
         pending.extend(_private_list(current, "_inputs"))
     return total
 

@@ -57,8 +57,10 @@ class ImageFolderSource(DataSource):
         self.path = pathlib.Path(path).expanduser()
         self.image_size = image_size_pair(self.name, image_size)
         if channels not in (1, 3):
-            raise DataError(f"{self.name}: channels={channels!r} is not supported. Expected 1 (grayscale) or 3 (RGB).",
-                            setting="channels")
+            raise DataError(
+                f"{self.name}: channels={channels!r} is not supported. Expected 1 (grayscale) or 3 (RGB).",
+                setting="channels",
+            )
         self.channels = channels
         self.augment = bool(augment)
         self.class_names, self.files, self.labels = _scan(self.path)
@@ -69,9 +71,7 @@ class ImageFolderSource(DataSource):
         return len(self.files)
 
     def _build_pipeline(self, request: PipelineRequest) -> tf.data.Dataset:
-        records = tf.data.Dataset.from_tensor_slices(
-            ([str(p) for p in self.files], tf.constant(self.labels, tf.int32))
-        )
+        records = tf.data.Dataset.from_tensor_slices(([str(p) for p in self.files], tf.constant(self.labels, tf.int32)))
         # Sharding the list of files is sharding by data at no cost: every worker decodes only its files.
         records = records.shard(request.num_shards, request.shard_index)
         image_size, channels = self.image_size, self.channels
@@ -102,8 +102,10 @@ class ImageFolderSource(DataSource):
             return None
         listed = "; ".join(f"{path} is {issue}" for path, issue in found[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        return (f"image_folder: {len(found)} image file(s) in {self.path} cannot be decoded: {listed}{more}. Replace "
-                "or delete them, then run again.")
+        return (
+            f"image_folder: {len(found)} image file(s) in {self.path} cannot be decoded: {listed}{more}. Replace "
+            "or delete them, then run again."
+        )
 
     def describe(self) -> str:
         height, width = self.image_size
@@ -130,8 +132,10 @@ def _scan(root: pathlib.Path) -> tuple[list[str], list[pathlib.Path], list[int]]
             setting="path",
         )
     if not root.is_dir():
-        raise DataError(f"image_folder: {root} is a file, not a directory. Pass the directory holding the class folders.",
-                        setting="path")
+        raise DataError(
+            f"image_folder: {root} is a file, not a directory. Pass the directory holding the class folders.",
+            setting="path",
+        )
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         loose = [p.name for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS]
@@ -152,4 +156,3 @@ def _scan(root: pathlib.Path) -> tuple[list[str], list[pathlib.Path], list[int]]
             setting="path",
         )
     return [p.name for p in class_dirs], files, labels
-

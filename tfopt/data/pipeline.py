@@ -35,6 +35,7 @@ from tfopt.data.source import PipelineRequest
 
 logger = logging.getLogger("tfopt")
 
+
 def assemble(
     records: tf.data.Dataset,
     *,
@@ -100,7 +101,9 @@ def assemble(
     dataset = _augment_and_finish(dataset, augment, finish, request.seed, optimized=True)
     buffer_batches = prefetch_batches(request.batch_size * output_example_bytes, budget_bytes)
     dataset = dataset.prefetch(buffer_batches)
-    logger.debug("optimized pipeline: cache=%s (%d bytes decoded), prefetch=%d batches", cache, cache_bytes, buffer_batches)
+    logger.debug(
+        "optimized pipeline: cache=%s (%d bytes decoded), prefetch=%d batches", cache, cache_bytes, buffer_batches
+    )
     return _with_options(dataset, request, budget_bytes=budget_bytes, sharded_by_source=sharded_by_source)
 
 

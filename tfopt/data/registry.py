@@ -60,16 +60,18 @@ def make_source(source: str, /, **kwargs) -> DataSource:
     valid = [key for key in parameters if key != "self"]
     for key in kwargs:
         if key not in valid:
-            raise DataError(f"data source {name!r} has no argument {key!r}.{did_you_mean(str(key), valid)} Valid "
-                            f"arguments: {valid}.", setting=key)
+            raise DataError(
+                f"data source {name!r} has no argument {key!r}.{did_you_mean(str(key), valid)} Valid "
+                f"arguments: {valid}.",
+                setting=key,
+            )
     required = [
         key
         for key, parameter in parameters.items()
         if key != "self" and parameter.default is inspect.Parameter.empty and key not in kwargs
     ]
     if required:
-        raise DataError(f"data source {name!r} needs the argument {required[0]!r} (valid arguments: {valid}).",
-                        setting=required[0])
+        raise DataError(
+            f"data source {name!r} needs the argument {required[0]!r} (valid arguments: {valid}).", setting=required[0]
+        )
     return cls(**kwargs)
-
-

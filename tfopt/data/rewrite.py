@@ -49,16 +49,50 @@ logger = logging.getLogger("tfopt")
 # the way tf.data's Python API (TF 2.21) builds it; a test holds this set equal to the tested one. A
 # pipeline with any other op (a snapshot's files, a data service, a deprecated op nobody tested) is left
 # as it was: an op outside the set may hold state the round trip does not carry.
-KNOWN_DATASET_OPS = frozenset({
-    "RangeDataset", "TensorDataset", "TensorSliceDataset", "TFRecordDataset", "TextLineDataset",
-    "FixedLengthRecordDatasetV2", "RandomDataset", "RandomDatasetV2", "GeneratorDataset", "MapDataset",
-    "ParallelMapDatasetV2", "FilterDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDatasetV4",
-    "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDatasetV2", "MapAndBatchDataset", "UnbatchDataset",
-    "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "RepeatDataset", "CacheDatasetV2", "TakeDataset", "SkipDataset",
-    "ZipDataset", "ConcatenateDataset", "PrefetchDataset", "OptionsDataset", "DirectedInterleaveDataset",
-    "ShardDataset", "RebatchDatasetV2", "AssertCardinalityDataset", "WindowDataset", "ScanDataset",
-    "GroupByWindowDataset", "IgnoreErrorsDataset", "TakeWhileDataset", "UniqueDataset",
-})
+KNOWN_DATASET_OPS = frozenset(
+    {
+        "RangeDataset",
+        "TensorDataset",
+        "TensorSliceDataset",
+        "TFRecordDataset",
+        "TextLineDataset",
+        "FixedLengthRecordDatasetV2",
+        "RandomDataset",
+        "RandomDatasetV2",
+        "GeneratorDataset",
+        "MapDataset",
+        "ParallelMapDatasetV2",
+        "FilterDataset",
+        "FlatMapDataset",
+        "InterleaveDataset",
+        "ParallelInterleaveDatasetV4",
+        "BatchDatasetV2",
+        "ParallelBatchDataset",
+        "PaddedBatchDatasetV2",
+        "MapAndBatchDataset",
+        "UnbatchDataset",
+        "ShuffleDatasetV3",
+        "ShuffleAndRepeatDataset",
+        "RepeatDataset",
+        "CacheDatasetV2",
+        "TakeDataset",
+        "SkipDataset",
+        "ZipDataset",
+        "ConcatenateDataset",
+        "PrefetchDataset",
+        "OptionsDataset",
+        "DirectedInterleaveDataset",
+        "ShardDataset",
+        "RebatchDatasetV2",
+        "AssertCardinalityDataset",
+        "WindowDataset",
+        "ScanDataset",
+        "GroupByWindowDataset",
+        "IgnoreErrorsDataset",
+        "TakeWhileDataset",
+        "UniqueDataset",
+    }
+)
 _AUTOTUNE_NODE = "tfopt/num_parallel_calls_autotune"
 _PREFETCH_NODE = "tfopt/final_prefetch_elements"
 _NOT_REWRITTEN = "maps and batches left as they were"
@@ -66,8 +100,9 @@ _NOT_REWRITTEN = "maps and batches left as they were"
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
 
-def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool = True,
-                parallel_python_maps: bool = True) -> tuple[Any, list[str]]:
+def parallelize(
+    dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool = True, parallel_python_maps: bool = True
+) -> tuple[Any, list[str]]:
     """Returns the dataset with its sequential maps and batches made parallel, ending with a bounded prefetch.
 
     Idempotent: a pipeline with nothing left to rewrite is returned as the same object. Never raises:
@@ -94,8 +129,12 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
         >>> [int(x) for x in fast], notes[0].startswith("parallel map")
         ([0, 2, 4, 6], True)
     """
-    result, notes = _rewritten(dataset, prefetch_batches=prefetch_batches, parallel_random_maps=parallel_random_maps,
-                               parallel_python_maps=parallel_python_maps)
+    result, notes = _rewritten(
+        dataset,
+        prefetch_batches=prefetch_batches,
+        parallel_random_maps=parallel_random_maps,
+        parallel_python_maps=parallel_python_maps,
+    )
     if result is None:  # its maps and batches stay as they were; a prefetch at its end needs no rewrite
         result = dataset
         if not _ends_with_prefetch(dataset):
@@ -104,20 +143,27 @@ def parallelize(dataset: Any, *, prefetch_batches: int | None, parallel_random_m
     return result, notes
 
 
-def _rewritten(dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool,
-               parallel_python_maps: bool) -> tuple[Any | None, list[str]]:
+def _rewritten(
+    dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool, parallel_python_maps: bool
+) -> tuple[Any | None, list[str]]:
     """`parallelize` through the graph: (the dataset rewritten, or None where its graph cannot be), notes."""
     graph, unreadable = pipeline_graph.read(dataset)
     if graph is None:
         return None, [f"{_NOT_REWRITTEN}: {unreadable}"]
-    unknown = sorted(op for op in pipeline_graph.pipeline_ops(graph)
-                     if pipeline_graph.DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS)
+    unknown = sorted(
+        op
+        for op in pipeline_graph.pipeline_ops(graph)
+        if pipeline_graph.DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS
+    )
     if unknown:
-        return None, [f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
-                      "graph rewrite (use num_parallel_calls in your own maps instead)"]
+        return None, [
+            f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
+            "graph rewrite (use num_parallel_calls in your own maps instead)"
+        ]
     try:
-        notes = _rewrite_maps(graph, parallel_random_maps=parallel_random_maps,
-                              parallel_python_maps=parallel_python_maps)
+        notes = _rewrite_maps(
+            graph, parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps
+        )
         batches = _rewrite_batches(graph)
         final = next((node for node in pipeline_graph.output_chain(graph) if node.op != "OptionsDataset"), None)
         ends_with_prefetch = final is not None and final.op == "PrefetchDataset"
@@ -130,13 +176,18 @@ def _rewritten(dataset: Any, *, prefetch_batches: int | None, parallel_random_ma
     if batches:
         notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel (order kept)")
     if autotuned_prefetch:
-        notes.append("its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within "
-                     "the autotune RAM budget" if prefetch_batches is None else
-                     f"its final prefetch(AUTOTUNE) now holds {prefetch_batches} elements")
+        notes.append(
+            "its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within "
+            "the autotune RAM budget"
+            if prefetch_batches is None
+            else f"its final prefetch(AUTOTUNE) now holds {prefetch_batches} elements"
+        )
     rewritten = any(node.name in (_AUTOTUNE_NODE, _PREFETCH_NODE) for node in graph.node)
     if not rewritten and ends_with_prefetch:
-        return dataset, notes + ["nothing left to parallelize: the pipeline's maps and batches already run in "
-                                 "parallel and it ends with a prefetch"]
+        return dataset, notes + [
+            "nothing left to parallelize: the pipeline's maps and batches already run in "
+            "parallel and it ends with a prefetch"
+        ]
     result = _rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
         return None, [f"{_NOT_REWRITTEN}: {result}"]
@@ -147,8 +198,12 @@ def _rewritten(dataset: Any, *, prefetch_batches: int | None, parallel_random_ma
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:
-    return ("ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' "
-            "size is unknown" if prefetch_batches is None else f"ends with a prefetch of {prefetch_batches} elements")
+    return (
+        "ends with a prefetch(AUTOTUNE), sized by tf.data within the autotune RAM budget, since the elements' "
+        "size is unknown"
+        if prefetch_batches is None
+        else f"ends with a prefetch of {prefetch_batches} elements"
+    )
 
 
 def _ends_with_prefetch(dataset: Any) -> bool:
@@ -168,8 +223,10 @@ def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_map
         if node.attr["force_synchronous"].b:
             kept.append(f"{label} (synchronous=True)")
         elif pipeline_graph.OTHER in kinds:
-            kept.append(f"{label} (stateful {', '.join(sorted(kinds[pipeline_graph.OTHER]))}"
-                        f"{_why_stateful(kinds[pipeline_graph.OTHER])})")
+            kept.append(
+                f"{label} (stateful {', '.join(sorted(kinds[pipeline_graph.OTHER]))}"
+                f"{_why_stateful(kinds[pipeline_graph.OTHER])})"
+            )
         elif pipeline_graph.RANDOM in kinds and not parallel_random_maps:
             kept.append(f"{label} (random ops, parallel_random_maps=False)")
         elif pipeline_graph.PYTHON in kinds and not parallel_python_maps:
@@ -185,11 +242,15 @@ def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_map
     if parallel:
         notes.append(f"parallel map (AUTOTUNE calls, order kept): {', '.join(parallel)}")
     if random_maps:
-        notes.append(f"random draws of {', '.join(random_maps)} keep their distribution but may reach other "
-                     "elements; parallel_random_maps=False keeps the exact draw order")
+        notes.append(
+            f"random draws of {', '.join(random_maps)} keep their distribution but may reach other "
+            "elements; parallel_random_maps=False keeps the exact draw order"
+        )
     if python_maps:
-        notes.append(f"Python runs in parallel in {', '.join(python_maps)}: a Python function with mutable state "
-                     "shared between calls must opt out with parallel_python_maps=False")
+        notes.append(
+            f"Python runs in parallel in {', '.join(python_maps)}: a Python function with mutable state "
+            "shared between calls must opt out with parallel_python_maps=False"
+        )
     if kept:
         notes.append(f"kept sequential: {', '.join(kept)}")
     return notes
@@ -197,8 +258,10 @@ def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_map
 
 def _why_stateful(ops: set[str]) -> str:
     if ops & _VARIABLE_WRITES:
-        return (": it writes a variable, as a Keras random layer's seed generator does on every call, and "
-                "parallel calls could read the same seed")
+        return (
+            ": it writes a variable, as a Keras random layer's seed generator does on every call, and "
+            "parallel calls could read the same seed"
+        )
     return ""
 
 

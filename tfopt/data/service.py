@@ -35,19 +35,38 @@ from typing import Any
 from tfopt.data import graph as pipeline_graph
 
 # Sources whose splits the dispatcher hands out (TF's split providers), one element or one file each.
-SPLITTABLE_SOURCES = frozenset({"RangeDataset", "TensorSliceDataset", "TFRecordDataset", "TextLineDataset",
-                                "FixedLengthRecordDatasetV2"})
+SPLITTABLE_SOURCES = frozenset(
+    {"RangeDataset", "TensorSliceDataset", "TFRecordDataset", "TextLineDataset", "FixedLengthRecordDatasetV2"}
+)
 # Ops that treat elements one by one (or batch them), so that running them on each worker's share of the
 # splits gives the same elements as running them once on all (tests/data/test_service.py checks a pipeline of
 # each against the local one). Interleave and flat_map split their outer input; the datasets their functions
 # build stay whole.
-_PER_ELEMENT_OPS = frozenset({
-    "MapDataset", "ParallelMapDatasetV2", "FilterDataset", "BatchDatasetV2", "ParallelBatchDataset",
-    "MapAndBatchDataset", "UnbatchDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "RepeatDataset",
-    "CacheDatasetV2", "PrefetchDataset", "OptionsDataset", "FlatMapDataset", "InterleaveDataset",
-    "ParallelInterleaveDatasetV4", "IgnoreErrorsDataset", "RebatchDatasetV2", "ModelDataset",
-    "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset",
-})
+_PER_ELEMENT_OPS = frozenset(
+    {
+        "MapDataset",
+        "ParallelMapDatasetV2",
+        "FilterDataset",
+        "BatchDatasetV2",
+        "ParallelBatchDataset",
+        "MapAndBatchDataset",
+        "UnbatchDataset",
+        "ShuffleDatasetV3",
+        "ShuffleAndRepeatDataset",
+        "RepeatDataset",
+        "CacheDatasetV2",
+        "PrefetchDataset",
+        "OptionsDataset",
+        "FlatMapDataset",
+        "InterleaveDataset",
+        "ParallelInterleaveDatasetV4",
+        "IgnoreErrorsDataset",
+        "RebatchDatasetV2",
+        "ModelDataset",
+        "MaxIntraOpParallelismDataset",
+        "PrivateThreadPoolDataset",
+    }
+)
 _PYTHON_OPS = {"EagerPyFunc": "py_function", "PyFunc": "numpy_function", "PyFuncStateless": "numpy_function"}
 # Elements from this size on are compressed for a remote service: below it Snappy's per-element cost is
 # not repaid by the network time it saves.
@@ -84,19 +103,36 @@ class Offload:
     def planned_again(self, dataset: Any, *, batch_size: int | None) -> tuple[Offload | None, str]:
         """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
         stages rebatched it, which the recipe's decision could not see."""
-        return plan_offload(dataset, dispatcher=self.dispatcher, workers=self.workers,
-                            compression=self.requested_compression, job_name=self.job_name, batch_size=batch_size)
+        return plan_offload(
+            dataset,
+            dispatcher=self.dispatcher,
+            workers=self.workers,
+            compression=self.requested_compression,
+            job_name=self.job_name,
+            batch_size=batch_size,
+        )
 
     def describe(self) -> str:
-        where = (f"{self.workers} tf.data service worker process{'es' if self.workers != 1 else ''} on this host "
-                 "(127.0.0.1), started with the run and stopped with it") if self.workers else \
-            f"the tf.data service at {self.dispatcher}"
+        where = (
+            (
+                f"{self.workers} tf.data service worker process{'es' if self.workers != 1 else ''} on this host "
+                "(127.0.0.1), started with the run and stopped with it"
+            )
+            if self.workers
+            else f"the tf.data service at {self.dispatcher}"
+        )
         return f"offloaded to {where}: " + "; ".join(self.reasons)
 
 
-def plan_offload(dataset: Any, *, dispatcher: str | None = None, workers: int | None = None,
-                 compression: str = "auto", job_name: str | None = None,
-                 batch_size: int | None = None) -> tuple[Offload | None, str]:
+def plan_offload(
+    dataset: Any,
+    *,
+    dispatcher: str | None = None,
+    workers: int | None = None,
+    compression: str = "auto",
+    job_name: str | None = None,
+    batch_size: int | None = None,
+) -> tuple[Offload | None, str]:
     """How `dataset` goes to the service, or (None, why it stays local). Reads the graph only, never an element;
     `batch_size` sizes batches whose first dimension tf.data leaves open.
 
@@ -118,40 +154,63 @@ def plan_offload(dataset: Any, *, dispatcher: str | None = None, workers: int | 
     splittable, why_not = dynamic_sharding(graph)
     if workers == 1:
         sharding = "off"
-        reasons.append("sharding off: the one worker runs the whole pipeline, in its own order, asking the "
-                       "dispatcher for nothing per element")
+        reasons.append(
+            "sharding off: the one worker runs the whole pipeline, in its own order, asking the "
+            "dispatcher for nothing per element"
+        )
     elif splittable:
         sharding = "dynamic"
         reasons.append(f"dynamic sharding ({why_not}: each element produced once per pass, by one worker)")
     else:
         many = f"{workers} workers" if workers else "the service's workers"
-        return None, (f"left local: dynamic sharding does not fit ({why_not}), and with sharding off {many} would "
-                      "each produce the whole dataset; use data_service: {workers: 1}, or a pipeline whose source "
-                      "is a range, slices or files and whose ops treat elements one by one")
+        return None, (
+            f"left local: dynamic sharding does not fit ({why_not}), and with sharding off {many} would "
+            "each produce the whole dataset; use data_service: {workers: 1}, or a pipeline whose source "
+            "is a range, slices or files and whose ops treat elements one by one"
+        )
     files = cache_files(graph)
     if "" in files:
-        refilled = ("its in-memory cache (cache()) is filled anew every epoch on the workers, each epoch a service "
-                    "job of its own")
+        refilled = (
+            "its in-memory cache (cache()) is filled anew every epoch on the workers, each epoch a service "
+            "job of its own"
+        )
         if workers:
-            return None, (f"left local: {refilled}, redoing on this host's cores the work the cache saves here; "
-                          "offload it to other hosts (dispatcher), or with workers: 1 cache to a file "
-                          "(cache(filename)) or convert the decoded data to TFRecord files first")
+            return None, (
+                f"left local: {refilled}, redoing on this host's cores the work the cache saves here; "
+                "offload it to other hosts (dispatcher), or with workers: 1 cache to a file "
+                "(cache(filename)) or convert the decoded data to TFRecord files first"
+            )
         reasons.append(f"{refilled}: the workers redo the work it saves")
     if sharding == "dynamic" and any(files):
-        return None, ("left local: its file cache (cache(filename)) would be written by every worker at once; use "
-                      "data_service: {workers: 1}, or convert the decoded data to TFRecord files")
+        return None, (
+            "left local: its file cache (cache(filename)) would be written by every worker at once; use "
+            "data_service: {workers: 1}, or convert the decoded data to TFRecord files"
+        )
     if sharding == "dynamic" and pipeline_graph.drops_remainder(graph):
-        reasons.append("each worker drops its own last partial batch (batch(drop_remainder=True)): a pass loses "
-                       "up to a batch per worker, taken from the next pass")
+        reasons.append(
+            "each worker drops its own last partial batch (batch(drop_remainder=True)): a pass loses "
+            "up to a batch per worker, taken from the next pass"
+        )
     size, size_why = pipeline_graph.element_bytes(dataset.element_spec, graph)
     if size is None and batch_size:
         size = pipeline_graph.element_bytes(_with_batch_dimension(dataset.element_spec, batch_size))[0] or None
     chosen, compression_why = _compression(compression, size, size_why, local=dispatcher is None)
     reasons.append(compression_why)
-    reasons.append("read back in the local pipeline's batches, a pass's worth per epoch" if int(dataset.cardinality())
-                   > 0 else "read back as it comes (the local pipeline has no known length)")
-    return Offload(dispatcher=dispatcher, workers=workers, sharding=sharding, compression=chosen, job_name=job_name,
-                   reasons=tuple(reasons), batch_bytes=size, requested_compression=compression), ""
+    reasons.append(
+        "read back in the local pipeline's batches, a pass's worth per epoch"
+        if int(dataset.cardinality()) > 0
+        else "read back as it comes (the local pipeline has no known length)"
+    )
+    return Offload(
+        dispatcher=dispatcher,
+        workers=workers,
+        sharding=sharding,
+        compression=chosen,
+        job_name=job_name,
+        reasons=tuple(reasons),
+        batch_bytes=size,
+        requested_compression=compression,
+    ), ""
 
 
 def _with_batch_dimension(element_spec: Any, batch_size: int) -> Any:
@@ -176,8 +235,10 @@ def python_blocker(graph: Any) -> str | None:
         its map calls py_function (EagerPyFunc), which runs this process's Python; ...
     """
     if "GeneratorDataset" in pipeline_graph.pipeline_ops(graph):  # from_generator: a flat_map over one
-        return ("its source is from_generator (GeneratorDataset), which calls this process's Python generator; "
-                "a worker process cannot. Write the data to TFRecord files (tfopt-recipe convert) to offload it")
+        return (
+            "its source is from_generator (GeneratorDataset), which calls this process's Python generator; "
+            "a worker process cannot. Write the data to TFRecord files (tfopt-recipe convert) to offload it"
+        )
     for node in graph.node:
         for value in node.attr.values():
             if not value.HasField("func"):
@@ -186,8 +247,10 @@ def python_blocker(graph: Any) -> str | None:
             if called:
                 op = sorted(called)[0]
                 kind = node.op.removesuffix("Dataset").removesuffix("V2").lower()
-                return (f"its {kind} calls {_PYTHON_OPS[op]} ({op}), which runs this process's Python; a worker "
-                        "process cannot. Write it with TensorFlow ops to offload it")
+                return (
+                    f"its {kind} calls {_PYTHON_OPS[op]} ({op}), which runs this process's Python; a worker "
+                    "process cannot. Write it with TensorFlow ops to offload it"
+                )
     return None
 
 
@@ -220,16 +283,25 @@ def dynamic_sharding(graph: Any) -> tuple[bool, str]:
     """
     producers = {node.name: node.op for node in graph.node}
     datasets = [node for node in graph.node if pipeline_graph.DATASET_OP.search(node.op)]
-    sources = [node for node in datasets if not any(
-        pipeline_graph.DATASET_OP.search(producers.get(name.lstrip("^").split(":")[0], "")) for name in node.input)]
+    sources = [
+        node
+        for node in datasets
+        if not any(
+            pipeline_graph.DATASET_OP.search(producers.get(name.lstrip("^").split(":")[0], "")) for name in node.input
+        )
+    ]
     for node in datasets:
         if node not in sources and node.op not in _PER_ELEMENT_OPS:
-            return False, (f"its {node.op} would run on each worker's share of the elements, which changes what it "
-                           "means")
+            return False, (
+                f"its {node.op} would run on each worker's share of the elements, which changes what it means"
+            )
     if len(sources) != 1 or sources[0].op not in SPLITTABLE_SOURCES:
         names = ", ".join(node.op for node in sources) or "none found"
-        return False, f"its source{'s' if len(sources) > 1 else ''} ({names}) {'do' if len(sources) > 1 else 'does'} " \
-                      "not split as one"
+        return (
+            False,
+            f"its source{'s' if len(sources) > 1 else ''} ({names}) {'do' if len(sources) > 1 else 'does'} "
+            "not split as one",
+        )
     return True, f"the source {sources[0].op} splits"
 
 
@@ -239,8 +311,10 @@ def _compression(setting: str, size: int | None, size_why: str | None, *, local:
     if setting == "snappy":
         return "AUTO", "Snappy compression (as set)"
     if local:
-        return None, ("no compression: the workers share this host, where compressing would cost the cores the "
-                      "offload frees and loopback bandwidth is not the limit")
+        return None, (
+            "no compression: the workers share this host, where compressing would cost the cores the "
+            "offload frees and loopback bandwidth is not the limit"
+        )
     if size is None:
         return "AUTO", f"Snappy compression: the element size is unknown ({size_why})"
     if size >= COMPRESS_FROM_BYTES:

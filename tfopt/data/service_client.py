@@ -26,8 +26,15 @@ CLIENT_PREFETCH_BATCHES = 2
 SHARED_DATASET_WAIT_SECONDS = 300.0
 
 
-def serve(dataset: Any, offload: Offload, target: str, *, batch_size: int, static: bool | None = None,
-          batches_per_pass: int | None = None) -> Any:
+def serve(
+    dataset: Any,
+    offload: Offload,
+    target: str,
+    *,
+    batch_size: int,
+    static: bool | None = None,
+    batches_per_pass: int | None = None,
+) -> Any:
     """The pipeline as read back from the service at `target`: distributed after its last batch, the batches
     cut again to `batch_size` where several workers share the splits, prefetched.
 
@@ -67,8 +74,9 @@ def serve(dataset: Any, offload: Offload, target: str, *, batch_size: int, stati
     static = tf_batch_dimension(dataset.element_spec) is not None if static is None else static
     mode = service.ShardingPolicy.DYNAMIC if offload.sharding == "dynamic" else service.ShardingPolicy.OFF
     if environment.num_workers == 1:
-        distributed = dataset.apply(service.distribute(processing_mode=mode, service=target,
-                                                       compression=offload.compression))
+        distributed = dataset.apply(
+            service.distribute(processing_mode=mode, service=target, compression=offload.compression)
+        )
     else:
         job_name = offload.job_name or f"tfopt-{hashlib.sha256(_cluster_key().encode()).hexdigest()[:16]}"
         if environment.is_chief:
@@ -84,8 +92,9 @@ def serve(dataset: Any, offload: Offload, target: str, *, batch_size: int, stati
     return distributed.prefetch(CLIENT_PREFETCH_BATCHES)
 
 
-def serve_offload(dataset: Any, offload: Offload, *, batch_size: int, static: bool | None = None,
-                  batches_per_pass: int | None = None) -> tuple[Any, Any]:
+def serve_offload(
+    dataset: Any, offload: Offload, *, batch_size: int, static: bool | None = None, batches_per_pass: int | None = None
+) -> tuple[Any, Any]:
     """`serve` at the offload's dispatcher, or at a `LocalCluster` started here for its workers.
 
     Returns:
@@ -96,8 +105,14 @@ def serve_offload(dataset: Any, offload: Offload, *, batch_size: int, static: bo
 
     cluster = LocalCluster(offload.workers) if offload.workers else None
     try:
-        served = serve(dataset, offload, cluster.target if cluster else offload.dispatcher, batch_size=batch_size,
-                       static=static, batches_per_pass=batches_per_pass)
+        served = serve(
+            dataset,
+            offload,
+            cluster.target if cluster else offload.dispatcher,
+            batch_size=batch_size,
+            static=static,
+            batches_per_pass=batches_per_pass,
+        )
     except BaseException:
         if cluster is not None:
             cluster.close()
@@ -120,13 +135,16 @@ def _registered(target: str, dataset_id: str, mode: Any) -> Any:
     deadline = time.monotonic() + SHARED_DATASET_WAIT_SECONDS
     while True:
         try:  # without element_spec, from_dataset_id asks the dispatcher, which knows the id once registered
-            return service.from_dataset_id(processing_mode=mode, service=target, dataset_id=dataset_id,
-                                           job_name=dataset_id)
+            return service.from_dataset_id(
+                processing_mode=mode, service=target, dataset_id=dataset_id, job_name=dataset_id
+            )
         except ValueError as error:
             if time.monotonic() > deadline:
-                raise DataError(f"data_service: no pipeline was registered as {dataset_id!r} at {target} within "
-                                f"{SHARED_DATASET_WAIT_SECONDS:.0f} s ({error}); the chief (worker 0) registers it. "
-                                "Check that the chief runs and reaches the same dispatcher.") from None
+                raise DataError(
+                    f"data_service: no pipeline was registered as {dataset_id!r} at {target} within "
+                    f"{SHARED_DATASET_WAIT_SECONDS:.0f} s ({error}); the chief (worker 0) registers it. "
+                    "Check that the chief runs and reaches the same dispatcher."
+                ) from None
             time.sleep(0.5)
 
 
@@ -138,8 +156,10 @@ def _check_reachable(target: str, timeout_seconds: float = 10.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_seconds).close()
     except OSError as error:
-        raise DataError(f"data_service: no dispatcher answers at {target} ({error.strerror or error}). Start one "
-                        "(tfopt-recipe data-service dispatcher --port PORT) or correct the address.") from None
+        raise DataError(
+            f"data_service: no dispatcher answers at {target} ({error.strerror or error}). Start one "
+            "(tfopt-recipe data-service dispatcher --port PORT) or correct the address."
+        ) from None
 
 
 def _cluster_key() -> str:
@@ -153,5 +173,7 @@ def _cluster_key() -> str:
         return f"slurm-{os.environ['SLURM_JOB_ID']}"
     if os.environ.get("TF_CONFIG"):
         return json.dumps(parse_tf_config(os.environ["TF_CONFIG"]).get("cluster", {}), sort_keys=True)
-    raise DataError("data_service: several training workers need a shared job name, and neither TF_CONFIG nor "
-                    "a Slurm job says which run they belong to: set data_service: {job_name: ...}.")
+    raise DataError(
+        "data_service: several training workers need a shared job name, and neither TF_CONFIG nor "
+        "a Slurm job says which run they belong to: set data_service: {job_name: ...}."
+    )

@@ -47,22 +47,45 @@ _START_SECONDS = 120.0
 _POLL_SECONDS = 0.5
 
 
-def serve_dispatcher(port: int, *, work_dir: str | None = None, worker_timeout_seconds: float = 30.0,
-                     report_seconds: float = 30.0, say: Callable[[str], None] = print) -> None:
+def serve_dispatcher(
+    port: int,
+    *,
+    work_dir: str | None = None,
+    worker_timeout_seconds: float = 30.0,
+    report_seconds: float = 30.0,
+    say: Callable[[str], None] = print,
+) -> None:
     """Runs a dispatcher on `port` until interrupted; with `work_dir`, its journal survives a restart."""
     from tensorflow.data.experimental import service
 
-    server = service.DispatchServer(service.DispatcherConfig(
-        port=port, protocol="grpc", work_dir=work_dir, fault_tolerant_mode=work_dir is not None,
-        worker_timeout_ms=int(worker_timeout_seconds * 1000)))
-    say(f"tf.data service dispatcher {READY} at grpc://{_host()}:{port}"
-        + (f", journal in {work_dir} (restarts keep registered datasets and jobs)" if work_dir else
-           ", no journal (a restart forgets its datasets and jobs: pass --work-dir to keep them)"))
+    server = service.DispatchServer(
+        service.DispatcherConfig(
+            port=port,
+            protocol="grpc",
+            work_dir=work_dir,
+            fault_tolerant_mode=work_dir is not None,
+            worker_timeout_ms=int(worker_timeout_seconds * 1000),
+        )
+    )
+    say(
+        f"tf.data service dispatcher {READY} at grpc://{_host()}:{port}"
+        + (
+            f", journal in {work_dir} (restarts keep registered datasets and jobs)"
+            if work_dir
+            else ", no journal (a restart forgets its datasets and jobs: pass --work-dir to keep them)"
+        )
+    )
     _run_until_stopped(server, report_seconds, say, "dispatcher")
 
 
-def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None, report_seconds: float = 30.0,
-                 say: Callable[[str], None] = print) -> None:
+def serve_worker(
+    dispatcher: str,
+    *,
+    port: int = 0,
+    address: str | None = None,
+    report_seconds: float = 30.0,
+    say: Callable[[str], None] = print,
+) -> None:
     """Runs a worker for `dispatcher` ("host:port") until interrupted.
 
     Args:
@@ -76,9 +99,15 @@ def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None, 
     dispatcher = dispatcher.removeprefix("grpc://")
     port = port or free_ports(1)[0]
     address = address or f"{_host()}:{port}"
-    server = service.WorkerServer(service.WorkerConfig(
-        dispatcher_address=dispatcher, worker_address=address, port=port, protocol="grpc",
-        heartbeat_interval_ms=_HEARTBEAT_MS))
+    server = service.WorkerServer(
+        service.WorkerConfig(
+            dispatcher_address=dispatcher,
+            worker_address=address,
+            port=port,
+            protocol="grpc",
+            heartbeat_interval_ms=_HEARTBEAT_MS,
+        )
+    )
     say(f"tf.data service worker {READY} at {address} for the dispatcher at {dispatcher}")
     _run_until_stopped(server, report_seconds, say, f"worker {address}")
 
@@ -95,8 +124,10 @@ def _run_until_stopped(server, report_seconds: float, say: Callable[[str], None]
         while True:
             time.sleep(report_seconds)
             now = psutil.net_io_counters().bytes_sent
-            say(f"{name}: {_holding(server)}, {process.cpu_percent() / 100:.2f} cores busy, the host sent "
-                f"{(now - sent) / report_seconds / 2**20:.1f} MiB/s over the last {report_seconds:.0f} s")
+            say(
+                f"{name}: {_holding(server)}, {process.cpu_percent() / 100:.2f} cores busy, the host sent "
+                f"{(now - sent) / report_seconds / 2**20:.1f} MiB/s over the last {report_seconds:.0f} s"
+            )
             sent = now
     finally:
         server.stop()
@@ -136,9 +167,15 @@ class LocalCluster:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, received {workers}")
         dispatcher_port, *self._ports = free_ports(workers + 1)
-        self._dispatcher = service.DispatchServer(service.DispatcherConfig(
-            port=dispatcher_port, protocol="grpc", worker_timeout_ms=_WORKER_TIMEOUT_MS,
-            job_gc_check_interval_ms=_WORKER_TIMEOUT_MS, job_gc_timeout_ms=_WORKER_TIMEOUT_MS))
+        self._dispatcher = service.DispatchServer(
+            service.DispatcherConfig(
+                port=dispatcher_port,
+                protocol="grpc",
+                worker_timeout_ms=_WORKER_TIMEOUT_MS,
+                job_gc_check_interval_ms=_WORKER_TIMEOUT_MS,
+                job_gc_timeout_ms=_WORKER_TIMEOUT_MS,
+            )
+        )
         self.address = f"{LOOPBACK}:{dispatcher_port}"
         self.target = f"grpc://{self.address}"
         self.restarts: list[tuple[str, int]] = []
@@ -158,8 +195,12 @@ class LocalCluster:
             self.close()
             raise
         threading.Thread(target=self._supervise, name="tfopt-data-service", daemon=True).start()
-        _log.info("data_service: dispatcher at %s, %d worker processes at %s", self.target, workers,
-                  ", ".join(self.worker_addresses))
+        _log.info(
+            "data_service: dispatcher at %s, %d worker processes at %s",
+            self.target,
+            workers,
+            ", ".join(self.worker_addresses),
+        )
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -171,11 +212,31 @@ class LocalCluster:
             return [worker.process.pid for worker in self._workers]
 
     def _start(self, port: int) -> _WorkerProcess:
-        command = [sys.executable, "-m", "tfopt.cli", "data-service", "worker", "--dispatcher", self.address,
-                   "--port", str(port), "--address", f"{LOOPBACK}:{port}"]
-        return _WorkerProcess(subprocess.Popen(
-            command, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-            start_new_session=True, preexec_fn=terminate_with_parent(os.getpid())))
+        command = [
+            sys.executable,
+            "-m",
+            "tfopt.cli",
+            "data-service",
+            "worker",
+            "--dispatcher",
+            self.address,
+            "--port",
+            str(port),
+            "--address",
+            f"{LOOPBACK}:{port}",
+        ]
+        return _WorkerProcess(
+            subprocess.Popen(
+                command,
+                env=self._env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=terminate_with_parent(os.getpid()),
+            )
+        )
 
     def _supervise(self) -> None:
         while not self._closed.wait(_POLL_SECONDS):
@@ -190,9 +251,14 @@ class LocalCluster:
                     address = self.worker_addresses[index]
                     if sum(1 for restarted, _ in self.restarts if restarted == address) >= MAX_RESTARTS:
                         self._given_up.add(index)
-                        _log.error("data_service: the worker at %s exited (code %s) after %d restarts and is not "
-                                   "started again; training goes on with the other workers, if any (with none it "
-                                   "waits for one: stop it and leave data_service out)", address, code, MAX_RESTARTS)
+                        _log.error(
+                            "data_service: the worker at %s exited (code %s) after %d restarts and is not "
+                            "started again; training goes on with the other workers, if any (with none it "
+                            "waits for one: stop it and leave data_service out)",
+                            address,
+                            code,
+                            MAX_RESTARTS,
+                        )
                         continue
                     self.restarts.append((address, code))
                     _log.warning(
@@ -200,7 +266,10 @@ class LocalCluster:
                         "With several workers (dynamic sharding, each element at most once) the elements it had "
                         "taken and not yet delivered are missing from this pass: at most the batches its pipeline "
                         "held ready and the one it was making. A single worker serves the pass again from its "
-                        "start: the epoch keeps its steps, the elements before the restart come twice", address, code)
+                        "start: the epoch keeps its steps, the elements before the restart come twice",
+                        address,
+                        code,
+                    )
                     self._workers[index] = self._start(self._ports[index])
                     started.append(self._workers[index])
             for worker in started:
@@ -251,5 +320,6 @@ class _WorkerProcess:
             if code is not None or time.monotonic() > deadline:
                 self.process.kill()
                 why = f"exited with code {code}" if code is not None else f"did not start within {_START_SECONDS:.0f} s"
-                raise DistributionError(f"data_service: a tf.data service worker {why}; its last lines:\n"
-                                        + "\n".join(self._lines))
+                raise DistributionError(
+                    f"data_service: a tf.data service worker {why}; its last lines:\n" + "\n".join(self._lines)
+                )

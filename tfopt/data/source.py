@@ -90,11 +90,20 @@ class DataSource(abc.ABC):
             A `tf.data.Dataset` yielding `(x, y)` batches.
         """
         check_pipeline_arguments(self.name, batch_size=batch_size, num_shards=num_shards, shard_index=shard_index)
-        return self._build_pipeline(PipelineRequest(batch_size=batch_size, optimized=optimized, shuffle=shuffle,
-                                                    seed=seed, drop_remainder=drop_remainder,
-                                                    num_shards=num_shards, shard_index=shard_index,
-                                                    ram_budget_bytes=ram_budget_bytes, cache=cache,
-                                                    deterministic=deterministic))
+        return self._build_pipeline(
+            PipelineRequest(
+                batch_size=batch_size,
+                optimized=optimized,
+                shuffle=shuffle,
+                seed=seed,
+                drop_remainder=drop_remainder,
+                num_shards=num_shards,
+                shard_index=shard_index,
+                ram_budget_bytes=ram_budget_bytes,
+                cache=cache,
+                deterministic=deterministic,
+            )
+        )
 
     @abc.abstractmethod
     def _build_pipeline(self, request: PipelineRequest):
@@ -118,16 +127,16 @@ class DataSource(abc.ABC):
         return f"{type(self).__name__}({arguments})"
 
 
-def check_pipeline_arguments(
-    source_name: str, *, batch_size: int, num_shards: int, shard_index: int
-) -> None:
+def check_pipeline_arguments(source_name: str, *, batch_size: int, num_shards: int, shard_index: int) -> None:
     """Validates the arguments every `pipeline()` takes, before any TensorFlow work starts.
 
     Raises:
         ValueError: `batch_size` or `num_shards` is not a positive integer, or `shard_index` is out of range.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"{source_name}: batch_size={batch_size!r} is not a positive integer. Pass e.g. batch_size=32.")
+        raise ValueError(
+            f"{source_name}: batch_size={batch_size!r} is not a positive integer. Pass e.g. batch_size=32."
+        )
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ValueError(
             f"{source_name}: num_shards={num_shards!r} is not a positive integer. Pass the number of workers, "

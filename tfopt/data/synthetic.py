@@ -62,12 +62,16 @@ class SyntheticSource(DataSource):
         seed: int = 0,
     ):
         if kind not in _KINDS:
-            raise DataError(f"synthetic: kind={kind!r} is not a kind of synthetic data. Expected one of {list(_KINDS)}.",
-                            setting="kind")
+            raise DataError(
+                f"synthetic: kind={kind!r} is not a kind of synthetic data. Expected one of {list(_KINDS)}.",
+                setting="kind",
+            )
         _check_positive(examples=examples, num_classes=num_classes, channels=channels, sequence_length=sequence_length)
         if num_classes < 2:
-            raise DataError(f"synthetic: num_classes={num_classes} leaves nothing to learn. Pass num_classes >= 2.",
-                            setting="num_classes")
+            raise DataError(
+                f"synthetic: num_classes={num_classes} leaves nothing to learn. Pass num_classes >= 2.",
+                setting="num_classes",
+            )
         if kind == "tokens" and vocab_size <= num_classes * _KEYWORDS_PER_CLASS:
             raise DataError(
                 f"synthetic: vocab_size={vocab_size} is too small for {num_classes} classes with "

@@ -88,8 +88,9 @@ class TfdsSource(DataSource):
                 setting="split",
             ) from error
         if self.num_examples == 0:
-            raise DataError(f"tfds: split {split!r} of {name!r} holds zero examples. Choose a non-empty split.",
-                            setting="split")
+            raise DataError(
+                f"tfds: split {split!r} of {name!r} holds zero examples. Choose a non-empty split.", setting="split"
+            )
         label_feature = self.builder.info.features[self.y_key]
         names = getattr(label_feature, "names", None)
         self.class_names = list(names) if names else None

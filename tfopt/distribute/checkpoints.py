@@ -29,15 +29,24 @@ class WorkerCheckpoint:
         max_to_keep: How many of the chief's checkpoints to keep.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, model: Any, is_chief: bool, worker_index: int,
-                 collective_save: bool = True, max_to_keep: int = 2):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        model: Any,
+        is_chief: bool,
+        worker_index: int,
+        collective_save: bool = True,
+        max_to_keep: int = 2,
+    ):
         import tensorflow as tf
 
         self.directory = os.fspath(directory)
         self.is_chief = is_chief
         self.collective_save = collective_save
-        self._write_directory = (self.directory if is_chief
-                                 else os.path.join(self.directory, f".tfopt_worker_{worker_index}_tmp"))
+        self._write_directory = (
+            self.directory if is_chief else os.path.join(self.directory, f".tfopt_worker_{worker_index}_tmp")
+        )
         # The epoch counter is a variable so it is saved and restored with the weights atomically.
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfopt_epoch")
         if model.optimizer is not None and not model.optimizer.built:
@@ -45,8 +54,9 @@ class WorkerCheckpoint:
             # instead of being silently deferred.
             model.optimizer.build(model.trainable_variables)
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=self.epoch)
-        self._manager = tf.train.CheckpointManager(self._checkpoint, self._write_directory,
-                                                   max_to_keep=max_to_keep if is_chief else 1)
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self._write_directory, max_to_keep=max_to_keep if is_chief else 1
+        )
 
     def restore(self) -> int:
         """Restores the chief's latest checkpoint, if there is one.

@@ -68,13 +68,19 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
         name, size = horovod
         rank_variable = _first_set(environ, _HOROVOD_RANK_VARIABLES)
         rank = int(rank_variable[1]) if rank_variable else 0
-        return ClusterEnvironment("horovod", _positive_int(name, size), rank, f"{name}={size} is set (horovodrun/mpirun)")
+        return ClusterEnvironment(
+            "horovod", _positive_int(name, size), rank, f"{name}={size} is set (horovodrun/mpirun)"
+        )
     if environ.get("TF_CONFIG"):
         return _from_tf_config(environ["TF_CONFIG"])
     if "SLURM_JOB_ID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
         tasks = int(environ["SLURM_NTASKS"])
-        return ClusterEnvironment("slurm", tasks, int(environ.get("SLURM_PROCID", "0")),
-                                  f"Slurm job {environ['SLURM_JOB_ID']} with SLURM_NTASKS={tasks}")
+        return ClusterEnvironment(
+            "slurm",
+            tasks,
+            int(environ.get("SLURM_PROCID", "0")),
+            f"Slurm job {environ['SLURM_JOB_ID']} with SLURM_NTASKS={tasks}",
+        )
     return ClusterEnvironment("none", 1, 0, "no TF_CONFIG, Slurm or Horovod variables: a single process")
 
 
@@ -95,7 +101,8 @@ def parse_tf_config(text: str) -> dict:
         raise DistributionError(
             f"TF_CONFIG needs a 'cluster' and a 'task' entry; received keys "
             f"{sorted(config) if isinstance(config, dict) else type(config).__name__}. Expected e.g. "
-            '{"cluster": {"worker": ["host1:12345"]}, "task": {"type": "worker", "index": 0}}.')
+            '{"cluster": {"worker": ["host1:12345"]}, "task": {"type": "worker", "index": 0}}.'
+        )
     return config
 
 
@@ -109,9 +116,11 @@ def _from_tf_config(text: str) -> ClusterEnvironment:
     if me not in members:
         raise DistributionError(
             f"TF_CONFIG's task {task} is not in its cluster {cluster}: expected type 'chief' or 'worker' "
-            "and an index below the number of addresses listed for it.")
-    return ClusterEnvironment("tf_config", len(members), members.index(me),
-                              f"TF_CONFIG lists {len(members)} workers; this is {me[0]} {me[1]}")
+            "and an index below the number of addresses listed for it."
+        )
+    return ClusterEnvironment(
+        "tf_config", len(members), members.index(me), f"TF_CONFIG lists {len(members)} workers; this is {me[0]} {me[1]}"
+    )
 
 
 def _first_set(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:

@@ -19,7 +19,8 @@ INSTALL_HINT = (
     "`PYTHON=$(which python) bash scripts/install_horovod.sh` (needs cmake and g++, builds for several "
     "minutes; CPU/Gloo by default, set HOROVOD_GPU_OPERATIONS=NCCL for GPUs). A plain `pip install "
     "horovod` fails: 0.28.1 is sdist-only, needs --no-build-isolation, and on TensorFlow >= 2.19 a "
-    "one-line patch that the script applies.")
+    "one-line patch that the script applies."
+)
 
 
 def import_horovod() -> Any:
@@ -31,12 +32,15 @@ def import_horovod() -> Any:
     try:
         import horovod.tensorflow as hvd
     except ImportError as error:
-        raise DistributionError(f"strategy='horovod' needs Horovod, which could not be imported ({error}). "
-                                f"{INSTALL_HINT}") from error
+        raise DistributionError(
+            f"strategy='horovod' needs Horovod, which could not be imported ({error}). {INSTALL_HINT}"
+        ) from error
     except Exception as error:  # a stale build raises NotFoundError/OSError on a missing symbol
-        raise DistributionError(f"Horovod is installed but failed to load ({type(error).__name__}: {error}); "
-                                "it was probably built against another TensorFlow. Rebuild it: "
-                                f"{INSTALL_HINT}") from error
+        raise DistributionError(
+            f"Horovod is installed but failed to load ({type(error).__name__}: {error}); "
+            "it was probably built against another TensorFlow. Rebuild it: "
+            f"{INSTALL_HINT}"
+        ) from error
     return hvd
 
 
@@ -82,8 +86,9 @@ class HorovodStrategy:
 
     def average_gradients(self, gradients: list[Any]) -> list[Any]:
         """Averages each gradient over all ranks (None gradients stay None)."""
-        return [None if gradient is None else self._hvd.allreduce(gradient, op=self._hvd.Average)
-                for gradient in gradients]
+        return [
+            None if gradient is None else self._hvd.allreduce(gradient, op=self._hvd.Average) for gradient in gradients
+        ]
 
     def mean(self, value: Any) -> Any:
         """Averages a tensor over all ranks (for the reported loss)."""
@@ -114,13 +119,15 @@ class HorovodStrategy:
         if global_batch_size % size:
             raise DistributionError(
                 f"The global batch of {global_batch_size} does not split evenly over {size} Horovod ranks; "
-                f"use a multiple of {size} (the distribution recipe scales it for you).")
+                f"use a multiple of {size} (the distribution recipe scales it for you)."
+            )
         cardinality = int(dataset.cardinality())
         if steps_per_epoch is None and cardinality < 0:
             raise DistributionError(
                 "Under Horovod every rank must run the same number of steps, but the dataset's length is "
                 "unknown (or infinite). Pass steps_per_epoch=..., or build the dataset so that "
-                "dataset.cardinality() is known (e.g. batch(..., drop_remainder=True) on finite data).")
+                "dataset.cardinality() is known (e.g. batch(..., drop_remainder=True) on finite data)."
+            )
         per_rank = dataset.rebatch(global_batch_size // size, drop_remainder=True)
         if cardinality >= 0:
             per_rank = per_rank.take(cardinality * size)

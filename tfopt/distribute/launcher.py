@@ -62,13 +62,22 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def local_tf_configs(num_workers: int) -> list[str]:
     """The TF_CONFIG of each of `num_workers` workers on 127.0.0.1, on free ports."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
-    return [json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
-            for index in range(num_workers)]
+    return [
+        json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+        for index in range(num_workers)
+    ]
 
 
-def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[str, str] | None = None,
-                         output: Callable[[str], None] | None = None, failure_grace_seconds: float = 60.0,
-                         timeout_seconds: float | None = None, pass_fds: Collection[int] = ()) -> LaunchResult:
+def launch_local_workers(
+    argv: Sequence[str],
+    num_workers: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    output: Callable[[str], None] | None = None,
+    failure_grace_seconds: float = 60.0,
+    timeout_seconds: float | None = None,
+    pass_fds: Collection[int] = (),
+) -> LaunchResult:
     """Starts `num_workers` copies of `argv` as one multi-worker cluster on this machine and waits.
 
     Args:
@@ -108,10 +117,19 @@ def launch_local_workers(argv: Sequence[str], num_workers: int, *, env: Mapping[
     workers, readers = [], []
     try:
         for config in configs:  # all started before any reader thread: no thread runs while one forks
-            workers.append(subprocess.Popen(
-                list(argv), env={**base_env, "TF_CONFIG": config}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, errors="replace", start_new_session=True, pass_fds=tuple(pass_fds),
-                preexec_fn=terminate_with_parent(os.getpid())))
+            workers.append(
+                subprocess.Popen(
+                    list(argv),
+                    env={**base_env, "TF_CONFIG": config},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,
+                    pass_fds=tuple(pass_fds),
+                    preexec_fn=terminate_with_parent(os.getpid()),
+                )
+            )
         for index, process in enumerate(workers):
             reader = threading.Thread(target=_forward, args=(process, index, output, lock), daemon=True)
             reader.start()
@@ -142,16 +160,20 @@ def _wait(workers: list[subprocess.Popen], grace_seconds: float, timeout_seconds
         now = time.monotonic()
         if first_failure is not None and now - first_failure[2] > grace_seconds:
             running = [index for index, code in enumerate(codes) if code is None]
-            return (f"{_describe_failure(first_failure[0], first_failure[1])}; workers {running} were still "
-                    f"running {grace_seconds:.0f} s later and were stopped. Look above for the first "
-                    "worker's error; restart all workers to resume from the last checkpoint.")
+            return (
+                f"{_describe_failure(first_failure[0], first_failure[1])}; workers {running} were still "
+                f"running {grace_seconds:.0f} s later and were stopped. Look above for the first "
+                "worker's error; restart all workers to resume from the last checkpoint."
+            )
         if timeout_seconds is not None and now - start > timeout_seconds:
-            return (f"The workers did not finish within timeout_seconds={timeout_seconds:.0f}; all were stopped.")
+            return f"The workers did not finish within timeout_seconds={timeout_seconds:.0f}; all were stopped."
         time.sleep(_POLL_SECONDS)
     if first_failure is not None:
         others = [f"worker {index}: exit code {code}" for index, code in enumerate(codes) if index != first_failure[0]]
-        return (f"{_describe_failure(first_failure[0], first_failure[1])}; then {', '.join(others) or 'no others'}. "
-                "Look above for the first worker's error; restart all workers to resume from the last checkpoint.")
+        return (
+            f"{_describe_failure(first_failure[0], first_failure[1])}; then {', '.join(others) or 'no others'}. "
+            "Look above for the first worker's error; restart all workers to resume from the last checkpoint."
+        )
     return None
 
 

@@ -23,8 +23,9 @@ def default_cache_path() -> Path:
     return Path(root) / "keras_fit_probe.json"
 
 
-def keras_fit_works_multi_worker(*, refresh: bool = False, cache_path: str | os.PathLike | None = None,
-                                 timeout_seconds: float = 300.0) -> bool:
+def keras_fit_works_multi_worker(
+    *, refresh: bool = False, cache_path: str | os.PathLike | None = None, timeout_seconds: float = 300.0
+) -> bool:
     """Whether Keras' `model.fit` trains under a two-worker MultiWorkerMirroredStrategy here.
 
     Args:
@@ -47,8 +48,12 @@ def keras_fit_works_multi_worker(*, refresh: bool = False, cache_path: str | os.
         if cached is not None:
             return bool(cached["works"])
     lines: list[str] = []
-    launch_local_workers([sys.executable, "-m", "tfopt.distribute.probe", "--worker"], 2, output=lines.append,
-                         timeout_seconds=timeout_seconds)
+    launch_local_workers(
+        [sys.executable, "-m", "tfopt.distribute.probe", "--worker"],
+        2,
+        output=lines.append,
+        timeout_seconds=timeout_seconds,
+    )
     results = [line.split(_MARKER, 1)[1].strip() for line in lines if _MARKER in line]
     works = len(results) == 2 and all(result == "ok" for result in results)
     detail = next((result for result in results if result != "ok"), "ok")

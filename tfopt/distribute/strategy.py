@@ -61,7 +61,8 @@ def make_strategy(name: str, **options: Any) -> Any:
     if unknown:
         raise RecipeConfigError(
             f"Strategy {name!r} does not take option(s) {sorted(unknown)}; it takes "
-            f"{sorted(_OPTIONS[name]) or 'no options'}.")
+            f"{sorted(_OPTIONS[name]) or 'no options'}."
+        )
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
@@ -98,9 +99,11 @@ def communication_options(timeout_seconds: float | None, implementation: str = "
     if implementation not in implementations:
         raise RecipeConfigError(
             f"implementation={implementation!r} is not a collective implementation. Expected one of "
-            f"{', '.join(implementations)}.")
+            f"{', '.join(implementations)}."
+        )
     return tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=timeout_seconds or None, implementation=implementations[implementation])
+        timeout_seconds=timeout_seconds or None, implementation=implementations[implementation]
+    )
 
 
 # TensorFlow allows one MultiWorkerMirroredStrategy per process, created before the process's first op
@@ -109,8 +112,13 @@ def communication_options(timeout_seconds: float | None, implementation: str = "
 _joined_cluster: dict[tuple[Any, ...], Any] = {}
 
 
-def _multi_worker(tf: Any, *, communication_timeout_seconds: float | None = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
-                  cluster_resolver: str = "tf_config", implementation: str = "auto") -> Any:
+def _multi_worker(
+    tf: Any,
+    *,
+    communication_timeout_seconds: float | None = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
+    cluster_resolver: str = "tf_config",
+    implementation: str = "auto",
+) -> Any:
     options = (communication_timeout_seconds, cluster_resolver, implementation)
     if _joined_cluster:
         ((joined_options, strategy),) = _joined_cluster.items()
@@ -119,14 +127,16 @@ def _multi_worker(tf: Any, *, communication_timeout_seconds: float | None = DEFA
                 f"This process already joined a multi-worker cluster with (communication_timeout_seconds, "
                 f"cluster_resolver, implementation)={joined_options}; TensorFlow allows one "
                 f"MultiWorkerMirroredStrategy per process, so it cannot join again with {options}. Use the "
-                "same distribution settings everywhere in one process.")
+                "same distribution settings everywhere in one process."
+            )
         return strategy
     _joined_cluster[options] = _new_multi_worker(tf, communication_timeout_seconds, cluster_resolver, implementation)
     return _joined_cluster[options]
 
 
-def _new_multi_worker(tf: Any, communication_timeout_seconds: float | None, cluster_resolver: str,
-                      implementation: str) -> Any:
+def _new_multi_worker(
+    tf: Any, communication_timeout_seconds: float | None, cluster_resolver: str, implementation: str
+) -> Any:
     import os
 
     if cluster_resolver == "tf_config":
@@ -139,16 +149,19 @@ def _new_multi_worker(tf: Any, communication_timeout_seconds: float | None, clus
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
     else:
         raise RecipeConfigError(
-            f"cluster_resolver={cluster_resolver!r} is not supported. Expected 'tf_config' or 'slurm'.")
+            f"cluster_resolver={cluster_resolver!r} is not supported. Expected 'tf_config' or 'slurm'."
+        )
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver,
-            communication_options=communication_options(communication_timeout_seconds, implementation))
+            communication_options=communication_options(communication_timeout_seconds, implementation),
+        )
     except (RuntimeError, ValueError, tf.errors.OpError) as error:
         raise DistributionError(
             f"MultiWorkerMirroredStrategy could not join the cluster: {error}. Check that every worker "
             "was started with the same cluster in TF_CONFIG and a distinct task index, and that the "
-            "addresses are reachable.") from error
+            "addresses are reachable."
+        ) from error
 
 
 def _tpu(tf: Any, tpu: str) -> Any:
@@ -159,7 +172,8 @@ def _tpu(tf: Any, tpu: str) -> Any:
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         raise DistributionError(
             f"No TPU could be reached (tpu={tpu!r}): {error}. On a TPU VM pass tpu=''; on Colab/Kaggle "
-            "select a TPU runtime; elsewhere pass the TPU's name or grpc:// address.") from error
+            "select a TPU runtime; elsewhere pass the TPU's name or grpc:// address."
+        ) from error
     return tf.distribute.TPUStrategy(resolver)
 
 

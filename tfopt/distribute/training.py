@@ -22,9 +22,18 @@ _log = logging.getLogger("tfopt")
 ENGINES = ("auto", "tfopt", "keras")
 
 
-def fit(model: Any, dataset: Any, *, strategy: Any = None, epochs: int = 1, steps_per_epoch: int | None = None,
-        callbacks: list[Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-        verbose: int = 0, engine: str = "auto") -> Any:
+def fit(
+    model: Any,
+    dataset: Any,
+    *,
+    strategy: Any = None,
+    epochs: int = 1,
+    steps_per_epoch: int | None = None,
+    callbacks: list[Any] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    verbose: int = 0,
+    engine: str = "auto",
+) -> Any:
     """Trains a compiled Keras model like `model.fit`, on one device, several, several workers or Horovod.
 
     The model must have been built and compiled inside `strategy.scope()` (as `tfopt.build` does).
@@ -66,8 +75,16 @@ def fit(model: Any, dataset: Any, *, strategy: Any = None, epochs: int = 1, step
         raise RecipeConfigError(f"epochs={epochs!r}: expected a positive integer.")
     strategy = strategy or tf.distribute.get_strategy()
     if _choose_engine(engine, strategy) == "keras":
-        return _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_dir, verbose,
-                          one_iterator=not is_multi_worker(strategy))
+        return _keras_fit(
+            model,
+            dataset,
+            epochs,
+            steps_per_epoch,
+            callbacks,
+            checkpoint_dir,
+            verbose,
+            one_iterator=not is_multi_worker(strategy),
+        )
     return _Loop(model, dataset, strategy, steps_per_epoch).run(epochs, callbacks, checkpoint_dir, verbose)
 
 
@@ -103,7 +120,8 @@ def _choose_engine(engine: str, strategy: Any) -> str:
         if engine == "keras":
             raise RecipeConfigError(
                 "engine='keras' cannot train under Horovod: horovod.tensorflow.keras never averages "
-                "gradients on Keras 3. Use engine='tfopt' (or 'auto').")
+                "gradients on Keras 3. Use engine='tfopt' (or 'auto')."
+            )
         return "tfopt"
     if engine != "auto":
         return engine
@@ -131,8 +149,9 @@ def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_di
     length = int(dataset.cardinality())
     if one_iterator and steps_per_epoch is None and length > 0:
         dataset, steps_per_epoch = dataset.repeat(), length
-    return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
-                     verbose=verbose, shuffle=False)
+    return model.fit(
+        dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose, shuffle=False
+    )
 
 
 class _Loop:
@@ -144,13 +163,19 @@ class _Loop:
         from tfopt.distribute.horovod import HorovodStrategy
 
         if model.optimizer is None:
-            raise RecipeConfigError("The model is not compiled: call model.compile(optimizer=..., loss=...) "
-                                    "inside strategy.scope() before training.")
+            raise RecipeConfigError(
+                "The model is not compiled: call model.compile(optimizer=..., loss=...) "
+                "inside strategy.scope() before training."
+            )
         self.model, self.strategy, self.steps_per_epoch = model, strategy, steps_per_epoch
         self.horovod = isinstance(strategy, HorovodStrategy)
         self.worker_index, self.is_chief = worker_role(strategy)
-        self.lost_worker_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                                   tf.errors.CancelledError, tf.errors.AbortedError)
+        self.lost_worker_errors = (
+            tf.errors.UnavailableError,
+            tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
+        )
         if self.horovod:
             self.lost_worker_errors += strategy.lost_worker_errors()
             self.dataset = strategy.shard(dataset, _global_batch_size(dataset), steps_per_epoch)
@@ -197,16 +222,26 @@ class _Loop:
         initial_epoch = 0
         if checkpoint_dir is not None:
             with self.strategy.scope():
-                checkpoint = WorkerCheckpoint(checkpoint_dir, model=self.model, is_chief=self.is_chief,
-                                              worker_index=self.worker_index,
-                                              collective_save=not self.horovod)
+                checkpoint = WorkerCheckpoint(
+                    checkpoint_dir,
+                    model=self.model,
+                    is_chief=self.is_chief,
+                    worker_index=self.worker_index,
+                    collective_save=not self.horovod,
+                )
             initial_epoch = checkpoint.restore()
         if self.horovod:
             # Every rank starts from rank 0's weights and optimizer state (restored or fresh).
             self.strategy.broadcast_variables(self.model.variables + self.model.optimizer.variables)
         callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=bool(verbose) and self.is_chief, model=self.model,
-            verbose=verbose, epochs=epochs, steps=self.steps_per_epoch)
+            callbacks,
+            add_history=True,
+            add_progbar=bool(verbose) and self.is_chief,
+            model=self.model,
+            verbose=verbose,
+            epochs=epochs,
+            steps=self.steps_per_epoch,
+        )
         self.model.stop_training = False
         callback_list.on_train_begin()
         iterator = iter(self.dataset) if self.steps_per_epoch else None
@@ -214,9 +249,12 @@ class _Loop:
             callback_list.on_epoch_begin(epoch)
             logs, exhausted = self._run_epoch(iterator, callback_list, epoch)
             if exhausted:
-                _log.warning("The dataset ran out after %d steps of epoch %d; stopping. Make the dataset "
-                             "long enough for epochs x steps_per_epoch (e.g. dataset.repeat()).",
-                             logs["steps"], epoch + 1)
+                _log.warning(
+                    "The dataset ran out after %d steps of epoch %d; stopping. Make the dataset "
+                    "long enough for epochs x steps_per_epoch (e.g. dataset.repeat()).",
+                    logs["steps"],
+                    epoch + 1,
+                )
             callback_list.on_epoch_end(epoch, {"loss": logs["loss"]})
             if checkpoint is not None and not exhausted:
                 self._guard(lambda: checkpoint.save(epoch + 1), epoch)
@@ -251,7 +289,8 @@ class _Loop:
                 f"Worker {self.worker_index} lost contact with the other workers during epoch {epoch + 1} "
                 f"({type(error).__name__}: {message.strip()[:400]}). Another worker has probably died or "
                 "stalled. Restart all workers; with checkpoint_dir set, training resumes from the last "
-                "completed epoch.") from error
+                "completed epoch."
+            ) from error
 
 
 def _global_batch_size(dataset: Any) -> int:
@@ -261,5 +300,6 @@ def _global_batch_size(dataset: Any) -> int:
     if first.shape.rank is None or first.shape[0] is None:
         raise DistributionError(
             "The dataset's batch size is not static, so it cannot be split evenly over Horovod ranks. "
-            "Batch it with dataset.batch(global_batch_size, drop_remainder=True).")
+            "Batch it with dataset.batch(global_batch_size, drop_remainder=True)."
+        )
     return int(first.shape[0])

@@ -31,8 +31,10 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
         if isinstance(base, dict):
             base = keras.saving.deserialize_keras_object(base)
         if warmup_steps < 0 or scale <= 0:
-            raise ValueError(f"LinearWarmup needs warmup_steps >= 0 and scale > 0; received "
-                             f"warmup_steps={warmup_steps}, scale={scale}.")
+            raise ValueError(
+                f"LinearWarmup needs warmup_steps >= 0 and scale > 0; received "
+                f"warmup_steps={warmup_steps}, scale={scale}."
+            )
         self.base, self.scale, self.warmup_steps = base, float(scale), int(warmup_steps)
 
     def __call__(self, step: Any) -> Any:

@@ -84,9 +84,14 @@ def with_xprof_details(breakdown: StepBreakdown, details: StepBreakdown) -> Step
     scale = min(1.0, breakdown.host_compute_seconds / total) if total else 0.0
     parts = {name: seconds * scale for name, seconds in parts.items()}
     return dataclasses.replace(
-        breakdown, source="trace+xprof", host_compute_seconds=breakdown.host_compute_seconds - sum(parts.values()),
-        input_split=details.input_split, memory_bandwidth_percent=details.memory_bandwidth_percent,
-        flop_rate_percent=details.flop_rate_percent, **parts)
+        breakdown,
+        source="trace+xprof",
+        host_compute_seconds=breakdown.host_compute_seconds - sum(parts.values()),
+        input_split=details.input_split,
+        memory_bandwidth_percent=details.memory_bandwidth_percent,
+        flop_rate_percent=details.flop_rate_percent,
+        **parts,
+    )
 
 
 def find_xplane(path: str | Path) -> Path:
@@ -103,25 +108,36 @@ def find_xplane(path: str | Path) -> Path:
             path.resolve(strict=True)
         except (RuntimeError, OSError) as error:  # Python < 3.13 raises RuntimeError for a loop
             if isinstance(error, RuntimeError) or error.errno == errno.ELOOP:
-                raise MeasurementError(f"{path} is a symbolic link that loops back on itself; give the capture's "
-                                       "real directory or .xplane.pb file.") from None
-        raise MeasurementError(f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist); "
-                               "give the capture's real directory or .xplane.pb file.")
+                raise MeasurementError(
+                    f"{path} is a symbolic link that loops back on itself; give the capture's "
+                    "real directory or .xplane.pb file."
+                ) from None
+        raise MeasurementError(
+            f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist); "
+            "give the capture's real directory or .xplane.pb file."
+        )
     if not path.exists():
-        raise MeasurementError(f"{path} does not exist; give the capture's directory (a TensorBoard logdir) or "
-                               "its .xplane.pb file.")
+        raise MeasurementError(
+            f"{path} does not exist; give the capture's directory (a TensorBoard logdir) or its .xplane.pb file."
+        )
     found = [path] if path.is_file() else sorted(path.rglob("*.xplane.pb"))
     if len(found) == 1:
         if found[0].stat().st_size == 0:
-            raise MeasurementError(f"{found[0]} is an empty file (0 bytes): the capture was cut short or not "
-                                   "written. Capture the profile again.")
+            raise MeasurementError(
+                f"{found[0]} is an empty file (0 bytes): the capture was cut short or not "
+                "written. Capture the profile again."
+            )
         return found[0]
     if not found:
-        raise MeasurementError(f"No profiler capture (*.xplane.pb) under {path}: expected a logdir written "
-                               "by tfopt.profile, tf.profiler.experimental or Keras' TensorBoard(profile_batch=...) "
-                               "(plugins/profile/<run>/).")
-    raise MeasurementError(f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): "
-                           "pass the .xplane.pb file to analyse.")
+        raise MeasurementError(
+            f"No profiler capture (*.xplane.pb) under {path}: expected a logdir written "
+            "by tfopt.profile, tf.profiler.experimental or Keras' TensorBoard(profile_batch=...) "
+            "(plugins/profile/<run>/)."
+        )
+    raise MeasurementError(
+        f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): "
+        "pass the .xplane.pb file to analyse."
+    )
 
 
 def xprof_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None = None) -> StepBreakdown:
@@ -145,7 +161,8 @@ def xprof_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
     if not rows:
         raise MeasurementError(
             f"xprof found no steps{'' if step_numbers is None else f' among {sorted(step_numbers)}'} "
-            f"(its conclusion: {table.get('p', {}).get('input_conclusion', 'none')!r}).")
+            f"(its conclusion: {table.get('p', {}).get('input_conclusion', 'none')!r})."
+        )
     ordered = [rows[number] for number in sorted(rows)]
     parts = dict.fromkeys(CATEGORY_LABELS, 0.0)
     for column, field in _XPROF_COLUMNS.items():
@@ -171,7 +188,7 @@ def _xprof_tool(xplane: str | Path, tool: str) -> list[dict[str, Any]]:
         raise MeasurementError(f"xprof is not installed ({error}); pip install tfopt[profile].") from error
     try:
         data, _ = raw_to_tool_data.xspace_to_tool_data([str(xplane)], tool, {})
-    except Exception as error:  # noqa: BLE001 - the converter raises whatever its C++ layer reports
+    except Exception as error:
         raise MeasurementError(f"xprof's {tool} failed on {xplane}: {error}") from error
     if not data:
         raise MeasurementError(f"xprof's {tool} returned nothing for {xplane}.")

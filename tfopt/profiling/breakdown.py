@@ -119,12 +119,19 @@ class StepBreakdown:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source, "hardware_type": self.hardware_type, "steps": len(self.step_seconds),
-            "step_seconds": list(self.step_seconds), "step_seconds_mean": self.step_seconds_mean,
-            "step_seconds_spread": self.step_seconds_spread, "input_percent": self.input_percent,
-            "busy_percent": self.busy_percent, "categories_seconds": self.categories,
+            "source": self.source,
+            "hardware_type": self.hardware_type,
+            "steps": len(self.step_seconds),
+            "step_seconds": list(self.step_seconds),
+            "step_seconds_mean": self.step_seconds_mean,
+            "step_seconds_spread": self.step_seconds_spread,
+            "input_percent": self.input_percent,
+            "busy_percent": self.busy_percent,
+            "categories_seconds": self.categories,
             "input_split": dict(self.input_split) if self.input_split is not None else None,
-            "compute_16bit_percent": self.compute_16bit_percent, "xla_kernel_percent": self.xla_kernel_percent,
+            "compute_16bit_percent": self.compute_16bit_percent,
+            "xla_kernel_percent": self.xla_kernel_percent,
             "memory_bandwidth_percent": self.memory_bandwidth_percent,
-            "flop_rate_percent": self.flop_rate_percent, "notes": list(self.notes),
+            "flop_rate_percent": self.flop_rate_percent,
+            "notes": list(self.notes),
         }

@@ -32,9 +32,9 @@ from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
 from tfopt.profiling.diagnose import Diagnosis, diagnose_breakdown, refine_diagnosis
 from tfopt.profiling.hotspots import Hotspots, find_hotspots
+from tfopt.profiling.measurement import Measurement, measure
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
-from tfopt.profiling.measurement import Measurement, measure
 from tfopt.profiling.timing import StepTimes, WindowTimer, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
 
@@ -129,17 +129,32 @@ class Profile:
         return compare(self, None)._repr_html_()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"measurement": self.measurement.to_dict(), "profiled_steps": self.capture.step_times.to_dict(),
-                "profiling_overhead": self.profiling_overhead, "breakdown": self.breakdown.to_dict(),
-                "diagnosis": self.diagnosis.to_dict(), "samples": self.samples.to_dict(),
-                "metrics": self.metrics.to_dict(), "peak_memory_bytes": self.capture.peak_memory_bytes,
-                "hardware": self.hardware.describe(), "logdir": str(self.logdir),
-                "steps_per_epoch": self.steps_per_epoch}
+        return {
+            "measurement": self.measurement.to_dict(),
+            "profiled_steps": self.capture.step_times.to_dict(),
+            "profiling_overhead": self.profiling_overhead,
+            "breakdown": self.breakdown.to_dict(),
+            "diagnosis": self.diagnosis.to_dict(),
+            "samples": self.samples.to_dict(),
+            "metrics": self.metrics.to_dict(),
+            "peak_memory_bytes": self.capture.peak_memory_bytes,
+            "hardware": self.hardware.describe(),
+            "logdir": str(self.logdir),
+            "steps_per_epoch": self.steps_per_epoch,
+        }
 
 
-def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5, logdir: str | Path | None = None,
-            hardware: Hardware | None = None, monitor_interval_seconds: float = 0.2,
-            measurement: Measurement | None = None) -> Profile:
+def profile(
+    model: Any,
+    dataset: Any,
+    *,
+    steps: int = 20,
+    warmup_steps: int = 5,
+    logdir: str | Path | None = None,
+    hardware: Hardware | None = None,
+    monitor_interval_seconds: float = 0.2,
+    measurement: Measurement | None = None,
+) -> Profile:
     """Measures, captures and diagnoses training `model` on `dataset`; the model's state is kept.
 
     Runs three short trainings: real data and the compute-only ceiling without the profiler, then real
@@ -175,24 +190,56 @@ def profile(model: Any, dataset: Any, *, steps: int = 20, warmup_steps: int = 5,
 
         hardware = detect()
     if measurement is None:
-        measurement = measure(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
-                              hardware=hardware)
+        measurement = measure(
+            model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size, hardware=hardware
+        )
     with training_state_restored(model):
-        captured = capture(model, dataset, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
-                           logdir=logdir, monitor_interval_seconds=monitor_interval_seconds,
-                           gpu_count=len(hardware.gpus))
+        captured = capture(
+            model,
+            dataset,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            batch_size=batch_size,
+            logdir=logdir,
+            monitor_interval_seconds=monitor_interval_seconds,
+            gpu_count=len(hardware.gpus),
+        )
     breakdown = analyze(captured.xplane_path, step_numbers=captured.step_numbers)
-    diagnosis = diagnose_breakdown(breakdown, hardware, measurement=measurement,
-                                   peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware))
-    hotspots = find_hotspots(captured.xplane_path, hardware, model=model, dataset=dataset, batch_size=batch_size,
-                             step_seconds=breakdown.step_seconds_mean)
-    return Profile(measurement=measurement, capture=captured, breakdown=breakdown,
-                   diagnosis=refine_diagnosis(diagnosis, hotspots), hardware=hardware,
-                   steps_per_epoch=steps_per_epoch)
+    diagnosis = diagnose_breakdown(
+        breakdown,
+        hardware,
+        measurement=measurement,
+        peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware),
+    )
+    hotspots = find_hotspots(
+        captured.xplane_path,
+        hardware,
+        model=model,
+        dataset=dataset,
+        batch_size=batch_size,
+        step_seconds=breakdown.step_seconds_mean,
+    )
+    return Profile(
+        measurement=measurement,
+        capture=captured,
+        breakdown=breakdown,
+        diagnosis=refine_diagnosis(diagnosis, hotspots),
+        hardware=hardware,
+        steps_per_epoch=steps_per_epoch,
+    )
 
 
-def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-            logdir: str | Path | None = None, monitor_interval_seconds: float = 0.2, gpu_count: int = 0) -> Capture:
+def capture(
+    model: Any,
+    dataset: Any,
+    *,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    logdir: str | Path | None = None,
+    monitor_interval_seconds: float = 0.2,
+    gpu_count: int = 0,
+) -> Capture:
     """Trains `warmup_steps + steps + 1` steps, the measured ones under the TF Profiler with step markers.
 
     This trains the model (use `profile()` to keep its state). If training fails or is interrupted, the
@@ -215,8 +262,9 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
         MeasurementError: Arguments out of range, another profiler session is running, or training failed.
     """
     if steps < 2 or warmup_steps < 1:
-        raise MeasurementError(f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
-                               f"warmup_steps={warmup_steps}.")
+        raise MeasurementError(
+            f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, warmup_steps={warmup_steps}."
+        )
     _check_model(model)
     logdir = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfopt-profile-"))
     logdir.mkdir(parents=True, exist_ok=True)
@@ -225,13 +273,21 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     sampler = DeviceSampler(interval_seconds=monitor_interval_seconds)
     try:
         with sampler, track_peak_memory(gpu_count) as peak:
-            model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + steps + 1, epochs=1, verbose=0,
-                      shuffle=False, callbacks=[marker])
+            model.fit(
+                dataset.repeat(),
+                steps_per_epoch=warmup_steps + steps + 1,
+                epochs=1,
+                verbose=0,
+                shuffle=False,
+                callbacks=[marker],
+            )
     except BaseException as error:
         marker.close()
-        message = (f"The profiled run stopped after {marker.completed} of {warmup_steps + steps + 1} steps "
-                   f"({type(error).__name__}: {error}). The profiler was stopped; reports written before "
-                   "are untouched.")
+        message = (
+            f"The profiled run stopped after {marker.completed} of {warmup_steps + steps + 1} steps "
+            f"({type(error).__name__}: {error}). The profiler was stopped; reports written before "
+            "are untouched."
+        )
         if isinstance(error, Exception) and not isinstance(error, MeasurementError):
             raise MeasurementError(message) from error
         if hasattr(error, "add_note"):
@@ -240,12 +296,18 @@ def capture(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     marker.close()
     new = sorted(path for path, modified in _captures(logdir).items() if known.get(path) != modified)
     if not new:
-        raise MeasurementError(f"The profiler wrote no capture under {logdir}; check that the directory is "
-                               "writable and that TensorFlow was built with the profiler.")
-    return Capture(logdir=logdir, xplane_path=find_xplane(new[-1]), samples=sampler.samples,
-                   step_times=StepTimes(seconds=tuple(marker.seconds), batch_size=batch_size, window_steps=steps),
-                   step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
-                   peak_memory_bytes=peak.peak_bytes)
+        raise MeasurementError(
+            f"The profiler wrote no capture under {logdir}; check that the directory is "
+            "writable and that TensorFlow was built with the profiler."
+        )
+    return Capture(
+        logdir=logdir,
+        xplane_path=find_xplane(new[-1]),
+        samples=sampler.samples,
+        step_times=StepTimes(seconds=tuple(marker.seconds), batch_size=batch_size, window_steps=steps),
+        step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
+        peak_memory_bytes=peak.peak_bytes,
+    )
 
 
 class _ProfiledSteps(WindowTimer):
@@ -270,7 +332,8 @@ class _ProfiledSteps(WindowTimer):
             except tf.errors.OpError as error:
                 raise MeasurementError(
                     f"The TF Profiler could not start ({error.message}). Another profiling session is "
-                    "probably running in this process: stop it with tf.profiler.experimental.stop().") from error
+                    "probably running in this process: stop it with tf.profiler.experimental.stop()."
+                ) from error
             self._profiling = True
         self._trace = tf.profiler.experimental.Trace(STEP_MARKER, step_num=batch, _r=1)
         self._trace.__enter__()
@@ -313,7 +376,8 @@ def _check_model(model: Any) -> None:
         raise MeasurementError(
             f"The model is compiled with steps_per_execution={per_call}: Keras then runs {per_call} steps per "
             "call and reports them as one, so steps cannot be timed or marked one by one. Profile a copy "
-            "compiled with steps_per_execution=1 (the default).")
+            "compiled with steps_per_execution=1 (the default)."
+        )
 
 
 def _check_dataset(dataset: Any) -> tuple[int | None, int]:
@@ -323,8 +387,10 @@ def _check_dataset(dataset: Any) -> tuple[int | None, int]:
     from tfopt.plan import batch_size_of
 
     if not isinstance(dataset, tf.data.Dataset):
-        raise DataError(f"Expected a batched tf.data.Dataset, received {type(dataset).__name__}. Wrap arrays "
-                        "with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).")
+        raise DataError(
+            f"Expected a batched tf.data.Dataset, received {type(dataset).__name__}. Wrap arrays "
+            "with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)."
+        )
     cardinality = int(dataset.cardinality())
     try:
         head = list(dataset.take(2))
@@ -334,9 +400,12 @@ def _check_dataset(dataset: Any) -> tuple[int | None, int]:
         raise DataError(
             f"The dataset has {len(head)} batch{'es' if len(head) != 1 else ''}; profiling needs at least 2. "
             "With fewer it would time the same cached batch over and over and say nothing about the input "
-            "pipeline. Check the files it reads and that .batch(..., drop_remainder=True) leaves batches.")
+            "pipeline. Check the files it reads and that .batch(..., drop_remainder=True) leaves batches."
+        )
     element = head[0]
     if not isinstance(element, tuple) or len(element) not in (2, 3):
-        raise DataError(f"Each dataset element must be an (inputs, targets[, sample_weights]) tuple as "
-                        f"keras' fit() expects; received {type(element).__name__}.")
+        raise DataError(
+            f"Each dataset element must be an (inputs, targets[, sample_weights]) tuple as "
+            f"keras' fit() expects; received {type(element).__name__}."
+        )
     return (cardinality if cardinality > 0 else None), batch_size_of(element[0])

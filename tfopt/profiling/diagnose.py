@@ -136,14 +136,21 @@ class Diagnosis:
     @property
     def summary(self) -> str:
         if not self.findings:
-            return (f"No bottleneck above the profiler's thresholds ({self.input_percent:.1f}% of each wall "
-                    "step waits for input).")
+            return (
+                f"No bottleneck above the profiler's thresholds ({self.input_percent:.1f}% of each wall "
+                "step waits for input)."
+            )
         return "; ".join(f"{f.bottleneck} ({f.severity}, {f.percent:.1f}%) -> {f.recipe}" for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input_percent": self.input_percent, "summary": self.summary, "recipes": list(self.recipes),
-                "findings": [dataclasses.asdict(finding) for finding in self.findings], "notes": list(self.notes),
-                "hotspots": self.hotspots.to_dict() if self.hotspots is not None else None}
+        return {
+            "input_percent": self.input_percent,
+            "summary": self.summary,
+            "recipes": list(self.recipes),
+            "findings": [dataclasses.asdict(finding) for finding in self.findings],
+            "notes": list(self.notes),
+            "hotspots": self.hotspots.to_dict() if self.hotspots is not None else None,
+        }
 
 
 def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Diagnosis:
@@ -180,15 +187,21 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
         return diagnose_breakdown(profile_or_breakdown, hardware)
     if isinstance(getattr(profile_or_breakdown, "breakdown", None), StepBreakdown):
         profile = profile_or_breakdown
-        return diagnose_breakdown(profile.breakdown, hardware or profile.hardware,
-                                  peak_memory_fraction=profile.peak_memory_fraction,
-                                  measurement=profile.measurement)
-    raise TypeError(f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
-                    f"received {type(profile_or_breakdown).__name__}.")
+        return diagnose_breakdown(
+            profile.breakdown,
+            hardware or profile.hardware,
+            peak_memory_fraction=profile.peak_memory_fraction,
+            measurement=profile.measurement,
+        )
+    raise TypeError(
+        f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
+        f"received {type(profile_or_breakdown).__name__}."
+    )
 
 
-def diagnose_capture(path: str | os.PathLike,
-                     hardware: Hardware | None = None) -> tuple[StepBreakdown, Hardware, Diagnosis]:
+def diagnose_capture(
+    path: str | os.PathLike, hardware: Hardware | None = None
+) -> tuple[StepBreakdown, Hardware, Diagnosis]:
     """Analyses and diagnoses an existing capture: its breakdown, the hardware it ran on, the diagnosis
     (with its `hotspots`: the input pipeline stage by stage, the model layer by layer).
 
@@ -209,13 +222,16 @@ def diagnose_capture(path: str | os.PathLike,
     breakdown = analyze(xplane)
     hotspots = find_hotspots(xplane, hardware, step_seconds=breakdown.step_seconds_mean)
     diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots)
-    note = (f"The capture does not record its host: CPU core counts in the findings are this machine's "
-            f"({hardware.cpu_count}).")
+    note = (
+        f"The capture does not record its host: CPU core counts in the findings are this machine's "
+        f"({hardware.cpu_count})."
+    )
     return breakdown, hardware, dataclasses.replace(diagnosis, notes=(*diagnosis.notes, note))
 
 
-def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None,
-                       measurement: Any = None) -> Diagnosis:
+def diagnose_breakdown(
+    breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None, measurement: Any = None
+) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
     Args:
@@ -228,26 +244,34 @@ def diagnose_breakdown(breakdown: StepBreakdown, hardware: Hardware, *, peak_mem
         The findings, high severity first, then by share of step time.
     """
     dispatch = _dispatch(breakdown, hardware, peak_memory_fraction)
-    findings = [finding for finding in (
-        # A dispatch-bound step is slower than the ceiling's direct calls by fit's own per-step costs too:
-        # that gap is not the pipeline's, so it is not read as contention there.
-        _input(breakdown, hardware, None if dispatch else measurement),
-        *_share_findings(breakdown),
-        _memory_bound(breakdown),
-        _precision(breakdown, hardware),
-        dispatch,
-    ) if finding is not None]
+    findings = [
+        finding
+        for finding in (
+            # A dispatch-bound step is slower than the ceiling's direct calls by fit's own per-step costs too:
+            # that gap is not the pipeline's, so it is not read as contention there.
+            _input(breakdown, hardware, None if dispatch else measurement),
+            *_share_findings(breakdown),
+            _memory_bound(breakdown),
+            _precision(breakdown, hardware),
+            dispatch,
+        )
+        if finding is not None
+    ]
     findings.sort(key=lambda finding: (finding.severity != "high", -finding.percent))
     notes = list(breakdown.notes)
     if measurement is None:
-        notes.append("No timed measurement next to the trace: the input efficiency (real steps against the "
-                     "compute-only ceiling) and MFU are unknown, so input cost without visible waits cannot "
-                     "be seen.")
+        notes.append(
+            "No timed measurement next to the trace: the input efficiency (real steps against the "
+            "compute-only ceiling) and MFU are unknown, so input cost without visible waits cannot "
+            "be seen."
+        )
     elif measurement.measurement_problem:
         notes.append(measurement.measurement_problem)
     if hardware.accelerator != "cpu" and peak_memory_fraction is None:
-        notes.append("Device memory in use is unknown (TensorFlow's allocator peak was not read): whether a "
-                     "larger batch fits is not judged.")
+        notes.append(
+            "Device memory in use is unknown (TensorFlow's allocator peak was not read): whether a "
+            "larger batch fits is not judged."
+        )
     return Diagnosis(findings=tuple(findings), input_percent=breakdown.input_percent, notes=tuple(notes))
 
 
@@ -268,16 +292,31 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Any) -> Fi
     split = breakdown.input_split or {}
     waiting = f"{percent:.1f}% of each wall step waits for input"
     if split.get("file_read", 0.0) >= INPUT_CAUSE_FRACTION:
-        return Finding(STORAGE_BANDWIDTH, severity, percent, "tfrecord",
-                       f"{waiting} and {split['file_read']:.0%} of input time reads files: large sequential "
-                       "TFRecord shards read in parallel replace many small reads.")
+        return Finding(
+            STORAGE_BANDWIDTH,
+            severity,
+            percent,
+            "tfrecord",
+            f"{waiting} and {split['file_read']:.0%} of input time reads files: large sequential "
+            "TFRecord shards read in parallel replace many small reads.",
+        )
     if split.get("preprocessing", 0.0) >= INPUT_CAUSE_FRACTION:
-        return Finding(CPU_PREPROCESSING, severity, percent, "data_pipeline",
-                       f"{waiting} and {split['preprocessing']:.0%} of input time is preprocessing on "
-                       f"{hardware.cpu_count} CPU core(s): parallel map calls, caching and prefetch let it "
-                       "run ahead of training.")
-    return Finding(INPUT_BOUND, severity, percent, "data_pipeline",
-                   f"{waiting}: parallel map calls and prefetching keep batches ready before the step asks.")
+        return Finding(
+            CPU_PREPROCESSING,
+            severity,
+            percent,
+            "data_pipeline",
+            f"{waiting} and {split['preprocessing']:.0%} of input time is preprocessing on "
+            f"{hardware.cpu_count} CPU core(s): parallel map calls, caching and prefetch let it "
+            "run ahead of training.",
+        )
+    return Finding(
+        INPUT_BOUND,
+        severity,
+        percent,
+        "data_pipeline",
+        f"{waiting}: parallel map calls and prefetching keep batches ready before the step asks.",
+    )
 
 
 def _contention(input_percent: float, hardware: Hardware, measurement: Any) -> Finding | None:
@@ -292,23 +331,46 @@ def _contention(input_percent: float, hardware: Hardware, measurement: Any) -> F
     if severity is None:
         return None
     competitor = "training" if hardware.accelerator == "cpu" else "the host's op dispatch"
-    return Finding(CPU_CONTENTION, severity, gap_percent, "data_pipeline",
-                   f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
-                   f"{input_percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
-                   f"{competitor} for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
-                   "prefetched stages cut its cost.")
+    return Finding(
+        CPU_CONTENTION,
+        severity,
+        gap_percent,
+        "data_pipeline",
+        f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
+        f"{input_percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
+        f"{competitor} for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
+        "prefetched stages cut its cost.",
+    )
 
 
 # Findings read off one share of the step: (bottleneck, the breakdown's seconds, thresholds, recipe, why).
 _SHARE_FINDINGS = (
-    (COMPILATION, "compile_seconds", COMPILE_MODERATE_PERCENT, COMPILE_HIGH_PERCENT, "data_pipeline",
-     "{percent:.1f}% of step time is compilation after warm-up, so batch shapes change between steps: fixed "
-     "shapes (drop_remainder=True, padded batches) compile once."),
-    (MULTI_DEVICE_SYNC, "collectives_seconds", COLLECTIVES_MODERATE_PERCENT, COLLECTIVES_HIGH_PERCENT,
-     "distribution", "{percent:.1f}% of step time is cross-device communication: a strategy with packed NCCL "
-     "all-reduce and a larger per-replica batch sync less often per example."),
-    (LAUNCH_BOUND, "kernel_launch_seconds", KERNEL_LAUNCH_MODERATE_PERCENT, KERNEL_LAUNCH_HIGH_PERCENT, "xla",
-     "{percent:.1f}% of step time launches kernels: XLA fuses small ops into fewer, larger kernels."),
+    (
+        COMPILATION,
+        "compile_seconds",
+        COMPILE_MODERATE_PERCENT,
+        COMPILE_HIGH_PERCENT,
+        "data_pipeline",
+        "{percent:.1f}% of step time is compilation after warm-up, so batch shapes change between steps: fixed "
+        "shapes (drop_remainder=True, padded batches) compile once.",
+    ),
+    (
+        MULTI_DEVICE_SYNC,
+        "collectives_seconds",
+        COLLECTIVES_MODERATE_PERCENT,
+        COLLECTIVES_HIGH_PERCENT,
+        "distribution",
+        "{percent:.1f}% of step time is cross-device communication: a strategy with packed NCCL "
+        "all-reduce and a larger per-replica batch sync less often per example.",
+    ),
+    (
+        LAUNCH_BOUND,
+        "kernel_launch_seconds",
+        KERNEL_LAUNCH_MODERATE_PERCENT,
+        KERNEL_LAUNCH_HIGH_PERCENT,
+        "xla",
+        "{percent:.1f}% of step time launches kernels: XLA fuses small ops into fewer, larger kernels.",
+    ),
 )
 
 
@@ -319,8 +381,9 @@ def _share_findings(breakdown: StepBreakdown) -> list[Finding | None]:
     for bottleneck, seconds, moderate, high, recipe, reason in _SHARE_FINDINGS:
         percent = breakdown.percent(seconds)
         severity = _severity(percent, moderate, high)
-        findings.append(None if severity is None else
-                        Finding(bottleneck, severity, percent, recipe, reason.format(percent=percent)))
+        findings.append(
+            None if severity is None else Finding(bottleneck, severity, percent, recipe, reason.format(percent=percent))
+        )
     return findings
 
 
@@ -329,9 +392,14 @@ def _memory_bound(breakdown: StepBreakdown) -> Finding | None:
     device_percent = breakdown.percent("device_compute_seconds")
     if bandwidth is None or flops is None or bandwidth <= flops or device_percent < DEVICE_DOMINANT_PERCENT:
         return None
-    return Finding(MEMORY_BOUND, "high" if bandwidth >= 2 * flops else "moderate", device_percent, "xla",
-                   f"Device compute ({device_percent:.1f}% of step time) uses {bandwidth:.0f}% of memory "
-                   f"bandwidth but {flops:.0f}% of peak FLOPs: XLA fusion keeps intermediates on chip.")
+    return Finding(
+        MEMORY_BOUND,
+        "high" if bandwidth >= 2 * flops else "moderate",
+        device_percent,
+        "xla",
+        f"Device compute ({device_percent:.1f}% of step time) uses {bandwidth:.0f}% of memory "
+        f"bandwidth but {flops:.0f}% of peak FLOPs: XLA fusion keeps intermediates on chip.",
+    )
 
 
 def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
@@ -340,33 +408,60 @@ def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
         return None
     if breakdown.percent("device_compute_seconds") < DEVICE_DOMINANT_PERCENT:
         return None  # halving compute time matters little while something else dominates the step
-    return Finding(FP32_COMPUTE, "moderate", share, "mixed_precision",
-                   f"Only {share:.1f}% of device compute runs in 16-bit types on hardware with 16-bit "
-                   "units: mixed precision halves memory traffic and uses tensor cores.")
+    return Finding(
+        FP32_COMPUTE,
+        "moderate",
+        share,
+        "mixed_precision",
+        f"Only {share:.1f}% of device compute runs in 16-bit types on hardware with 16-bit "
+        "units: mixed precision halves memory traffic and uses tensor cores.",
+    )
 
 
 def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction: float | None) -> Finding | None:
     busy = breakdown.busy_percent
-    if (hardware.accelerator == "cpu" or busy is None or busy >= DISPATCH_BOUND_BUSY_PERCENT
-            or breakdown.input_percent >= INPUT_BOUND_HIGH_PERCENT):
+    if (
+        hardware.accelerator == "cpu"
+        or busy is None
+        or busy >= DISPATCH_BOUND_BUSY_PERCENT
+        or breakdown.input_percent >= INPUT_BOUND_HIGH_PERCENT
+    ):
         return None
     severity = "high" if busy < DISPATCH_BOUND_HIGH_BUSY_PERCENT else "moderate"
     idle = f"The accelerator is busy {busy:.1f}% of each wall step while the input keeps up"
     xla_share = breakdown.xla_kernel_percent
     if xla_share is None or xla_share < XLA_IN_USE_PERCENT:
-        return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "xla",
-                       f"{idle}: per-step costs (op dispatch, one launch per op, Python) dominate. XLA compiles "
-                       "the step into a few fused kernels.")
+        return Finding(
+            DISPATCH_BOUND,
+            severity,
+            100.0 - busy,
+            "xla",
+            f"{idle}: per-step costs (op dispatch, one launch per op, Python) dominate. XLA compiles "
+            "the step into a few fused kernels.",
+        )
     if peak_memory_fraction is not None and peak_memory_fraction >= MEMORY_FULL_FRACTION:
-        return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "grad_accum",
-                       f"{idle}, XLA is on and TensorFlow's allocator peaked at {peak_memory_fraction:.0%} of "
-                       "device memory, so a larger batch would not fit: accumulating gradients over "
-                       "micro-batches gives the effect of one.")
-    headroom = ("device memory in use was not read: check that a larger batch fits" if peak_memory_fraction is None
-                else f"the allocator peaked at {peak_memory_fraction:.0%} of device memory")
-    return Finding(DISPATCH_BOUND, severity, 100.0 - busy, "batch_size",
-                   f"{idle} and XLA is on ({headroom}): the rest is fixed per-step cost that a larger batch "
-                   "spreads over more examples.")
+        return Finding(
+            DISPATCH_BOUND,
+            severity,
+            100.0 - busy,
+            "grad_accum",
+            f"{idle}, XLA is on and TensorFlow's allocator peaked at {peak_memory_fraction:.0%} of "
+            "device memory, so a larger batch would not fit: accumulating gradients over "
+            "micro-batches gives the effect of one.",
+        )
+    headroom = (
+        "device memory in use was not read: check that a larger batch fits"
+        if peak_memory_fraction is None
+        else f"the allocator peaked at {peak_memory_fraction:.0%} of device memory"
+    )
+    return Finding(
+        DISPATCH_BOUND,
+        severity,
+        100.0 - busy,
+        "batch_size",
+        f"{idle} and XLA is on ({headroom}): the rest is fixed per-step cost that a larger batch "
+        "spreads over more examples.",
+    )
 
 
 def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
@@ -383,14 +478,25 @@ def refine_diagnosis(diagnosis: Diagnosis, hotspots: Hotspots) -> Diagnosis:
         for index, finding in enumerate(findings):
             if finding.bottleneck in INPUT_BOTTLENECKS:
                 findings[index] = dataclasses.replace(
-                    finding, recipe=recipe or finding.recipe, reason=f"{finding.reason} Stage by stage: {stages.fix}")
+                    finding, recipe=recipe or finding.recipe, reason=f"{finding.reason} Stage by stage: {stages.fix}"
+                )
     layers = hotspots.layers
     top = layers.top if layers is not None else None
     share_of_step = layers.share_of_step(top) if top is not None else None
-    if (top is not None and top.recipe is not None and share_of_step is not None
-            and share_of_step >= TOP_LAYER_SHARE and top.recipe not in {f.recipe for f in findings}):
-        findings.append(Finding(MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE, "moderate",
-                                100.0 * share_of_step, top.recipe,
-                                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: "
-                                f"{top.fix}"))
+    if (
+        top is not None
+        and top.recipe is not None
+        and share_of_step is not None
+        and share_of_step >= TOP_LAYER_SHARE
+        and top.recipe not in {f.recipe for f in findings}
+    ):
+        findings.append(
+            Finding(
+                MEMORY_BOUND if top.recipe == "xla" else FP32_COMPUTE,
+                "moderate",
+                100.0 * share_of_step,
+                top.recipe,
+                f"Layer {top.layer} takes {share_of_step:.0%} of each wall step on the device: {top.fix}",
+            )
+        )
     return dataclasses.replace(diagnosis, findings=tuple(findings), hotspots=hotspots)

@@ -36,12 +36,21 @@ class Hotspots:
         return [table.top_line() for table in (self.stages, self.layers) if table is not None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stages": self.stages.to_dict() if self.stages else None,
-                "layers": self.layers.to_dict() if self.layers else None}
+        return {
+            "stages": self.stages.to_dict() if self.stages else None,
+            "layers": self.layers.to_dict() if self.layers else None,
+        }
 
 
-def find_hotspots(xplane: str | Path, hardware: Hardware, *, model: Any = None, dataset: Any = None,
-                  batch_size: int | None = None, step_seconds: float | None = None) -> Hotspots:
+def find_hotspots(
+    xplane: str | Path,
+    hardware: Hardware,
+    *,
+    model: Any = None,
+    dataset: Any = None,
+    batch_size: int | None = None,
+    step_seconds: float | None = None,
+) -> Hotspots:
     """Both tables of one capture; a table that cannot be read is left out with a warning, never raised:
     it adds detail to a profile that stands without it.
 
@@ -54,15 +63,20 @@ def find_hotspots(xplane: str | Path, hardware: Hardware, *, model: Any = None, 
         step_seconds: The mean wall step (each layer's share of it).
     """
     tables: dict[str, Any] = {}
-    readers = {"stages": lambda: pipeline_stages(xplane, cpu_count=hardware.cpu_count, dataset=dataset,
-                                                 step_seconds=step_seconds),
-               "layers": lambda: layer_times(xplane, step_seconds=step_seconds, model=model,
-                                             batch_size=batch_size, hardware=hardware)}
+    readers = {
+        "stages": lambda: pipeline_stages(
+            xplane, cpu_count=hardware.cpu_count, dataset=dataset, step_seconds=step_seconds
+        ),
+        "layers": lambda: layer_times(
+            xplane, step_seconds=step_seconds, model=model, batch_size=batch_size, hardware=hardware
+        ),
+    }
     for name, read in readers.items():
         try:
             tables[name] = read()
         except Exception as error:  # noqa: BLE001 - a detail table must not cost the profile it details
-            _log.warning("tfopt: the %s table of %s could not be read: %s: %s", name, xplane,
-                         type(error).__name__, error)
+            _log.warning(
+                "tfopt: the %s table of %s could not be read: %s: %s", name, xplane, type(error).__name__, error
+            )
             tables[name] = None
     return Hotspots(**tables)

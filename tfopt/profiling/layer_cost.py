@@ -43,8 +43,10 @@ def layer_costs(model: Any, batch_size: int) -> tuple[dict[str, tuple[float, flo
             continue
         weights = sum(math.prod(weight.shape) * _itemsize(weight.dtype) for weight in layer.weights)
         activation_bytes = (inputs + outputs) * _itemsize(getattr(layer, "compute_dtype", "float32"))
-        costs[layer.name] = (_TRAIN_STEP_FACTOR * _forward_flops(layer, inputs, outputs, batch_size),
-                             _TRAIN_STEP_FACTOR * (activation_bytes + weights))
+        costs[layer.name] = (
+            _TRAIN_STEP_FACTOR * _forward_flops(layer, inputs, outputs, batch_size),
+            _TRAIN_STEP_FACTOR * (activation_bytes + weights),
+        )
     return costs, unknown
 
 
@@ -53,9 +55,11 @@ def _forward_flops(layer: Any, inputs: int, outputs: int, batch_size: int) -> fl
     if kind in _RECURRENT or any(base.__name__ in _RECURRENT for base in type(layer).__mro__):
         cell = getattr(layer, "cell", layer)
         steps = layer.input.shape[1] or 1
-        per_step = sum(math.prod(weight.shape) for weight in (getattr(cell, "kernel", None),
-                                                              getattr(cell, "recurrent_kernel", None))
-                       if weight is not None)
+        per_step = sum(
+            math.prod(weight.shape)
+            for weight in (getattr(cell, "kernel", None), getattr(cell, "recurrent_kernel", None))
+            if weight is not None
+        )
         return 2.0 * batch_size * steps * per_step
     kernel = getattr(layer, "kernel", None)
     channels = layer.output.shape[-1] if layer.output.shape else None

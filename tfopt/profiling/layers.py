@@ -82,8 +82,11 @@ class LayerTime:
         return self.flops_per_step / self.bytes_per_step
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "op_types": [list(pair) for pair in self.op_types],
-                "intensity": self.intensity}
+        return {
+            **dataclasses.asdict(self),
+            "op_types": [list(pair) for pair in self.op_types],
+            "intensity": self.intensity,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,19 +130,32 @@ class LayerTimes:
         step = self.share_of_step(top)
         where = f"{step:.0%} of the step, " if step is not None else ""
         inside = f" (mostly its {top.heaviest_sublayer})" if top.heaviest_sublayer else ""
-        return (f"heaviest layer: {top.layer}{inside} ({top.seconds_per_step * 1e3:.3g} ms per step, {where}"
-                f"{top.share_of_device:.0%} of {self.device} time) -> {top.recipe or 'no recipe'}")
+        return (
+            f"heaviest layer: {top.layer}{inside} ({top.seconds_per_step * 1e3:.3g} ms per step, {where}"
+            f"{top.share_of_device:.0%} of {self.device} time) -> {top.recipe or 'no recipe'}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "steps": self.steps, "step_seconds": self.step_seconds,
-                "ridge_point": self.ridge_point, "notes": list(self.notes),
-                "top": self.top.layer if self.top else None,
-                "op_types": [list(pair) for pair in self.op_types],
-                "layers": [{**layer.to_dict(), "share_of_step": self.share_of_step(layer)} for layer in self.layers]}
+        return {
+            "device": self.device,
+            "steps": self.steps,
+            "step_seconds": self.step_seconds,
+            "ridge_point": self.ridge_point,
+            "notes": list(self.notes),
+            "top": self.top.layer if self.top else None,
+            "op_types": [list(pair) for pair in self.op_types],
+            "layers": [{**layer.to_dict(), "share_of_step": self.share_of_step(layer)} for layer in self.layers],
+        }
 
 
-def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model: Any = None,
-                batch_size: int | None = None, hardware: Any = None) -> LayerTimes:
+def layer_times(
+    xplane: str | Path,
+    *,
+    step_seconds: float | None = None,
+    model: Any = None,
+    batch_size: int | None = None,
+    hardware: Any = None,
+) -> LayerTimes:
     """Groups a capture's device time (host op time without a GPU) by Keras layer and op type.
 
     Args:
@@ -156,8 +172,17 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
     ops, device, steps = _read_ops(xplane)
     scopes = _scope_names(ops, model)
     per_layer: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"seconds": 0.0, "backward": 0.0, "types": defaultdict(float), "matmul": 0.0, "typed": 0.0,
-                 "sixteen": 0.0, "xla": 0.0, "sublayers": defaultdict(float)})
+        lambda: {
+            "seconds": 0.0,
+            "backward": 0.0,
+            "types": defaultdict(float),
+            "matmul": 0.0,
+            "typed": 0.0,
+            "sixteen": 0.0,
+            "xla": 0.0,
+            "sublayers": defaultdict(float),
+        }
+    )
     by_type: dict[str, float] = defaultdict(float)
     for (path, op_type, sixteen_bit, from_xla), seconds in ops.items():
         layer, backward = _layer_of(path, scopes)
@@ -180,34 +205,52 @@ def layer_times(xplane: str | Path, *, step_seconds: float | None = None, model:
     costs, notes = _costs(model, batch_size)
     ridge = _ridge_point(hardware, model)
     if ridge is None and costs:
-        notes.append("No ridge point for this device (its peak FLOP/s or memory bandwidth is not in tfopt's "
-                     "table, or it is a CPU): layers are not placed as compute- or memory-bound.")
+        notes.append(
+            "No ridge point for this device (its peak FLOP/s or memory bandwidth is not in tfopt's "
+            "table, or it is a CPU): layers are not placed as compute- or memory-bound."
+        )
     rows = []
     for layer, entry in per_layer.items():
         flops, traffic = costs.get(layer, (None, None))
         row = LayerTime(
-            layer=layer, seconds_per_step=entry["seconds"] / steps,
+            layer=layer,
+            seconds_per_step=entry["seconds"] / steps,
             share_of_device=entry["seconds"] / total if total else 0.0,
             backward_share=entry["backward"] / entry["seconds"] if entry["seconds"] else 0.0,
-            op_types=tuple(sorted(((name, seconds / steps) for name, seconds in entry["types"].items()),
-                                  key=lambda pair: -pair[1])[:3]),
+            op_types=tuple(
+                sorted(
+                    ((name, seconds / steps) for name, seconds in entry["types"].items()), key=lambda pair: -pair[1]
+                )[:3]
+            ),
             matmul_share=entry["matmul"] / entry["seconds"] if entry["seconds"] else 0.0,
             sixteen_bit_share=entry["sixteen"] / entry["typed"] if entry["typed"] else None,
             xla_share=entry["xla"] / entry["seconds"] if entry["seconds"] else 0.0,
-            heaviest_sublayer=next((name for name, seconds in entry["sublayers"].items()
-                                    if seconds > entry["seconds"] / 2), None),
-            flops_per_step=flops, bytes_per_step=traffic)
+            heaviest_sublayer=next(
+                (name for name, seconds in entry["sublayers"].items() if seconds > entry["seconds"] / 2), None
+            ),
+            flops_per_step=flops,
+            bytes_per_step=traffic,
+        )
         rows.append(_with_fix(row, ridge, hardware, model))
     rows.sort(key=lambda row: (row.layer.startswith("("), -row.seconds_per_step))  # Keras layers first
     if not rows:
         notes.append("No op in the capture names a Keras layer's scope (XLA-compiled programs on a CPU name none).")
     if device == "CPU":
-        notes.append("A CPU-only capture: layer times are host op times, which include waiting for cores the "
-                     "input pipeline also uses.")
-    return LayerTimes(layers=tuple(rows), device=device, steps=steps, step_seconds=step_seconds,
-                      op_types=tuple(sorted(((name, seconds / steps) for name, seconds in by_type.items()),
-                                            key=lambda pair: -pair[1])),
-                      ridge_point=ridge, notes=tuple(notes))
+        notes.append(
+            "A CPU-only capture: layer times are host op times, which include waiting for cores the "
+            "input pipeline also uses."
+        )
+    return LayerTimes(
+        layers=tuple(rows),
+        device=device,
+        steps=steps,
+        step_seconds=step_seconds,
+        op_types=tuple(
+            sorted(((name, seconds / steps) for name, seconds in by_type.items()), key=lambda pair: -pair[1])
+        ),
+        ridge_point=ridge,
+        notes=tuple(notes),
+    )
 
 
 def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) -> LayerTime:
@@ -219,29 +262,57 @@ def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) ->
         bound = "compute" if row.intensity >= ridge else "memory"
     if row.layer.startswith("("):
         return dataclasses.replace(row, bound=bound)
-    where = (f" ({bound}-bound: {row.intensity:.1f} FLOPs/byte against a ridge point of {ridge:.0f})"
-             if bound is not None else "")
+    where = (
+        f" ({bound}-bound: {row.intensity:.1f} FLOPs/byte against a ridge point of {ridge:.0f})"
+        if bound is not None
+        else ""
+    )
     thirty_two_bit = (row.sixteen_bit_share is not None and row.sixteen_bit_share < 0.1) or (
-        row.sixteen_bit_share is None and model is not None
-        and getattr(getattr(model, "dtype_policy", None), "compute_dtype", "float32") == "float32")
+        row.sixteen_bit_share is None
+        and model is not None
+        and getattr(getattr(model, "dtype_policy", None), "compute_dtype", "float32") == "float32"
+    )
     matmuls = row.matmul_share >= 0.5
     if matmuls and thirty_two_bit and hardware is not None and hardware.has_fast_16bit:
-        return dataclasses.replace(row, bound=bound, recipe="mixed_precision", fix=(
-            f"{row.matmul_share:.0%} of its time in 32-bit matmuls or convolutions{where} on hardware with 16-bit "
-            "units: mixed precision runs them there, at half the memory traffic."))
+        return dataclasses.replace(
+            row,
+            bound=bound,
+            recipe="mixed_precision",
+            fix=(
+                f"{row.matmul_share:.0%} of its time in 32-bit matmuls or convolutions{where} on hardware with 16-bit "
+                "units: mixed precision runs them there, at half the memory traffic."
+            ),
+        )
     if row.xla_share >= 0.5 and (bound == "memory" or not matmuls):
-        return dataclasses.replace(row, bound=bound, fix=(
-            f"XLA compiles it already{where}: at the memory roof a larger batch does not help; fewer channels "
-            "in and out of it, or a cheaper layer, is what is left."))
+        return dataclasses.replace(
+            row,
+            bound=bound,
+            fix=(
+                f"XLA compiles it already{where}: at the memory roof a larger batch does not help; fewer channels "
+                "in and out of it, or a cheaper layer, is what is left."
+            ),
+        )
     if bound == "memory" or not matmuls:
-        reason = where.strip(" ()") or (f"{1 - row.matmul_share:.0%} of its time in ops other than matmuls and "
-                                         "convolutions")
-        return dataclasses.replace(row, bound=bound, recipe="xla", fix=(
-            f"{reason}: XLA fuses its small ops into few kernels that keep intermediates on chip; a larger batch "
-            "does not help a layer at the memory roof, fusion does."))
-    return dataclasses.replace(row, bound=bound, fix=(
-        f"compute-bound in the precision it already uses{where}: a larger batch or a cheaper layer (fewer "
-        "filters, a smaller kernel) is what is left."))
+        reason = where.strip(" ()") or (
+            f"{1 - row.matmul_share:.0%} of its time in ops other than matmuls and convolutions"
+        )
+        return dataclasses.replace(
+            row,
+            bound=bound,
+            recipe="xla",
+            fix=(
+                f"{reason}: XLA fuses its small ops into few kernels that keep intermediates on chip; a larger batch "
+                "does not help a layer at the memory roof, fusion does."
+            ),
+        )
+    return dataclasses.replace(
+        row,
+        bound=bound,
+        fix=(
+            f"compute-bound in the precision it already uses{where}: a larger batch or a cheaper layer (fewer "
+            "filters, a smaller kernel) is what is left."
+        ),
+    )
 
 
 def _ridge_point(hardware: Any, model: Any) -> float | None:
@@ -258,15 +329,21 @@ def _ridge_point(hardware: Any, model: Any) -> float | None:
 
 def _costs(model: Any, batch_size: int | None) -> tuple[dict[str, tuple[float, float]], list[str]]:
     if model is None or not batch_size:
-        return {}, [("FLOPs and bytes per layer need the model (tfopt's own captures have it; a capture read "
-                     "from disk does not): intensity is not computed.")]
+        return {}, [
+            (
+                "FLOPs and bytes per layer need the model (tfopt's own captures have it; a capture read "
+                "from disk does not): intensity is not computed."
+            )
+        ]
     from tfopt.profiling.layer_cost import layer_costs
 
     costs, unknown = layer_costs(model, batch_size)
     notes = []
     if unknown:
-        notes.append(f"FLOPs unknown for {len(unknown)} layer(s) ({', '.join(unknown[:4])}"
-                     f"{', ...' if len(unknown) > 4 else ''}): their shapes are not known before a call.")
+        notes.append(
+            f"FLOPs unknown for {len(unknown)} layer(s) ({', '.join(unknown[:4])}"
+            f"{', ...' if len(unknown) > 4 else ''}): their shapes are not known before a call."
+        )
     return costs, notes
 
 
@@ -291,8 +368,11 @@ def _read_ops(xplane: str | Path) -> tuple[_Ops, str, int]:
                     kernel = plane.event_metadata[event.metadata_id].name
                     if kernel.startswith(("Memcpy", "Memset")):
                         continue
-                    stats = {stat_names.get(stat.metadata_id): stat_names.get(stat.ref_value, stat.str_value)
-                             for stat in event.stats if stat.WhichOneof("value") in ("ref_value", "str_value")}
+                    stats = {
+                        stat_names.get(stat.metadata_id): stat_names.get(stat.ref_value, stat.str_value)
+                        for stat in event.stats
+                        if stat.WhichOneof("value") in ("ref_value", "str_value")
+                    }
                     path, op_type = _kernel_op(stats)
                     sixteen = True if KERNEL_16BIT.search(kernel) else False if KERNEL_32BIT.search(kernel) else None
                     ops[(path, op_type, sixteen, "hlo_op" in stats)] += event.duration_ps / 1e12
@@ -364,8 +444,12 @@ def _scope_names(ops: _Ops, model: Any) -> _Scopes:
             if len(parts) >= 3:
                 backward_roots[parts[0]] += seconds
     model_scope = max(backward_roots, key=backward_roots.get) if backward_roots else None
-    layer_scopes = {parts[1] for (path, *_) in ops for parts in [_parts(path)[0]]
-                    if model_scope and len(parts) >= 3 and parts[0] == model_scope}
+    layer_scopes = {
+        parts[1]
+        for (path, *_) in ops
+        for parts in [_parts(path)[0]]
+        if model_scope and len(parts) >= 3 and parts[0] == model_scope
+    }
     names = {layer.name for layer in getattr(model, "layers", [])} if model is not None else set()
     strip = bool(layer_scopes) and all(_UNIQUIFIER.search(scope) for scope in layer_scopes)
     mapping = {}
@@ -379,8 +463,7 @@ def _sublayer_of(path: str, scopes: _Scopes) -> str | None:
     """The layer scope inside a layer's scope (`model/backbone/deep_big/MatMul`), told from an op scope
     (`conv/convolution/Conv2DBackpropFilter`) by the `_N` suffix every layer scope carries."""
     parts, _ = _parts(path)
-    if (scopes.uniquified and len(parts) >= 4 and parts[0] == scopes.model
-            and _UNIQUIFIER.search(parts[2])):
+    if scopes.uniquified and len(parts) >= 4 and parts[0] == scopes.model and _UNIQUIFIER.search(parts[2]):
         return _UNIQUIFIER.sub("", parts[2])
     return None
 
@@ -388,8 +471,12 @@ def _sublayer_of(path: str, scopes: _Scopes) -> str | None:
 def _layer_of(path: str, scopes: _Scopes) -> tuple[str, bool]:
     parts, backward = _parts(path)
     # `model/layer/op`, or `model/layer` itself (XLA names a kernel after the scope it fused)
-    if scopes.model is not None and len(parts) >= 2 and parts[0] == scopes.model and (
-            len(parts) >= 3 or parts[1] in scopes.layers):
+    if (
+        scopes.model is not None
+        and len(parts) >= 2
+        and parts[0] == scopes.model
+        and (len(parts) >= 3 or parts[1] in scopes.layers)
+    ):
         return scopes.layers.get(parts[1], parts[1]), backward
     if len(parts) >= 2 and parts[0] != scopes.model:
         return f"({_UNIQUIFIER.sub('', parts[0])})", backward

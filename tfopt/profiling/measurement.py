@@ -19,8 +19,13 @@ from typing import Any
 
 from tfopt.errors import MeasurementError
 from tfopt.hardware import Hardware
-from tfopt.profiling.timing import (StepTimes, check_step_counts, time_training_steps, training_state_restored,
-                                    window_layout)
+from tfopt.profiling.timing import (
+    StepTimes,
+    check_step_counts,
+    time_training_steps,
+    training_state_restored,
+    window_layout,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +63,11 @@ class Measurement:
         """Why the input efficiency cannot be read, or None: real steps beat the ceiling beyond the noise."""
         if self.ceiling_ratio <= 1.0 + 2.0 * self.noise:
             return None
-        return (f"real steps ran {self.ceiling_ratio:.2f}x as fast as the compute-only ceiling, beyond twice the "
-                f"measured spread ({self.noise:.1%}): the two runs saw different conditions (other load on the "
-                "machine, clocks, a recompilation). Measure again with more steps.")
+        return (
+            f"real steps ran {self.ceiling_ratio:.2f}x as fast as the compute-only ceiling, beyond twice the "
+            f"measured spread ({self.noise:.1%}): the two runs saw different conditions (other load on the "
+            "machine, clocks, a recompilation). Measure again with more steps."
+        )
 
     @property
     def input_efficiency(self) -> float | None:
@@ -80,10 +87,16 @@ class Measurement:
         return self.flops_per_step / self.real.median_seconds / self.peak_flops_per_second
 
     def to_dict(self) -> dict[str, Any]:
-        return {"real": self.real.to_dict(), "ceiling": self.ceiling.to_dict(),
-                "input_efficiency": self.input_efficiency, "measurement_problem": self.measurement_problem,
-                "flops_per_step": self.flops_per_step, "peak_flops_per_second": self.peak_flops_per_second,
-                "precision": self.precision, "mfu": self.mfu}
+        return {
+            "real": self.real.to_dict(),
+            "ceiling": self.ceiling.to_dict(),
+            "input_efficiency": self.input_efficiency,
+            "measurement_problem": self.measurement_problem,
+            "flops_per_step": self.flops_per_step,
+            "peak_flops_per_second": self.peak_flops_per_second,
+            "precision": self.precision,
+            "mfu": self.mfu,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +121,24 @@ def prepare_ceiling(model: Any, dataset: Any) -> CeilingStep:
     """The ceiling's step and device-resident batch for `model`, running as many steps per call as the
     model's `steps_per_execution` so that only the input pipeline differs from `fit`."""
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-    return CeilingStep(step=train_step_function(model, steps_per_call=per_call), batch=device_batch(model, dataset),
-                       steps_per_call=per_call)
+    return CeilingStep(
+        step=train_step_function(model, steps_per_call=per_call),
+        batch=device_batch(model, dataset),
+        steps_per_call=per_call,
+    )
 
 
-def time_ceiling_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-                       window_steps: int | None = None, sync: Callable[[Any], None] | None = None,
-                       prepared: CeilingStep | None = None) -> StepTimes:
+def time_ceiling_steps(
+    model: Any,
+    dataset: Any,
+    *,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    window_steps: int | None = None,
+    sync: Callable[[Any], None] | None = None,
+    prepared: CeilingStep | None = None,
+) -> StepTimes:
     """Times the model's train step on the dataset's first batch, placed in device memory once.
 
     The step is Keras' own `train_step` under the model's strategy, compiled as Keras compiles it
@@ -185,15 +209,21 @@ def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any
         outputs = strategy.run(model.train_step, args=(data,))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, tf.nest.flatten(outputs)[0], axis=None)
 
-    step = one_step if model.run_eagerly else tf.function(one_step, jit_compile=model.jit_compile is True,
-                                                          reduce_retracing=True)
+    step = (
+        one_step
+        if model.run_eagerly
+        else tf.function(one_step, jit_compile=model.jit_compile is True, reduce_retracing=True)
+    )
     if steps_per_call == 1:
         return step
 
     def several_steps(data: Any) -> Any:
         # An explicit while_loop, not AutoGraph: AutoGraph may be off in the caller's process.
-        _, output = tf.while_loop(lambda index, _: index < steps_per_call - 1,
-                                  lambda index, _: (index + 1, step(data)), (tf.constant(0), step(data)))
+        _, output = tf.while_loop(
+            lambda index, _: index < steps_per_call - 1,
+            lambda index, _: (index + 1, step(data)),
+            (tf.constant(0), step(data)),
+        )
         return output
 
     return several_steps if model.run_eagerly else tf.function(several_steps)
@@ -220,11 +250,17 @@ def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None =
     if model.run_eagerly:
         return None
     if prepared is None or prepared.steps_per_call != 1:
-        prepared = CeilingStep(step=train_step_function(model),
-                               batch=prepared.batch if prepared else device_batch(model, dataset), steps_per_call=1)
+        prepared = CeilingStep(
+            step=train_step_function(model),
+            batch=prepared.batch if prepared else device_batch(model, dataset),
+            steps_per_call=1,
+        )
     graph = prepared.step.get_concrete_function(prepared.batch).graph
-    options = (option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
-               .with_empty_output().build())
+    options = (
+        option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+        .with_empty_output()
+        .build()
+    )
     logger = tf.get_logger()
     level = logger.level
     logger.setLevel("ERROR")  # the v1 profiler warns about its own deprecated helpers on every call
@@ -235,8 +271,9 @@ def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None =
     return float(total) or None
 
 
-def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-            hardware: Hardware | None = None) -> Measurement:
+def measure(
+    model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int, hardware: Hardware | None = None
+) -> Measurement:
     """Times real training and the on-device ceiling, counts the step's FLOPs, then restores the model.
 
     One side of `measure_side_by_side`; see there.
@@ -252,8 +289,9 @@ def measure(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_si
     Returns:
         The real and ceiling step times, and what MFU needs.
     """
-    return measure_side_by_side([Side(model, dataset, batch_size)], steps=steps, warmup_steps=warmup_steps,
-                                hardware=hardware).measurements[0]
+    return measure_side_by_side(
+        [Side(model, dataset, batch_size)], steps=steps, warmup_steps=warmup_steps, hardware=hardware
+    ).measurements[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,8 +333,9 @@ class SideBySide:
         return tuple(a / b for a, b in zip(self.rounds[side], self.rounds[other]))
 
 
-def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
-                         hardware: Hardware | None = None) -> SideBySide:
+def measure_side_by_side(
+    sides: list[Side], *, steps: int, warmup_steps: int, hardware: Hardware | None = None
+) -> SideBySide:
     """Times several setups in alternating rounds (A, B, A, B, ...), then restores every model.
 
     On a shared machine a change of load between "before" and "after" reads as a recipe's effect when the two
@@ -349,25 +388,40 @@ def measure_side_by_side(sides: list[Side], *, steps: int, warmup_steps: int,
                 if side.before_round is not None:
                     side.before_round()
                 round_steps = windows_per_round * window_steps
-                times = time_training_steps(side.model, side.dataset, steps=round_steps, warmup_steps=warmup,
-                                            **timing).seconds
+                times = time_training_steps(
+                    side.model, side.dataset, steps=round_steps, warmup_steps=warmup, **timing
+                ).seconds
                 real[number].extend(times)
                 per_round[number].append(side.batch_size / statistics.median(times))
-                ceiling[number].extend(time_ceiling_steps(side.model, side.dataset, steps=round_steps,
-                                                          warmup_steps=warmup, prepared=prepared[number],
-                                                          **timing).seconds)
+                ceiling[number].extend(
+                    time_ceiling_steps(
+                        side.model,
+                        side.dataset,
+                        steps=round_steps,
+                        warmup_steps=warmup,
+                        prepared=prepared[number],
+                        **timing,
+                    ).seconds
+                )
     measurements = []
     for number, (side, (_, _, window_steps)) in enumerate(zip(sides, layouts)):
         flops = peak = precision = None
         if hardware.accelerator != "cpu":
             precision = precision_in_use(side.model, hardware)
-            peak = peak_flops_per_second(hardware, precision,
-                                         devices=side.model.distribute_strategy.num_replicas_in_sync)
+            peak = peak_flops_per_second(
+                hardware, precision, devices=side.model.distribute_strategy.num_replicas_in_sync
+            )
             flops = train_step_flops(side.model, side.dataset, prepared=prepared[number])
         timing = dict(batch_size=side.batch_size, window_steps=window_steps)
-        measurements.append(Measurement(real=StepTimes(tuple(real[number]), **timing),
-                                        ceiling=StepTimes(tuple(ceiling[number]), **timing),
-                                        flops_per_step=flops, peak_flops_per_second=peak, precision=precision))
+        measurements.append(
+            Measurement(
+                real=StepTimes(tuple(real[number]), **timing),
+                ceiling=StepTimes(tuple(ceiling[number]), **timing),
+                flops_per_step=flops,
+                peak_flops_per_second=peak,
+                precision=precision,
+            )
+        )
     return SideBySide(measurements=tuple(measurements), rounds=tuple(tuple(values) for values in per_round))
 
 

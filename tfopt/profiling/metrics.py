@@ -75,8 +75,12 @@ def compared(before: Metrics, after: Metrics) -> str:
     return _line(after.accelerator, [before, after])
 
 
-_LABELS = {"busy_percent": "accelerator busy", "mfu_percent": "MFU", "input_wait_percent": "input wait",
-           "input_efficiency_percent": "input efficiency"}
+_LABELS = {
+    "busy_percent": "accelerator busy",
+    "mfu_percent": "MFU",
+    "input_wait_percent": "input wait",
+    "input_efficiency_percent": "input efficiency",
+}
 _ACCELERATOR_ONLY = ("busy_percent", "mfu_percent")
 
 
@@ -123,6 +127,7 @@ def describe_rounds(ratios: tuple[float, ...] | list[float]) -> str:
     if len(ratios) < 3:
         return f", {len(ratios)} round{'' if len(ratios) == 1 else 's'} side by side: too few for a spread"
     _, low, high = spread(tuple(ratios))
-    verdict = (", within noise: no measurable gain on this machine" if low <= 1.0 <= high
-               else ", slower" if high < 1.0 else "")
+    verdict = (
+        ", within noise: no measurable gain on this machine" if low <= 1.0 <= high else ", slower" if high < 1.0 else ""
+    )
     return f" [{low:.2f}-{high:.2f}]{verdict}"

@@ -90,11 +90,20 @@ class Monitor(keras.callbacks.Callback):
         >>> model.fit(dataset, epochs=3, callbacks=[tfopt.Monitor(logdir="logs")])  # doctest: +SKIP
     """
 
-    def __init__(self, *, logdir: str | Path | None = None, window_seconds: float = 30.0,
-                 every_steps: int | None = None, alert_windows: int = 3, mfu_drop_fraction: float = 0.3,
-                 on_alert: Callable[[Alert], Any] | None = None, profile_every: int | None = None,
-                 flops_per_step: float | None = None, hardware: Hardware | None = None,
-                 sync: Callable[[Mapping[str, Any] | None], None] = read_loss):
+    def __init__(
+        self,
+        *,
+        logdir: str | Path | None = None,
+        window_seconds: float = 30.0,
+        every_steps: int | None = None,
+        alert_windows: int = 3,
+        mfu_drop_fraction: float = 0.3,
+        on_alert: Callable[[Alert], Any] | None = None,
+        profile_every: int | None = None,
+        flops_per_step: float | None = None,
+        hardware: Hardware | None = None,
+        sync: Callable[[Mapping[str, Any] | None], None] = read_loss,
+    ):
         super().__init__()
         if not window_seconds > 0:
             raise RecipeConfigError(f"Monitor: window_seconds={window_seconds!r} must be > 0 (e.g. 30.0).")
@@ -141,8 +150,11 @@ class Monitor(keras.callbacks.Callback):
             self._jsonl = (self.logdir / "monitor.jsonl").open("a", encoding="utf-8")
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         accelerator = self.hardware.accelerator
-        self._peak = (peak_flops_per_second(self.hardware, precision_in_use(self.model, self.hardware),
-                                            devices=replicas) if accelerator != "cpu" else None)
+        self._peak = (
+            peak_flops_per_second(self.hardware, precision_in_use(self.model, self.hardware), devices=replicas)
+            if accelerator != "cpu"
+            else None
+        )
         self._gpus = _visible_gpus() if accelerator == "gpu" else []
         self._fetch = int(getattr(self.model, "steps_per_execution", 1) or 1) == 1
         self._fetch_floor = 0.0
@@ -151,17 +163,31 @@ class Monitor(keras.callbacks.Callback):
         self._batch_size: int | None = None
         self._window = None
         self._epoch_records: list[dict[str, Any]] = []
-        not_applicable = {name: why for name, applies, why in (
-            ("mfu_percent", self._peak is not None, "no accelerator with a known peak FLOP/s"),
-            ("device_memory_peak_bytes", bool(self._gpus), "no GPU"),
-            ("input_wait_percent", self._fetch, "steps_per_execution > 1 keeps the fetch in Keras' graph"))
-            if not applies}
-        self._emit({"kind": "start", "step": self._step, "accelerator": accelerator, "replicas": replicas,
-                    "not_applicable": list(not_applicable), "note": CPU_NOTE if accelerator == "cpu" else None})
+        not_applicable = {
+            name: why
+            for name, applies, why in (
+                ("mfu_percent", self._peak is not None, "no accelerator with a known peak FLOP/s"),
+                ("device_memory_peak_bytes", bool(self._gpus), "no GPU"),
+                ("input_wait_percent", self._fetch, "steps_per_execution > 1 keeps the fetch in Keras' graph"),
+            )
+            if not applies
+        }
+        self._emit(
+            {
+                "kind": "start",
+                "step": self._step,
+                "accelerator": accelerator,
+                "replicas": replicas,
+                "not_applicable": list(not_applicable),
+                "note": CPU_NOTE if accelerator == "cpu" else None,
+            }
+        )
         if not_applicable and not self._said_not_applicable:
             self._said_not_applicable = True
-            _log.info("tfopt.Monitor: not measured in this run: %s.",
-                      "; ".join(f"{name} ({why})" for name, why in not_applicable.items()))
+            _log.info(
+                "tfopt.Monitor: not measured in this run: %s.",
+                "; ".join(f"{name} ({why})" for name, why in not_applicable.items()),
+            )
         original = getattr(self.model.train_function, "tfopt_original", self.model.train_function)
         self.model.train_function = self._wrapped(original)
 
@@ -193,10 +219,15 @@ class Monitor(keras.callbacks.Callback):
         if len(self.records_of("window")) == self._windows_before_fit and not self._warned_no_window:
             self._warned_no_window = True
             size = f"every_steps={self.every_steps}" if self.every_steps else f"window_seconds={self.window_seconds}"
-            _log.warning("tfopt.Monitor recorded no window in this fit: it trained %d step(s), to step %d, and a "
-                         "window takes %s after the fit's first step (never timed); one cut short at the end "
-                         "counts from %d steps. Pass a smaller every_steps= to measure a run this short.",
-                         self._step - self._fit_start_step, self._step, size, MIN_WINDOW_STEPS)
+            _log.warning(
+                "tfopt.Monitor recorded no window in this fit: it trained %d step(s), to step %d, and a "
+                "window takes %s after the fit's first step (never timed); one cut short at the end "
+                "counts from %d steps. Pass a smaller every_steps= to measure a run this short.",
+                self._step - self._fit_start_step,
+                self._step,
+                size,
+                MIN_WINDOW_STEPS,
+            )
         if self._profile_left:
             self._stop_profile()
         self.close()
@@ -279,8 +310,11 @@ class Monitor(keras.callbacks.Callback):
         window = self._window
         window["fetch"] += fetched
         steps = self._step - window["first_step"] + 1
-        if (steps < self.every_steps) if self.every_steps else (
-                window["seconds"] + time.perf_counter() - window["start"] < self.window_seconds):
+        if (
+            (steps < self.every_steps)
+            if self.every_steps
+            else (window["seconds"] + time.perf_counter() - window["start"] < self.window_seconds)
+        ):
             return outputs
         self.sync(outputs)
         now = time.perf_counter()
@@ -311,10 +345,12 @@ class Monitor(keras.callbacks.Callback):
             self._batch_size = 0
             return
         strategy = self.model.distribute_strategy
-        self._batch_size = sum(int(tf.shape(part)[0]) for part in
-                               strategy.experimental_local_results(tf.nest.flatten(batch)[0]))
+        self._batch_size = sum(
+            int(tf.shape(part)[0]) for part in strategy.experimental_local_results(tf.nest.flatten(batch)[0])
+        )
         self._fetch_floor = _eager_fetch_seconds(
-            tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], batch))
+            tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], batch)
+        )
         if self.flops_per_step is None and self._peak is not None:
             step = CeilingStep(step=train_step_function(self.model), batch=batch, steps_per_call=1)
             try:
@@ -340,8 +376,14 @@ class Monitor(keras.callbacks.Callback):
             except Exception as error:  # noqa: BLE001 - a metric is lost, never the user's training
                 self._drop("device_memory_peak_bytes", error)
                 self._gpus = []
-        record = {"kind": "window", "step": self._step, "steps": steps, "seconds": seconds, **values,
-                  "logs": {PREFIX + name: value for name, value in values.items()}}
+        record = {
+            "kind": "window",
+            "step": self._step,
+            "steps": steps,
+            "seconds": seconds,
+            **values,
+            "logs": {PREFIX + name: value for name, value in values.items()},
+        }
         self._window = None
         self._emit(record)
         self._epoch_records.append(record)
@@ -352,8 +394,12 @@ class Monitor(keras.callbacks.Callback):
     @staticmethod
     def _drop(metric: str, error: BaseException) -> None:
         """Says that `metric` is not measured from here on because reading it failed."""
-        _log.warning("tfopt.Monitor: %s is not measured from here on: reading it failed (%s: %s).", metric,
-                     type(error).__name__, error)
+        _log.warning(
+            "tfopt.Monitor: %s is not measured from here on: reading it failed (%s: %s).",
+            metric,
+            type(error).__name__,
+            error,
+        )
 
     # --- profiler captures ---
 
@@ -385,19 +431,29 @@ class Monitor(keras.callbacks.Callback):
         except Exception as error:  # noqa: BLE001 - a capture that cannot be read must not stop training
             _log.warning("tfopt.Monitor: the capture in %s could not be analysed: %s", self._profile_dir, error)
             return
-        hotspots = find_hotspots(find_xplane(self._profile_dir), self.hardware, model=self.model,
-                                 step_seconds=breakdown.step_seconds_mean)
+        hotspots = find_hotspots(
+            find_xplane(self._profile_dir), self.hardware, model=self.model, step_seconds=breakdown.step_seconds_mean
+        )
         diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, self.hardware), hotspots)
         stages, layers = hotspots.stages, hotspots.layers
-        self._emit({"kind": "profile", "step": self._step, "path": str(self._profile_dir),
-                    "busy_percent": breakdown.busy_percent, "input_wait_percent": breakdown.input_percent,
-                    "step_seconds": breakdown.step_seconds_mean, "bottlenecks": list(diagnosis.bottlenecks),
-                    "diagnosis": diagnosis.summary,
-                    "top_stage": stages.bottleneck.label if stages and stages.bottleneck else None,
-                    "top_stage_seconds_per_batch": (stages.bottleneck.bound_seconds_per_batch
-                                                    if stages and stages.bottleneck else None),
-                    "top_layer": layers.top.layer if layers and layers.top else None,
-                    "top_layer_seconds_per_step": layers.top.seconds_per_step if layers and layers.top else None})
+        self._emit(
+            {
+                "kind": "profile",
+                "step": self._step,
+                "path": str(self._profile_dir),
+                "busy_percent": breakdown.busy_percent,
+                "input_wait_percent": breakdown.input_percent,
+                "step_seconds": breakdown.step_seconds_mean,
+                "bottlenecks": list(diagnosis.bottlenecks),
+                "diagnosis": diagnosis.summary,
+                "top_stage": stages.bottleneck.label if stages and stages.bottleneck else None,
+                "top_stage_seconds_per_batch": (
+                    stages.bottleneck.bound_seconds_per_batch if stages and stages.bottleneck else None
+                ),
+                "top_layer": layers.top.layer if layers and layers.top else None,
+                "top_layer_seconds_per_step": layers.top.seconds_per_step if layers and layers.top else None,
+            }
+        )
 
     # --- outputs ---
 
@@ -412,9 +468,15 @@ class Monitor(keras.callbacks.Callback):
             self._jsonl.flush()
         if self._writer is not None and record["kind"] in ("window", "profile"):
             prefix = PREFIX if record["kind"] == "window" else PREFIX + "profile/"
-            _write_scalars(self._writer, record["step"], {
-                prefix + name: value for name, value in record.items()
-                if name not in ("step", "steps", "kind") and isinstance(value, (int, float))})
+            _write_scalars(
+                self._writer,
+                record["step"],
+                {
+                    prefix + name: value
+                    for name, value in record.items()
+                    if name not in ("step", "steps", "kind") and isinstance(value, (int, float))
+                },
+            )
             # Live: TensorBoard shows a window when it closes, and a run that dies keeps it.
             self._writer.flush()
 
@@ -442,9 +504,14 @@ def _write_scalars(writer: Any, step: int, values: Mapping[str, float]) -> None:
     from tensorflow.core.framework import summary_pb2
 
     metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-    summary = summary_pb2.Summary(value=[
-        summary_pb2.Summary.Value(tag=tag, tensor=tf.make_tensor_proto(float(value), dtype=tf.float32),
-                                  metadata=metadata) for tag, value in values.items()])
+    summary = summary_pb2.Summary(
+        value=[
+            summary_pb2.Summary.Value(
+                tag=tag, tensor=tf.make_tensor_proto(float(value), dtype=tf.float32), metadata=metadata
+            )
+            for tag, value in values.items()
+        ]
+    )
     with writer.as_default():
         tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=step)
 

@@ -49,8 +49,16 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 MEMORY_TERABYTES_PER_SECOND: tuple[tuple[str, float], ...] = (
-    (r"h100.*pcie", 2.0), (r"h100", 3.35), (r"h200", 4.8), (r"a100.*80", 2.039), (r"a100", 1.555),
-    (r"\bl4\b", 0.3), (r"\bt4\b", 0.32), (r"v100", 0.9), (r"tpu v4|^v4", 1.2), (r"tpu v5e|^v5e|^v5litepod", 0.819),
+    (r"h100.*pcie", 2.0),
+    (r"h100", 3.35),
+    (r"h200", 4.8),
+    (r"a100.*80", 2.039),
+    (r"a100", 1.555),
+    (r"\bl4\b", 0.3),
+    (r"\bt4\b", 0.32),
+    (r"v100", 0.9),
+    (r"tpu v4|^v4", 1.2),
+    (r"tpu v5e|^v5e|^v5litepod", 0.819),
 )
 
 _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
@@ -88,8 +96,9 @@ def memory_bandwidth_bytes_per_second(hardware: Hardware) -> float | None:
     name = accelerator_name(hardware)
     if name is None:
         return None
-    return next((terabytes * _TERA for pattern, terabytes in MEMORY_TERABYTES_PER_SECOND
-                 if re.search(pattern, name)), None)
+    return next(
+        (terabytes * _TERA for pattern, terabytes in MEMORY_TERABYTES_PER_SECOND if re.search(pattern, name)), None
+    )
 
 
 def accelerator_name(hardware: Hardware) -> str | None:
@@ -113,7 +122,10 @@ def precision_in_use(model: Any, hardware: Hardware) -> str:
     compute_dtype = model.dtype_policy.compute_dtype
     if compute_dtype in _PRECISION_OF_DTYPE:
         return _PRECISION_OF_DTYPE[compute_dtype]
-    if (hardware.accelerator == "gpu" and (hardware.min_compute_capability or (0, 0)) >= (8, 0)
-            and tf.config.experimental.tensor_float_32_execution_enabled()):
+    if (
+        hardware.accelerator == "gpu"
+        and (hardware.min_compute_capability or (0, 0)) >= (8, 0)
+        and tf.config.experimental.tensor_float_32_execution_enabled()
+    ):
         return "tf32"
     return "fp32"

@@ -22,8 +22,9 @@ from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.sampler import HOST
 
 # One fixed color per category, so a category has the same color in every run and every report.
-_CATEGORY_COLORS = dict(zip(CATEGORY_LABELS, ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd",
-                                              "#8c564b", "#e377c2", "#7f7f7f")))
+_CATEGORY_COLORS = dict(
+    zip(CATEGORY_LABELS, ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"))
+)
 _RUN_COLORS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#ff7f0e")
 
 
@@ -40,13 +41,17 @@ def breakdown_figure(profiles: Mapping[str, Any]) -> Any:
     figure = _figure(height=1.4 + 0.7 * len(profiles))
     axes = figure.add_subplot()
     names = list(profiles)
-    categories = [category for category in CATEGORY_LABELS
-                  if any(profile.breakdown.categories[category] > 0 for profile in profiles.values())]
+    categories = [
+        category
+        for category in CATEGORY_LABELS
+        if any(profile.breakdown.categories[category] > 0 for profile in profiles.values())
+    ]
     left = [0.0] * len(names)
     for category in categories:
         widths = [profile.breakdown.categories[category] * 1000.0 for profile in profiles.values()]
-        axes.barh(names, widths, left=left, label=CATEGORY_LABELS[category], color=_CATEGORY_COLORS[category],
-                  height=0.55)
+        axes.barh(
+            names, widths, left=left, label=CATEGORY_LABELS[category], color=_CATEGORY_COLORS[category], height=0.55
+        )
         left = [start + width for start, width in zip(left, widths)]
     for row, total in enumerate(left):
         axes.text(total, row, f"  {total:.1f} ms", va="center", fontsize=9)
@@ -54,8 +59,13 @@ def breakdown_figure(profiles: Mapping[str, Any]) -> Any:
     axes.invert_yaxis()  # the first run ("before") on top
     axes.set_xlabel("mean step time (ms)")
     axes.set_title("Where a training step's time goes")
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(names) < 3 else -0.3),
-                ncol=min(4, len(categories)), fontsize=8, frameon=False)
+    axes.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.45 if len(names) < 3 else -0.3),
+        ncol=min(4, len(categories)),
+        fontsize=8,
+        frameon=False,
+    )
     axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     return figure
@@ -81,10 +91,15 @@ def metrics_figure(profiles: Mapping[str, Any]) -> Any:
         positions = [position + index * width for position in range(len(shown))]
         values = [run[metric] or 0.0 for metric in shown]
         bars = metric_axes.bar(positions, values, width=width, color=_RUN_COLORS[index % len(_RUN_COLORS)], label=name)
-        metric_axes.bar_label(bars, labels=[f"{value:.0f}%" if run[metric] is not None else "n/a"
-                                            for value, metric in zip(values, shown)], fontsize=8)
-    metric_axes.set_xticks([position + width * (len(runs) - 1) / 2 for position in range(len(shown))],
-                           [_METRIC_LABELS[name] for name in shown])
+        metric_axes.bar_label(
+            bars,
+            labels=[f"{value:.0f}%" if run[metric] is not None else "n/a" for value, metric in zip(values, shown)],
+            fontsize=8,
+        )
+    metric_axes.set_xticks(
+        [position + width * (len(runs) - 1) / 2 for position in range(len(shown))],
+        [_METRIC_LABELS[name] for name in shown],
+    )
     metric_axes.set_ylim(0, 115)
     metric_axes.set_ylabel("%")
     metric_axes.set_title("What the hardware did")
@@ -93,11 +108,13 @@ def metrics_figure(profiles: Mapping[str, Any]) -> Any:
         devices = profile.samples.accelerator_devices if gpu else (HOST,)
         for device_index, device in enumerate(devices):
             readings = profile.samples.of(device)
-            hardware_axes.plot([sample.seconds for sample in readings],
-                               [sample.utilization_percent for sample in readings],
-                               color=_RUN_COLORS[index % len(_RUN_COLORS)],
-                               linestyle=("-", "--", ":", "-.")[device_index % 4],
-                               label=f"{name} {device}" if gpu else name)
+            hardware_axes.plot(
+                [sample.seconds for sample in readings],
+                [sample.utilization_percent for sample in readings],
+                color=_RUN_COLORS[index % len(_RUN_COLORS)],
+                linestyle=("-", "--", ":", "-.")[device_index % 4],
+                label=f"{name} {device}" if gpu else name,
+            )
     hardware_axes.set_ylabel("NVML sample %\n(a kernel ran)" if gpu else "host CPU use %\n(this process)")
     hardware_axes.set_xlabel("seconds since the profiled run started")
     hardware_axes.set_ylim(0, 105)
@@ -121,12 +138,31 @@ def hotspots_figure(profiles: Mapping[str, Any], *, rows: int = 5) -> Any | None
     figure = _figure(height=2.2 + 0.45 * rows * len(tables))
     stage_axes, layer_axes = figure.subplots(2, 1)
     for axes, title, unit, bars in (
-            (stage_axes, "Input pipeline: least time per batch by stage", "ms per batch",
-             lambda hotspots: [(stage.label, stage.bound_seconds_per_batch) for stage in hotspots.stages.stages
-                               if stage.work_seconds > 0][:rows] if hotspots.stages else []),
-            (layer_axes, "Model: device time per step by layer", "ms per step",
-             lambda hotspots: [(layer.layer, layer.seconds_per_step) for layer in hotspots.layers.layers][:rows]
-             if hotspots.layers else [])):
+        (
+            stage_axes,
+            "Input pipeline: least time per batch by stage",
+            "ms per batch",
+            lambda hotspots: (
+                [
+                    (stage.label, stage.bound_seconds_per_batch)
+                    for stage in hotspots.stages.stages
+                    if stage.work_seconds > 0
+                ][:rows]
+                if hotspots.stages
+                else []
+            ),
+        ),
+        (
+            layer_axes,
+            "Model: device time per step by layer",
+            "ms per step",
+            lambda hotspots: (
+                [(layer.layer, layer.seconds_per_step) for layer in hotspots.layers.layers][:rows]
+                if hotspots.layers
+                else []
+            ),
+        ),
+    ):
         labels, values, colors = [], [], []
         for index, (name, hotspots) in enumerate(tables.items()):
             for label, seconds in bars(hotspots):
@@ -156,13 +192,17 @@ def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
     Returns:
         A matplotlib Figure with one or two axes.
     """
-    percents = [(key, label) for key, label in (("input_wait_percent", "input wait %"), ("mfu_percent", "MFU %"))
-                if any(key in window for window in windows)]
+    percents = [
+        (key, label)
+        for key, label in (("input_wait_percent", "input wait %"), ("mfu_percent", "MFU %"))
+        if any(key in window for window in windows)
+    ]
     figure = _figure(height=4.6 if percents else 2.6)
     speed_axes, percent_axes = figure.subplots(2, 1, sharex=True) if percents else (figure.add_subplot(), None)
     steps = [window["step"] for window in windows]
-    throughput = "examples_per_second" if all("examples_per_second" in window for window in windows) \
-        else "steps_per_second"
+    throughput = (
+        "examples_per_second" if all("examples_per_second" in window for window in windows) else "steps_per_second"
+    )
     speed_axes.plot(steps, [window[throughput] for window in windows], marker=".", color=_RUN_COLORS[1])
     speed_axes.set_ylabel(throughput.replace("_per_second", "/s"))
     speed_axes.set_ylim(bottom=0)
@@ -171,12 +211,21 @@ def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
     (percent_axes or speed_axes).set_xlabel("training step (window end)")
     if percent_axes is not None:
         for index, (key, label) in enumerate(percents):
-            percent_axes.plot([window["step"] for window in windows if key in window],
-                              [window[key] for window in windows if key in window], marker=".",
-                              color=_RUN_COLORS[2 + index], label=label)
+            percent_axes.plot(
+                [window["step"] for window in windows if key in window],
+                [window[key] for window in windows if key in window],
+                marker=".",
+                color=_RUN_COLORS[2 + index],
+                label=label,
+            )
             if key == "input_wait_percent":
-                percent_axes.axhline(INPUT_BOUND_HIGH_PERCENT, color="#d62728", linewidth=0.8, linestyle=":",
-                                     label=f"input-wait alert ({INPUT_BOUND_HIGH_PERCENT:.0f}%)")
+                percent_axes.axhline(
+                    INPUT_BOUND_HIGH_PERCENT,
+                    color="#d62728",
+                    linewidth=0.8,
+                    linestyle=":",
+                    label=f"input-wait alert ({INPUT_BOUND_HIGH_PERCENT:.0f}%)",
+                )
         percent_axes.set_ylabel("%")
         percent_axes.set_ylim(0, 105)
         percent_axes.grid(alpha=0.3)
@@ -185,8 +234,12 @@ def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
     return figure
 
 
-_METRIC_LABELS = {"busy_percent": "accelerator busy", "mfu_percent": "MFU", "input_wait_percent": "input wait",
-                  "input_efficiency_percent": "input efficiency"}
+_METRIC_LABELS = {
+    "busy_percent": "accelerator busy",
+    "mfu_percent": "MFU",
+    "input_wait_percent": "input wait",
+    "input_efficiency_percent": "input efficiency",
+}
 
 
 def png_base64(figure: Any) -> str:

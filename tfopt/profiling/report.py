@@ -80,8 +80,9 @@ class Report:
     price_per_hour: float | None = None
     currency: str = "USD"
     steps_per_epoch: int | None = None
-    created: str = dataclasses.field(default_factory=lambda: datetime.datetime.now(
-        datetime.timezone.utc).isoformat(timespec="seconds"))
+    created: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
     training: tuple[Mapping[str, Any], ...] = ()
     speedup_rounds: tuple[float, ...] = ()
 
@@ -90,8 +91,9 @@ class Report:
         runs = {name: _run_dict(profile, self) for name, profile in self.profiles.items()}
         first = next(iter(self.profiles.values()))
         names = list(runs)
-        speedup = (_round(runs[names[-1]]["steps_per_second"] / runs[names[0]]["steps_per_second"])
-                   if len(names) > 1 else None)
+        speedup = (
+            _round(runs[names[-1]]["steps_per_second"] / runs[names[0]]["steps_per_second"]) if len(names) > 1 else None
+        )
         return {
             "tfopt_report_version": REPORT_VERSION,
             "created": self.created,
@@ -129,35 +131,53 @@ class Report:
         lines = ["# tfopt report", "", f"{data['hardware']}", ""]
         lines += [f"_{data['note']}._", ""] if data["note"] else []
         if data["speedup"] is not None:
-            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}"
-                      f"{_noise(data)}).", ""]
+            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}{_noise(data)}).", ""]
         lines += [f"**{_headline(data)}**", ""] if _headline(data) else []
         lines += _table(["", *names], _summary_rows(data))
         lines += ["", "## Step-time breakdown (ms per step)", ""]
-        lines += _table(["", *names], [[label, *(_show(run["breakdown_ms"][category])
-                                                 for run in data["runs"].values())]
-                                       for category, label in CATEGORY_LABELS.items()])
+        lines += _table(
+            ["", *names],
+            [
+                [label, *(_show(run["breakdown_ms"][category]) for run in data["runs"].values())]
+                for category, label in CATEGORY_LABELS.items()
+            ],
+        )
         lines += ["", "## Recipes applied", ""]
         lines += [f"- {_step_text(step)}" for step in data["applied"]] or ["- none"]
         for name, run in data["runs"].items():
             lines += ["", f"## Diagnosis: {name}", ""]
-            lines += [f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> "
-                      f"`{f['recipe']}`: {f['reason']}" for f in run["diagnosis"]["findings"]]
+            lines += [
+                f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> `{f['recipe']}`: {f['reason']}"
+                for f in run["diagnosis"]["findings"]
+            ]
             lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
             lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
         for name, run in data["runs"].items():
             for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
                 lines += ["", f"## {title}: {name}", "", *_table(header, rows), "", fix]
         lines += _training_markdown(data["training"])
-        lines += ["", "## Cost", "", self._cost_text(data), "", "## Profiling overhead", "",
-                  _overhead_text(data), "", "## Traces", ""]
+        lines += [
+            "",
+            "## Cost",
+            "",
+            self._cost_text(data),
+            "",
+            "## Profiling overhead",
+            "",
+            _overhead_text(data),
+            "",
+            "## Traces",
+            "",
+        ]
         lines += [f"- {name}: `tensorboard --logdir {run['logdir']}`" for name, run in data["runs"].items()]
         return "\n".join(lines) + "\n"
 
     def to_html(self) -> str:
         """One self-contained HTML page: inline CSS, figures embedded as base64 PNG, no scripts."""
-        return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>tfopt report</title>'
-                f"<style>{_CSS}</style></head><body>\n{self._html_fragment()}\n</body></html>")
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>tfopt report</title>'
+            f"<style>{_CSS}</style></head><body>\n{self._html_fragment()}\n</body></html>"
+        )
 
     def _repr_html_(self) -> str:
         # Notebooks embed this in their own page: a fragment whose styles apply only inside it.
@@ -170,39 +190,59 @@ class Report:
         parts = ['<div class="tfopt-report">', "<h1>tfopt report</h1>", f"<p>{html.escape(data['hardware'])}</p>"]
         parts += [f"<p><i>{html.escape(data['note'])}.</i></p>"] if data["note"] else []
         if data["speedup"] is not None:
-            parts.append(f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
-                         f"({html.escape(names[-1])} vs {html.escape(names[0])}{html.escape(_noise(data))}).</p>")
+            parts.append(
+                f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
+                f"({html.escape(names[-1])} vs {html.escape(names[0])}{html.escape(_noise(data))}).</p>"
+            )
         if _headline(data):
             parts.append(f'<p class="speedup">{html.escape(_headline(data))}</p>')
         parts.append(_html_table(["", *names], _summary_rows(data), table_id="summary"))
         parts.append(figures)
         parts.append("<h2>Step-time breakdown (ms per step)</h2>")
-        parts.append(_html_table(["", *names], [[label, *(_show(run["breakdown_ms"][category])
-                                                          for run in data["runs"].values())]
-                                                for category, label in CATEGORY_LABELS.items()], table_id="breakdown"))
+        parts.append(
+            _html_table(
+                ["", *names],
+                [
+                    [label, *(_show(run["breakdown_ms"][category]) for run in data["runs"].values())]
+                    for category, label in CATEGORY_LABELS.items()
+                ],
+                table_id="breakdown",
+            )
+        )
         parts.append("<h2>Recipes applied</h2><ul>")
         parts += [f"<li>{html.escape(_step_text(step))}</li>" for step in data["applied"]] or ["<li>none</li>"]
         parts.append("</ul>")
         for name, run in data["runs"].items():
             parts.append(f"<h2>Diagnosis: {html.escape(name)}</h2><ul>")
-            parts += [f"<li><b>{html.escape(f['bottleneck'])}</b> ({html.escape(f['severity'])}, "
-                      f"{_show(f['percent'])}%) &rarr; <code>{html.escape(f['recipe'])}</code>: "
-                      f"{html.escape(f['reason'])}</li>" for f in run["diagnosis"]["findings"]]
+            parts += [
+                f"<li><b>{html.escape(f['bottleneck'])}</b> ({html.escape(f['severity'])}, "
+                f"{_show(f['percent'])}%) &rarr; <code>{html.escape(f['recipe'])}</code>: "
+                f"{html.escape(f['reason'])}</li>"
+                for f in run["diagnosis"]["findings"]
+            ]
             if not run["diagnosis"]["findings"]:
                 parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
             parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
             parts.append("</ul>")
         for name, run in data["runs"].items():
             for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
-                parts += [f"<h2>{html.escape(title)}: {html.escape(name)}</h2>",
-                          _html_table(header, rows, table_id=f"{title.split(',')[0].lower().replace(' ', '-')}-{name}"),
-                          f"<p>{html.escape(fix)}</p>"]
+                parts += [
+                    f"<h2>{html.escape(title)}: {html.escape(name)}</h2>",
+                    _html_table(header, rows, table_id=f"{title.split(',')[0].lower().replace(' ', '-')}-{name}"),
+                    f"<p>{html.escape(fix)}</p>",
+                ]
         parts += _training_html(data["training"], self.training)
-        parts += ["<h2>Cost</h2>", f"<p>{html.escape(self._cost_text(data))}</p>",
-                  "<h2>Profiling overhead</h2>", f"<p>{html.escape(_overhead_text(data))}</p>",
-                  "<h2>Traces</h2><ul>"]
-        parts += [f"<li>{html.escape(name)}: <code>tensorboard --logdir {html.escape(run['logdir'])}</code></li>"
-                  for name, run in data["runs"].items()]
+        parts += [
+            "<h2>Cost</h2>",
+            f"<p>{html.escape(self._cost_text(data))}</p>",
+            "<h2>Profiling overhead</h2>",
+            f"<p>{html.escape(_overhead_text(data))}</p>",
+            "<h2>Traces</h2><ul>",
+        ]
+        parts += [
+            f"<li>{html.escape(name)}: <code>tensorboard --logdir {html.escape(run['logdir'])}</code></li>"
+            for name, run in data["runs"].items()
+        ]
         parts.append(f"</ul><footer>tfopt report v{REPORT_VERSION}, {html.escape(data['created'])}</footer></div>")
         return "\n".join(parts)
 
@@ -225,12 +265,19 @@ class Report:
         Raises:
             ValueError: The suffix is none of .html, .htm, .md, .markdown, .json.
         """
-        renderers = {".html": self.to_html, ".htm": self.to_html, ".md": self.to_markdown,
-                     ".markdown": self.to_markdown, ".json": self.to_json}
+        renderers = {
+            ".html": self.to_html,
+            ".htm": self.to_html,
+            ".md": self.to_markdown,
+            ".markdown": self.to_markdown,
+            ".json": self.to_json,
+        }
         suffix = Path(path).suffix.lower()
         if suffix not in renderers:
-            raise ValueError(f"Report.save: cannot tell the format of {Path(path).name!r}. Expected a name ending "
-                             f"in one of {', '.join(renderers)}.")
+            raise ValueError(
+                f"Report.save: cannot tell the format of {Path(path).name!r}. Expected a name ending "
+                f"in one of {', '.join(renderers)}."
+            )
         return renderers[suffix]()
 
     def _steps_per_epoch(self) -> int | None:
@@ -240,26 +287,41 @@ class Report:
 
     def _hours_unit(self) -> str:
         """GPUs and TPUs are priced per device-hour; without them, the machine is what is paid for."""
-        return "accelerator-hours" if next(iter(self.profiles.values())).hardware.accelerator != "cpu" \
-            else "machine-hours"
+        return (
+            "accelerator-hours" if next(iter(self.profiles.values())).hardware.accelerator != "cpu" else "machine-hours"
+        )
 
     def _cost_text(self, data: dict[str, Any]) -> str:
         steps = data["steps_per_epoch"]
         unit = data["hours_unit"]
         if steps is None:
-            return ("The dataset's length is unknown (infinite or not countable by tf.data): pass "
-                    "steps_per_epoch= to compare() for a cost per epoch.")
-        runs = "; ".join(f"{name}: {_show(run['accelerator_hours_per_epoch'])} {unit}"
-                         + (f" = {_show(run['cost_per_epoch'])} {self.currency}" if run["cost_per_epoch"] is not None
-                            else "") for name, run in data["runs"].items())
-        price = (f" at {_show(self.price_per_hour)} {self.currency} per hour" if self.price_per_hour is not None
-                 else " (pass price_per_hour= to compare() for money)")
+            return (
+                "The dataset's length is unknown (infinite or not countable by tf.data): pass "
+                "steps_per_epoch= to compare() for a cost per epoch."
+            )
+        runs = "; ".join(
+            f"{name}: {_show(run['accelerator_hours_per_epoch'])} {unit}"
+            + (f" = {_show(run['cost_per_epoch'])} {self.currency}" if run["cost_per_epoch"] is not None else "")
+            for name, run in data["runs"].items()
+        )
+        price = (
+            f" at {_show(self.price_per_hour)} {self.currency} per hour"
+            if self.price_per_hour is not None
+            else " (pass price_per_hour= to compare() for money)"
+        )
         return f"Per epoch of {steps} steps{price}: {runs}."
 
 
-def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = (), price_per_hour: float | None = None,
-            currency: str = "USD", steps_per_epoch: int | None = None,
-            speedup_rounds: Iterable[float] = ()) -> Report:
+def compare(
+    before: Any,
+    after: Any,
+    *,
+    applied: Iterable[Step | str] | Any = (),
+    price_per_hour: float | None = None,
+    currency: str = "USD",
+    steps_per_epoch: int | None = None,
+    speedup_rounds: Iterable[float] = (),
+) -> Report:
     """Puts two profiles side by side.
 
     Args:
@@ -288,12 +350,18 @@ def compare(before: Any, after: Any, *, applied: Iterable[Step | str] | Any = ()
     applied = getattr(applied, "applied", applied)
     steps = tuple(step if isinstance(step, Step) else Step(str(step), "") for step in applied)
     profiles = {"before": before, "after": after} if after is not None else {"profile": before}
-    return Report(profiles=profiles, applied=steps, price_per_hour=price_per_hour, currency=currency,
-                  steps_per_epoch=steps_per_epoch, speedup_rounds=tuple(speedup_rounds))
+    return Report(
+        profiles=profiles,
+        applied=steps,
+        price_per_hour=price_per_hour,
+        currency=currency,
+        steps_per_epoch=steps_per_epoch,
+        speedup_rounds=tuple(speedup_rounds),
+    )
 
 
 def _noise(data: Mapping[str, Any]) -> str:
-    """"; range over N rounds measured side by side: ..." where the runs were, else nothing."""
+    """ "; range over N rounds measured side by side: ..." where the runs were, else nothing."""
     if not data.get("speedup_rounds"):
         return ""
     return f"; {len(data['speedup_rounds'])} rounds side by side: {data['speedup_noise']}"
@@ -303,10 +371,21 @@ def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
     """The training windows' series (rounded) and their medians; None before training."""
     if not windows:
         return None
-    keys = [key for key in ("steps_per_second", "examples_per_second", "input_wait_percent", "mfu_percent",
-                            "device_memory_peak_bytes") if all(key in window for window in windows)]
-    return {"windows": [{"step": window["step"], **{key: _round(window[key]) for key in keys}} for window in windows],
-            "median": {key: _round(statistics.median(window[key] for window in windows)) for key in keys}}
+    keys = [
+        key
+        for key in (
+            "steps_per_second",
+            "examples_per_second",
+            "input_wait_percent",
+            "mfu_percent",
+            "device_memory_peak_bytes",
+        )
+        if all(key in window for window in windows)
+    ]
+    return {
+        "windows": [{"step": window["step"], **{key: _round(window[key]) for key in keys}} for window in windows],
+        "median": {key: _round(statistics.median(window[key] for window in windows)) for key in keys},
+    }
 
 
 def _training_markdown(training: dict[str, Any] | None) -> list[str]:
@@ -318,13 +397,15 @@ def _training_html(training: dict[str, Any] | None, windows: Sequence[Mapping[st
     """The HTML report's Training section with its chart (none before training)."""
     if not training:
         return []
-    return [_HTML_TRAINING, f"<p>{html.escape(_training_text(training))}</p>",
-            _html_figure("training", training_figure(windows))]
+    return [
+        _HTML_TRAINING,
+        f"<p>{html.escape(_training_text(training))}</p>",
+        _html_figure("training", training_figure(windows)),
+    ]
 
 
 def _html_figure(name: str, figure: Any) -> str:
-    return (f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,{png_base64(figure)}">'
-            "</figure>")
+    return f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,{png_base64(figure)}"></figure>'
 
 
 _MARKDOWN_TRAINING = "## Training (tfopt.Monitor)"
@@ -352,8 +433,9 @@ def add_training(paths: Sequence[str | Path], windows: Sequence[Mapping[str, Any
             section = "\n".join(_training_markdown(training)[1:]) + "\n\n" if training else ""
             text = _with_section(text, _MARKDOWN_TRAINING, "## Cost\n", section)
         else:
-            text = _with_section(text, _HTML_TRAINING, "<h2>Cost</h2>",
-                                 "\n".join(_training_html(training, windows)) + "\n")
+            text = _with_section(
+                text, _HTML_TRAINING, "<h2>Cost</h2>", "\n".join(_training_html(training, windows)) + "\n"
+            )
         write_atomic(path, text)
     return data
 
@@ -365,7 +447,7 @@ def _with_section(text: str, heading: str, following: str, section: str) -> str:
     if end < 0:
         raise ValueError(f"not a tfopt report: no {following.strip()!r} heading")
     start = text.find(heading)
-    return text[:start if 0 <= start < end else end] + section + text[end:]
+    return text[: start if 0 <= start < end else end] + section + text[end:]
 
 
 def _training_text(training: dict[str, Any]) -> str:
@@ -395,12 +477,18 @@ def _headline(data: dict[str, Any]) -> str | None:
 def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
     """The summary table's rows, labels filled in from what was measured (GPU or host, currency)."""
     first = next(iter(data["runs"].values()))
-    context = {"memory_measured": first["memory_measured"], "currency": data["currency"],
-               "hardware_utilization_measured": first["hardware_utilization_measured"],
-               "hours_unit": data["hours_unit"]}
+    context = {
+        "memory_measured": first["memory_measured"],
+        "currency": data["currency"],
+        "hardware_utilization_measured": first["hardware_utilization_measured"],
+        "hours_unit": data["hours_unit"],
+    }
     runs = list(data["runs"].values())
-    return [[label.format(**context), *(_show(run.get(key)) for run in runs)] for label, key in SUMMARY_ROWS
-            if key not in SHOWN_WHEN_MEASURED or any(run.get(key) is not None for run in runs)]
+    return [
+        [label.format(**context), *(_show(run.get(key)) for run in runs)]
+        for label, key in SUMMARY_ROWS
+        if key not in SHOWN_WHEN_MEASURED or any(run.get(key) is not None for run in runs)
+    ]
 
 
 def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
@@ -410,14 +498,18 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
     hours = steps / real.steps_per_second / 3600.0 * devices if steps is not None else None
     peak = profile.capture.peak_memory_bytes
     utilization = samples.mean_utilization_percent()
-    metrics = {name: _round(value) if isinstance(value, float) else value
-               for name, value in profile.metrics.to_dict().items()}
+    metrics = {
+        name: _round(value) if isinstance(value, float) else value for name, value in profile.metrics.to_dict().items()
+    }
     on_gpu = profile.hardware.accelerator == "gpu"
     return {
         "steps_per_second": _round(real.steps_per_second),
         "examples_per_second": _round(real.examples_per_second),
-        "service_mib_per_second": (_round(profile.served_bytes_per_batch * real.steps_per_second / 2**20)
-                                   if profile.served_bytes_per_batch is not None else None),
+        "service_mib_per_second": (
+            _round(profile.served_bytes_per_batch * real.steps_per_second / 2**20)
+            if profile.served_bytes_per_batch is not None
+            else None
+        ),
         "step_time_median_ms": _round(real.median_seconds * 1000.0),
         "step_time_spread_ms": _round(real.spread_seconds * 1000.0),
         **metrics,
@@ -426,18 +518,23 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
         "peak_memory_mib": _round(peak / 2**20) if peak is not None else None,
         "memory_measured": "GPU allocator peak (TensorFlow)" if on_gpu else "peak RSS of this process",
         "mean_hardware_utilization_percent": _round(utilization) if utilization is not None else None,
-        "hardware_utilization_measured": ("NVML utilization (%): the driver's coarse 'a kernel was running' sample"
-                                          if samples.accelerator_devices else "host CPU use of this process (%)"),
+        "hardware_utilization_measured": (
+            "NVML utilization (%): the driver's coarse 'a kernel was running' sample"
+            if samples.accelerator_devices
+            else "host CPU use of this process (%)"
+        ),
         "profiled_steps_per_second": _round(profile.capture.step_times.steps_per_second),
         "profiling_overhead_percent": _round(100.0 * profile.profiling_overhead),
         "accelerator_hours_per_epoch": _round(hours) if hours is not None else None,
-        "cost_per_epoch": (_round(hours * report.price_per_hour)
-                           if hours is not None and report.price_per_hour is not None else None),
+        "cost_per_epoch": (
+            _round(hours * report.price_per_hour) if hours is not None and report.price_per_hour is not None else None
+        ),
         "breakdown_source": breakdown.source,
         "breakdown_ms": {name: _round(seconds * 1000.0) for name, seconds in breakdown.categories.items()},
         "step_time_mean_ms": _round(breakdown.step_seconds_mean * 1000.0),
-        "compute_16bit_percent": (_round(breakdown.compute_16bit_percent)
-                                  if breakdown.compute_16bit_percent is not None else None),
+        "compute_16bit_percent": (
+            _round(breakdown.compute_16bit_percent) if breakdown.compute_16bit_percent is not None else None
+        ),
         "diagnosis": _rounded_diagnosis(profile.diagnosis.to_dict()),
         "logdir": str(profile.logdir),
     }
@@ -452,30 +549,63 @@ def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[
     tables: dict[str, tuple[list[str], list[list[str]], str]] = {}
     stages = (hotspots or {}).get("stages")
     if stages:
-        rows = [[stage["label"], _ms(stage["seconds_per_element"]), _ms(stage["work_per_batch_seconds"]),
-                 f"{100 * stage['share']:.0f}%",
-                 _show(stage["parallelism"]) + (" (autotuned)" if stage["autotuned"] else ""), _show(stage["buffer"]),
-                 _ms(stage["bound_seconds_per_batch"])]
-                for stage in stages["stages"] if stage["work_seconds"] > 0][:HOTSPOT_ROWS]
+        rows = [
+            [
+                stage["label"],
+                _ms(stage["seconds_per_element"]),
+                _ms(stage["work_per_batch_seconds"]),
+                f"{100 * stage['share']:.0f}%",
+                _show(stage["parallelism"]) + (" (autotuned)" if stage["autotuned"] else ""),
+                _show(stage["buffer"]),
+                _ms(stage["bound_seconds_per_batch"]),
+            ]
+            for stage in stages["stages"]
+            if stage["work_seconds"] > 0
+        ][:HOTSPOT_ROWS]
         tables["Input pipeline, stage by stage"] = (
-            ["stage", "ms per element", "work ms per batch", "share of work", "parallelism", "buffer",
-             "least ms per batch"], rows, f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}")
+            [
+                "stage",
+                "ms per element",
+                "work ms per batch",
+                "share of work",
+                "parallelism",
+                "buffer",
+                "least ms per batch",
+            ],
+            rows,
+            f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}",
+        )
     layers = (hotspots or {}).get("layers")
     if layers and layers["layers"]:
-        rows = [[layer["layer"] + (f" (mostly {layer['heaviest_sublayer']})" if layer["heaviest_sublayer"] else ""),
-                 _ms(layer["seconds_per_step"]),
-                 f"{100 * layer['share_of_device']:.0f}%",
-                 f"{100 * layer['share_of_step']:.0f}%" if layer["share_of_step"] is not None else "n/a",
-                 ", ".join(op for op, _ in layer["op_types"]),
-                 f"{layer['intensity']:.1f}" if layer["intensity"] is not None else "n/a",
-                 layer["bound"] or "n/a", layer["recipe"] or "-"]
-                for layer in layers["layers"][:HOTSPOT_ROWS]]
+        rows = [
+            [
+                layer["layer"] + (f" (mostly {layer['heaviest_sublayer']})" if layer["heaviest_sublayer"] else ""),
+                _ms(layer["seconds_per_step"]),
+                f"{100 * layer['share_of_device']:.0f}%",
+                f"{100 * layer['share_of_step']:.0f}%" if layer["share_of_step"] is not None else "n/a",
+                ", ".join(op for op, _ in layer["op_types"]),
+                f"{layer['intensity']:.1f}" if layer["intensity"] is not None else "n/a",
+                layer["bound"] or "n/a",
+                layer["recipe"] or "-",
+            ]
+            for layer in layers["layers"][:HOTSPOT_ROWS]
+        ]
         top = next((layer for layer in layers["layers"] if layer["layer"] == layers["top"]), None)
         ridge = f" Ridge point: {layers['ridge_point']:.0f} FLOPs/byte." if layers["ridge_point"] else ""
         tables["Model, layer by layer"] = (
-            ["layer", "ms per step", f"share of {layers['device']} time", "share of step", "heaviest op types",
-             "FLOPs/byte", "bound", "recipe"], rows,
-            (f"Heaviest layer: {top['layer']}: {top['fix']}" if top else "No Keras layer found.") + ridge)
+            [
+                "layer",
+                "ms per step",
+                f"share of {layers['device']} time",
+                "share of step",
+                "heaviest op types",
+                "FLOPs/byte",
+                "bound",
+                "recipe",
+            ],
+            rows,
+            (f"Heaviest layer: {top['layer']}: {top['fix']}" if top else "No Keras layer found.") + ridge,
+        )
     return tables
 
 
@@ -515,20 +645,23 @@ def _overhead_text(data: dict[str, Any]) -> str:
         f"{_show(run['steps_per_second'])} without ({_show(run['profiling_overhead_percent'])}% slower; step "
         f"times spread by {_show(_round(100 * run['step_time_spread_ms'] / run['step_time_median_ms']))}% "
         "(IQR / median), so smaller differences are noise)"
-        for name, run in data["runs"].items())
-    return (f"{runs}. Speeds above are measured without the profiler; the breakdown comes from the "
-            "profiled run.")
+        for name, run in data["runs"].items()
+    )
+    return f"{runs}. Speeds above are measured without the profiler; the breakdown comes from the profiled run."
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(row) + " |" for row in rows]
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
 
 
 def _html_table(header: list[str], rows: list[list[str]], *, table_id: str) -> str:
     head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body = "".join("<tr>" + f"<th>{html.escape(row[0])}</th>" + "".join(
-        f"<td>{html.escape(cell)}</td>" for cell in row[1:]) + "</tr>" for row in rows)
+    body = "".join(
+        f"<tr><th>{html.escape(row[0])}</th>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row[1:]) + "</tr>"
+        for row in rows
+    )
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 

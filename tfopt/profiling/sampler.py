@@ -86,13 +86,17 @@ class Samples:
     @property
     def peak_memory_fraction(self) -> float | None:
         """The fullest GPU's peak memory as a fraction of its total, or None without GPU readings."""
-        fractions = [self.peak_memory_bytes(device) / total
-                     for device, total in self.device_memory_total_bytes.items() if total]
+        fractions = [
+            self.peak_memory_bytes(device) / total for device, total in self.device_memory_total_bytes.items() if total
+        ]
         return max(fractions) if fractions else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "device_memory_total_bytes": dict(self.device_memory_total_bytes),
-                "samples": [dataclasses.asdict(sample) for sample in self.samples]}
+        return {
+            "source": self.source,
+            "device_memory_total_bytes": dict(self.device_memory_total_bytes),
+            "samples": [dataclasses.asdict(sample) for sample in self.samples],
+        }
 
 
 class DeviceSampler:
@@ -172,8 +176,9 @@ class DeviceSampler:
                 _log.debug("nvmlShutdown failed: %s", error)
             self._nvml = None
         ordered = sorted(self._collected, key=lambda sample: (sample.device == HOST, sample.device, sample.seconds))
-        self.samples = Samples(samples=tuple(ordered), source=self.samples.source,
-                               device_memory_total_bytes=dict(self._totals))
+        self.samples = Samples(
+            samples=tuple(ordered), source=self.samples.source, device_memory_total_bytes=dict(self._totals)
+        )
         return self.samples
 
     def _run(self) -> None:
@@ -193,20 +198,26 @@ class DeviceSampler:
             import pynvml
         except ImportError:
             if self.use_nvml:
-                raise ImportError("DeviceSampler(use_nvml=True) needs NVML's Python bindings: "
-                                  "pip install nvidia-ml-py (or tfopt[profile]).") from None
+                raise ImportError(
+                    "DeviceSampler(use_nvml=True) needs NVML's Python bindings: "
+                    "pip install nvidia-ml-py (or tfopt[profile])."
+                ) from None
             return None
         try:
             pynvml.nvmlInit()
             indices = visible_gpu_nvml_indices(pynvml.nvmlDeviceGetCount())  # TF's GPU:i is gpu:i here
-            handles = {f"gpu:{position}": pynvml.nvmlDeviceGetHandleByIndex(index)
-                       for position, index in enumerate(indices)}
-            self._totals = {device: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-                            for device, handle in handles.items()}
-        except Exception as error:  # noqa: BLE001 - pynvml raises NVMLError subclasses per driver state
+            handles = {
+                f"gpu:{position}": pynvml.nvmlDeviceGetHandleByIndex(index) for position, index in enumerate(indices)
+            }
+            self._totals = {
+                device: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) for device, handle in handles.items()
+            }
+        except Exception as error:
             if self.use_nvml:
-                raise RuntimeError(f"DeviceSampler(use_nvml=True): NVML could not start: {error}. Check that "
-                                   "the NVIDIA driver is loaded (nvidia-smi works).") from error
+                raise RuntimeError(
+                    f"DeviceSampler(use_nvml=True): NVML could not start: {error}. Check that "
+                    "the NVIDIA driver is loaded (nvidia-smi works)."
+                ) from error
             _log.debug("NVML unavailable, sampling the host only: %s", error)
             return None
         if not handles:
@@ -215,9 +226,15 @@ class DeviceSampler:
         self._nvml = pynvml
 
         def read(now: float) -> list[Sample]:
-            return [Sample(now, device, float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                           int(pynvml.nvmlDeviceGetMemoryInfo(handle).used))
-                    for device, handle in handles.items()]
+            return [
+                Sample(
+                    now,
+                    device,
+                    float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                    int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+                )
+                for device, handle in handles.items()
+            ]
 
         return read
 

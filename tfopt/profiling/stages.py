@@ -32,10 +32,23 @@ from typing import Any
 
 from tfopt.profiling.trace import load_xspace, merge_intervals
 
-ASYNC_KINDS = frozenset({"Prefetch", "ParallelMap", "ParallelMapV2", "MapAndBatch", "ParallelInterleave",
-                         "ParallelInterleaveV2", "ParallelInterleaveV3", "ParallelInterleaveV4",
-                         "LegacyParallelInterleave", "ParallelBatch", "ParseExample", "DataService",
-                         "ParallelFilter"})
+ASYNC_KINDS = frozenset(
+    {
+        "Prefetch",
+        "ParallelMap",
+        "ParallelMapV2",
+        "MapAndBatch",
+        "ParallelInterleave",
+        "ParallelInterleaveV2",
+        "ParallelInterleaveV3",
+        "ParallelInterleaveV4",
+        "LegacyParallelInterleave",
+        "ParallelBatch",
+        "ParseExample",
+        "DataService",
+        "ParallelFilter",
+    }
+)
 """Iterators whose `GetNext` waits on a buffer that background threads fill (xprof's list, and the newer
 versions of the same datasets)."""
 
@@ -44,9 +57,24 @@ FILE_SOURCE_KINDS = frozenset({"TFRecord", "TextLine", "FixedLengthRecord", "SST
 INTERLEAVE_KINDS = frozenset({"Interleave", "FlatMap"})
 PYTHON_SOURCE_KINDS = frozenset({"Generator", "FromGenerator"})
 # Kinds that only pass elements on (buffers, epochs, options): listed, never named as the bottleneck.
-PASS_THROUGH_KINDS = frozenset({"Root", "Model", "Prefetch", "ForeverRepeat", "FiniteRepeat", "Repeat",
-                                "Options", "MaxIntraOpParallelism", "PrivateThreadPool", "ModelDataset",
-                                "FiniteTake", "Take", "Skip", "FiniteSkip"})
+PASS_THROUGH_KINDS = frozenset(
+    {
+        "Root",
+        "Model",
+        "Prefetch",
+        "ForeverRepeat",
+        "FiniteRepeat",
+        "Repeat",
+        "Options",
+        "MaxIntraOpParallelism",
+        "PrivateThreadPool",
+        "ModelDataset",
+        "FiniteTake",
+        "Take",
+        "Skip",
+        "FiniteSkip",
+    }
+)
 
 _ITERATOR_PREFIX = "Iterator::"
 _FUNCTION_LAUNCH = "InstantiatedCapturedFunction::RunAsync"
@@ -152,19 +180,29 @@ class PipelineStages:
         if self.bottleneck is None:
             return self.fix
         stage = self.bottleneck
-        return (f"slowest input stage: {stage.label} ({_milliseconds(stage.bound_seconds_per_batch)} per batch at "
-                f"parallelism {stage.parallelism or 1}, {self.share(stage):.0%} of the pipeline's work) -> "
-                f"{self.recipe or 'no recipe'}")
+        return (
+            f"slowest input stage: {stage.label} ({_milliseconds(stage.bound_seconds_per_batch)} per batch at "
+            f"parallelism {stage.parallelism or 1}, {self.share(stage):.0%} of the pipeline's work) -> "
+            f"{self.recipe or 'no recipe'}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "cpu_count": self.cpu_count,
-                "bottleneck": self.bottleneck.label if self.bottleneck else None, "margin": self.margin,
-                "host_limited": self.host_limited, "recipe": self.recipe, "fix": self.fix, "notes": list(self.notes),
-                "stages": [{**stage.to_dict(), "share": self.share(stage)} for stage in self.stages]}
+        return {
+            "batches": self.batches,
+            "cpu_count": self.cpu_count,
+            "bottleneck": self.bottleneck.label if self.bottleneck else None,
+            "margin": self.margin,
+            "host_limited": self.host_limited,
+            "recipe": self.recipe,
+            "fix": self.fix,
+            "notes": list(self.notes),
+            "stages": [{**stage.to_dict(), "share": self.share(stage)} for stage in self.stages],
+        }
 
 
-def pipeline_stages(xplane: str | Path, *, cpu_count: int, dataset: Any = None,
-                    step_seconds: float | None = None) -> PipelineStages | None:
+def pipeline_stages(
+    xplane: str | Path, *, cpu_count: int, dataset: Any = None, step_seconds: float | None = None
+) -> PipelineStages | None:
     """The stage table of the busiest input pipeline in a capture.
 
     Args:
@@ -198,37 +236,71 @@ def pipeline_stages(xplane: str | Path, *, cpu_count: int, dataset: Any = None,
         # function that sleeps or waits on I/O).
         at_once = max(min(parallelism or 1, max(cpu_count, 1)), min(concurrency or 0.0, parallelism or 1))
         per_batch = work / batches
-        stages.append(Stage(
-            name=name, kind=kind, label=_label(kind, name, functions), depth=_depth(name, events.parents, root),
-            calls=events.calls[name], function_calls=events.function_calls[name], work_seconds=work,
-            wait_seconds=events.self_seconds[name] if kind in ASYNC_KINDS else 0.0, parallelism=parallelism,
-            autotuned=_flag(parameters.get("autotune")), buffer=_buffer(parameters), concurrency=concurrency,
-            work_per_batch_seconds=per_batch, bound_seconds_per_batch=per_batch / at_once))
+        stages.append(
+            Stage(
+                name=name,
+                kind=kind,
+                label=_label(kind, name, functions),
+                depth=_depth(name, events.parents, root),
+                calls=events.calls[name],
+                function_calls=events.function_calls[name],
+                work_seconds=work,
+                wait_seconds=events.self_seconds[name] if kind in ASYNC_KINDS else 0.0,
+                parallelism=parallelism,
+                autotuned=_flag(parameters.get("autotune")),
+                buffer=_buffer(parameters),
+                concurrency=concurrency,
+                work_per_batch_seconds=per_batch,
+                bound_seconds_per_batch=per_batch / at_once,
+            )
+        )
     # Stages that work first, the longest bound first; those that only pass elements on (buffers, epochs) last.
     stages.sort(key=lambda stage: (stage.kind in PASS_THROUGH_KINDS, -stage.bound_seconds_per_batch, stage.depth))
     return _conclude(tuple(stages), batches, cpu_count, step_seconds)
 
 
-def _conclude(stages: tuple[Stage, ...], batches: int, cpu_count: int,
-              step_seconds: float | None) -> PipelineStages:
+def _conclude(stages: tuple[Stage, ...], batches: int, cpu_count: int, step_seconds: float | None) -> PipelineStages:
     candidates = [stage for stage in stages if stage.kind not in PASS_THROUGH_KINDS and stage.work_seconds > 0]
-    notes = [("Bounds are floors: stages running at once share the cores, and a Python function (py_function, "
-              "numpy_function) runs one call at a time under the GIL whatever its parallelism.")]
+    notes = [
+        (
+            "Bounds are floors: stages running at once share the cores, and a Python function (py_function, "
+            "numpy_function) runs one call at a time under the GIL whatever its parallelism."
+        )
+    ]
     if not candidates:
-        return PipelineStages(stages, batches, cpu_count, None, None, False, None,
-                              "No stage of the input pipeline did measurable work in the capture.", tuple(notes))
+        return PipelineStages(
+            stages,
+            batches,
+            cpu_count,
+            None,
+            None,
+            False,
+            None,
+            "No stage of the input pipeline did measurable work in the capture.",
+            tuple(notes),
+        )
     bottleneck = candidates[0]
     following = candidates[1] if len(candidates) > 1 else None
-    margin = (bottleneck.bound_seconds_per_batch / following.bound_seconds_per_batch
-              if following is not None and following.bound_seconds_per_batch > 0 else None)
+    margin = (
+        bottleneck.bound_seconds_per_batch / following.bound_seconds_per_batch
+        if following is not None and following.bound_seconds_per_batch > 0
+        else None
+    )
     spread = sum(stage.work_per_batch_seconds for stage in stages) / max(cpu_count, 1)
     # Work that ran more at once than there are cores waited, not computed: the cores are not its limit.
-    host_limited = (spread >= HOST_LIMIT_FRACTION * bottleneck.bound_seconds_per_batch
-                    and (bottleneck.concurrency or 1.0) <= cpu_count * 1.1)
+    host_limited = (
+        spread >= HOST_LIMIT_FRACTION * bottleneck.bound_seconds_per_batch
+        and (bottleneck.concurrency or 1.0) <= cpu_count * 1.1
+    )
     if step_seconds and bottleneck.bound_seconds_per_batch < KEEPS_UP_FRACTION * step_seconds:
-        recipe, fix = None, (f"The pipeline keeps up: its slowest stage, {bottleneck.label}, needs "
-                             f"{_milliseconds(bottleneck.bound_seconds_per_batch)} per batch against a "
-                             f"{_milliseconds(step_seconds)} training step.")
+        recipe, fix = (
+            None,
+            (
+                f"The pipeline keeps up: its slowest stage, {bottleneck.label}, needs "
+                f"{_milliseconds(bottleneck.bound_seconds_per_batch)} per batch against a "
+                f"{_milliseconds(step_seconds)} training step."
+            ),
+        )
     else:
         recipe, fix = _fix(bottleneck, cpu_count, host_limited, spread)
     return PipelineStages(stages, batches, cpu_count, bottleneck, margin, host_limited, recipe, fix, tuple(notes))
@@ -238,30 +310,42 @@ def _fix(stage: Stage, cpu_count: int, host_limited: bool, spread_seconds: float
     """The recipe and the advice for the bounding stage."""
     at_once = stage.parallelism or 1
     bound = f"{stage.label} needs {_milliseconds(stage.bound_seconds_per_batch)} per batch"
-    host = (f"All stages' work spread over the {cpu_count} cores takes {_milliseconds(spread_seconds)} per batch: "
-            "the host is the limit. Beyond it: move preprocessing to more CPUs (data_service: tf.data service "
-            "workers on other hosts, or on this host's spare cores), cache the stage's output where it is the "
-            "same every epoch, convert decoded data to TFRecord once (tfrecord), or a host with more cores.")
+    host = (
+        f"All stages' work spread over the {cpu_count} cores takes {_milliseconds(spread_seconds)} per batch: "
+        "the host is the limit. Beyond it: move preprocessing to more CPUs (data_service: tf.data service "
+        "workers on other hosts, or on this host's spare cores), cache the stage's output where it is the "
+        "same every epoch, convert decoded data to TFRecord once (tfrecord), or a host with more cores."
+    )
     if stage.kind in MAP_KINDS and at_once < cpu_count and not host_limited:
-        return "data_pipeline", (f"{bound} running {at_once} element(s) at a time on {cpu_count} cores: the graph "
-                                 "rewrite (data_pipeline) runs it with num_parallel_calls=AUTOTUNE.")
+        return "data_pipeline", (
+            f"{bound} running {at_once} element(s) at a time on {cpu_count} cores: the graph "
+            "rewrite (data_pipeline) runs it with num_parallel_calls=AUTOTUNE."
+        )
     if stage.kind in FILE_SOURCE_KINDS or stage.kind in INTERLEAVE_KINDS:
-        return "tfrecord", (f"{bound} reading its input: large TFRecord shards read in parallel "
-                            "(interleave with num_parallel_calls) replace many small sequential reads.")
+        return "tfrecord", (
+            f"{bound} reading its input: large TFRecord shards read in parallel "
+            "(interleave with num_parallel_calls) replace many small sequential reads."
+        )
     if stage.kind in PYTHON_SOURCE_KINDS:
-        return "tfrecord", (f"{bound} in a Python generator, one element at a time under the GIL: convert its "
-                            "output to TFRecord files once and read those instead.")
+        return "tfrecord", (
+            f"{bound} in a Python generator, one element at a time under the GIL: convert its "
+            "output to TFRecord files once and read those instead."
+        )
     if stage.concurrency is not None and stage.concurrency > cpu_count * 1.1:
-        return None, (f"{bound} with {stage.concurrency:.0f} calls running at once on {cpu_count} cores: its calls "
-                      "wait (I/O, a sleep, a remote call) more than they compute. More calls at once (num_parallel_calls "
-                      "above the core count, with a private thread pool that large), caching its output, or faster "
-                      "storage shorten it.")
+        return None, (
+            f"{bound} with {stage.concurrency:.0f} calls running at once on {cpu_count} cores: its calls "
+            "wait (I/O, a sleep, a remote call) more than they compute. More calls at once (num_parallel_calls "
+            "above the core count, with a private thread pool that large), caching its output, or faster "
+            "storage shorten it."
+        )
     if host_limited or at_once >= cpu_count:
         # Already parallel with every core busy: only other CPUs can take the work.
         return "data_service", f"{bound} at parallelism {at_once}. {host}"
     if stage.kind in ("Batch", "BatchV2", "BatchDatasetV2", "PaddedBatch", "PaddedBatchV2"):
-        return "data_pipeline", (f"{bound} assembling batches: the graph rewrite fuses the map before it with the "
-                                 "batch and runs it in parallel.")
+        return "data_pipeline", (
+            f"{bound} assembling batches: the graph rewrite fuses the map before it with the "
+            "batch and runs it in parallel."
+        )
     return "data_pipeline", f"{bound}: parallel, prefetched stages (data_pipeline) let it run ahead of training."
 
 
@@ -312,8 +396,12 @@ def _read_iterator_events(xplane: str | Path) -> _IteratorEvents:
                     result.calls[stage] += 1
                     # the last value of each, but not "unavailable" (AUTOTUNE has not set it yet)
                     result.parameters[stage].update(
-                        {key: value for key, value in stats.items()
-                         if key not in ("id", "parent_id", "name") and value != "unavailable"})
+                        {
+                            key: value
+                            for key, value in stats.items()
+                            if key not in ("id", "parent_id", "name") and value != "unavailable"
+                        }
+                    )
                     while stack and stack[-1][0] <= start:
                         _close(stack.pop(), result)
                     if stack:
@@ -411,21 +499,39 @@ def _flag(value: Any) -> bool | None:
 def _label(kind: str, name: str, functions: Mapping[str, str]) -> str:
     """`map slow_augment` where the dataset's graph names the function, `map (MapDataset:3)` otherwise; a
     fused stage names the functions of its parts (`map+batch cheap_flip`)."""
-    parts = name[len("fused("):-1].split(",") if name.startswith("fused(") and name.endswith(")") else [name]
+    parts = name[len("fused(") : -1].split(",") if name.startswith("fused(") and name.endswith(")") else [name]
     words = [functions[part] for part in parts if part in functions]
     if words:
         return f"{_KIND_WORDS.get(kind, kind)} {' + '.join(words)}"
     return f"{_KIND_WORDS.get(kind, kind)} ({name})"
 
 
-_KIND_WORDS = {"Map": "map", "ParallelMap": "parallel map", "ParallelMapV2": "parallel map",
-               "MapAndBatch": "map+batch", "TensorSlice": "source: tensor slices", "Prefetch": "prefetch",
-               "Shuffle": "shuffle", "BatchV2": "batch", "Batch": "batch", "PaddedBatch": "padded batch",
-               "PaddedBatchV2": "padded batch", "Cache": "cache", "MemoryCache": "cache",
-               "ParallelInterleaveV4": "parallel interleave", "Interleave": "interleave", "FlatMap": "flat map",
-               "TFRecord": "source: TFRecord", "Generator": "source: Python generator", "Filter": "filter",
-               "ForeverRepeat": "repeat", "FiniteRepeat": "repeat", "Root": "root", "Range": "source: range",
-               "ParallelBatch": "parallel batch"}
+_KIND_WORDS = {
+    "Map": "map",
+    "ParallelMap": "parallel map",
+    "ParallelMapV2": "parallel map",
+    "MapAndBatch": "map+batch",
+    "TensorSlice": "source: tensor slices",
+    "Prefetch": "prefetch",
+    "Shuffle": "shuffle",
+    "BatchV2": "batch",
+    "Batch": "batch",
+    "PaddedBatch": "padded batch",
+    "PaddedBatchV2": "padded batch",
+    "Cache": "cache",
+    "MemoryCache": "cache",
+    "ParallelInterleaveV4": "parallel interleave",
+    "Interleave": "interleave",
+    "FlatMap": "flat map",
+    "TFRecord": "source: TFRecord",
+    "Generator": "source: Python generator",
+    "Filter": "filter",
+    "ForeverRepeat": "repeat",
+    "FiniteRepeat": "repeat",
+    "Root": "root",
+    "Range": "source: range",
+    "ParallelBatch": "parallel batch",
+}
 
 
 def _function_names(dataset: Any) -> dict[str, str]:

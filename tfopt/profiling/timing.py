@@ -74,9 +74,15 @@ class StepTimes:
         return self.batch_size / self.median_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": list(self.seconds), "batch_size": self.batch_size, "window_steps": self.window_steps,
-                "median_seconds": self.median_seconds, "spread_seconds": self.spread_seconds,
-                "steps_per_second": self.steps_per_second, "examples_per_second": self.examples_per_second}
+        return {
+            "seconds": list(self.seconds),
+            "batch_size": self.batch_size,
+            "window_steps": self.window_steps,
+            "median_seconds": self.median_seconds,
+            "spread_seconds": self.spread_seconds,
+            "steps_per_second": self.steps_per_second,
+            "examples_per_second": self.examples_per_second,
+        }
 
 
 def one_batch_repeated(dataset: Any) -> Any:
@@ -128,9 +134,16 @@ class WindowTimer(keras.callbacks.Callback):
         clock: Monotonic seconds, compared with `deadline`.
     """
 
-    def __init__(self, *, warmup_steps: int, windows: int, window_steps: int,
-                 sync: Callable[[Mapping[str, Any] | None], None] = read_loss, deadline: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        warmup_steps: int,
+        windows: int,
+        window_steps: int,
+        sync: Callable[[Mapping[str, Any] | None], None] = read_loss,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__()
         self.boundaries = {warmup_steps + index * window_steps for index in range(windows + 1)}
         self.window_steps = window_steps
@@ -154,9 +167,17 @@ class WindowTimer(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int,
-                        window_steps: int | None = None, deadline: float | None = None,
-                        clock: Callable[[], float] = time.monotonic) -> StepTimes:
+def time_training_steps(
+    model: Any,
+    dataset: Any,
+    *,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    window_steps: int | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StepTimes:
     """Trains `model` for `warmup_steps + steps` steps on `dataset` with `fit` and times the last `steps`.
 
     The dataset is repeated so a short one does not run out. This trains the model: use `measure()` to
@@ -181,11 +202,18 @@ def time_training_steps(model: Any, dataset: Any, *, steps: int, warmup_steps: i
     per_call = check_step_counts(model, steps, warmup_steps)
     warmup_steps = -(-warmup_steps // per_call) * per_call
     windows, window_steps = window_layout(steps, steps_per_call=per_call, window_steps=window_steps)
-    timer = WindowTimer(warmup_steps=warmup_steps, windows=windows, window_steps=window_steps, deadline=deadline,
-                        clock=clock)
+    timer = WindowTimer(
+        warmup_steps=warmup_steps, windows=windows, window_steps=window_steps, deadline=deadline, clock=clock
+    )
     try:
-        model.fit(dataset.repeat(), steps_per_epoch=warmup_steps + windows * window_steps, epochs=1, verbose=0,
-                  shuffle=False, callbacks=[timer])
+        model.fit(
+            dataset.repeat(),
+            steps_per_epoch=warmup_steps + windows * window_steps,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[timer],
+        )
     except Exception as error:
         raise MeasurementError(f"Training failed while timing steps: {type(error).__name__}: {error}") from error
     if not timer.seconds:
@@ -232,6 +260,7 @@ def training_state_restored(model: Any) -> Iterator[None]:
 def check_step_counts(model: Any, steps: int, warmup_steps: int) -> int:
     """Refuses too few steps to time; returns the steps one call of the model's train function runs."""
     if steps < 2 or warmup_steps < 1:
-        raise MeasurementError(f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, "
-                               f"warmup_steps={warmup_steps}.")
+        raise MeasurementError(
+            f"Timing needs steps >= 2 and warmup_steps >= 1; received steps={steps}, warmup_steps={warmup_steps}."
+        )
     return max(1, int(getattr(model, "steps_per_execution", 1) or 1))

@@ -76,11 +76,15 @@ def trace_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
         compute_16bit = _share(window, lambda is_16bit, _: is_16bit, typed_only=True)
         xla_share = _share(window, lambda _, from_xla: from_xla, typed_only=False)
         if compute_16bit is None:
-            notes.append("No kernel in the steps names its type (XLA fusions do not), so the 16-bit share of "
-                         "device compute is unknown.")
+            notes.append(
+                "No kernel in the steps names its type (XLA fusions do not), so the 16-bit share of "
+                "device compute is unknown."
+            )
     elif events.tpu:
-        notes.append("A TPU capture: tfopt does not read TPU device activity yet, so accelerator busy % is "
-                     "unknown; open the capture in TensorBoard's Profile tab for it.")
+        notes.append(
+            "A TPU capture: tfopt does not read TPU device activity yet, so accelerator busy % is "
+            "unknown; open the capture in TensorBoard's Profile tab for it."
+        )
     else:
         notes.append("No accelerator activity in the trace: accelerator busy % and MFU do not apply.")
     mean_step = statistics.fmean(step_seconds)
@@ -110,9 +114,15 @@ def trace_steps(xplane: str | Path, *, step_numbers: Collection[int] | None = No
     events = _read_events(xplane)
     steps, _ = _wall_steps(events, xplane, step_numbers)
     waits = merge_intervals(events.waits)
-    return [{"step": number, "step_seconds": (end - start) / 1e12,
-             "input_seconds": _overlap(waits, start, end) / 1e12,
-             "device_busy_seconds": _busy_picoseconds(events, start, end) / 1e12} for number, start, end in steps]
+    return [
+        {
+            "step": number,
+            "step_seconds": (end - start) / 1e12,
+            "input_seconds": _overlap(waits, start, end) / 1e12,
+            "device_busy_seconds": _busy_picoseconds(events, start, end) / 1e12,
+        }
+        for number, start, end in steps
+    ]
 
 
 def _busy_picoseconds(events: _Events, start: int, end: int) -> float:
@@ -130,12 +140,20 @@ def trace_gpus(xplane: str | Path) -> tuple[Gpu, ...]:
         if not plane.name.startswith("/device:GPU"):
             continue
         stats = {plane.stat_metadata[stat.metadata_id].name: stat for stat in plane.stats}
-        gpus.append(Gpu(name=stats["gpu_device_name"].str_value if "gpu_device_name" in stats else plane.name,
-                        compute_capability=tuple(int(stats[key].int64_value or stats[key].uint64_value)
-                                                 if key in stats else 0
-                                                 for key in ("compute_cap_major", "compute_cap_minor")),
-                        memory_bytes=(int(stats["memory_size"].uint64_value or stats["memory_size"].int64_value)
-                                      if "memory_size" in stats else None)))
+        gpus.append(
+            Gpu(
+                name=stats["gpu_device_name"].str_value if "gpu_device_name" in stats else plane.name,
+                compute_capability=tuple(
+                    int(stats[key].int64_value or stats[key].uint64_value) if key in stats else 0
+                    for key in ("compute_cap_major", "compute_cap_minor")
+                ),
+                memory_bytes=(
+                    int(stats["memory_size"].uint64_value or stats["memory_size"].int64_value)
+                    if "memory_size" in stats
+                    else None
+                ),
+            )
+        )
     return tuple(gpus)
 
 
@@ -184,8 +202,9 @@ def _read_events(xplane: str | Path) -> _Events:
     return events
 
 
-def _wall_steps(events: _Events, xplane: str | Path,
-                step_numbers: Collection[int] | None) -> tuple[list[tuple[int, int, int]], list[str]]:
+def _wall_steps(
+    events: _Events, xplane: str | Path, step_numbers: Collection[int] | None
+) -> tuple[list[tuple[int, int, int]], list[str]]:
     """(number, start, end) of each wall step: from the end of the step before to the end of this one.
 
     A step whose predecessor is not in the trace has no wall start; it is left out unless it is the only
@@ -198,29 +217,37 @@ def _wall_steps(events: _Events, xplane: str | Path,
         calls = sorted(events.keras_steps)
         ends = dict(enumerate(end for _, end in calls))
         starts = dict(enumerate(start for start, _ in calls))
-        notes.append(f"No tfopt step markers: {len(calls)} wall steps were reconstructed from Keras' "
-                     "train-function calls on the host.")
+        notes.append(
+            f"No tfopt step markers: {len(calls)} wall steps were reconstructed from Keras' "
+            "train-function calls on the host."
+        )
     selected = sorted(number for number in ends if step_numbers is None or number in step_numbers)
     if not selected:
         raise MeasurementError(
             f"The trace {xplane} has no {STEP_MARKER!r} step markers"
             f"{'' if step_numbers is None else f' numbered {sorted(step_numbers)}'} and no Keras train-function "
             "calls: capture it with tfopt.profile, mark steps with tf.profiler.experimental.Trace('train', "
-            "step_num=i, _r=1), or profile a Keras fit.")
+            "step_num=i, _r=1), or profile a Keras fit."
+        )
     steps = [(number, ends[number - 1], ends[number]) for number in selected if number - 1 in ends]
     if not steps:
         number = selected[0]
         steps = [(number, starts[number], ends[number])]
-        notes.append("Only one step without the step before it: its wall time is its own marker's span, so "
-                     "the wait before it is not seen.")
+        notes.append(
+            "Only one step without the step before it: its wall time is its own marker's span, so "
+            "the wait before it is not seen."
+        )
     return steps, notes
 
 
 def _share(kernels: list[tuple[Interval, bool | None, bool]], counts: Any, *, typed_only: bool) -> float | None:
     """The percentage of kernel time for which `counts(is_16bit, from_xla)` holds; with `typed_only`,
     of the kernels whose names tell their type. None where there is no such kernel time."""
-    inside = [(high - low, is_16bit, from_xla) for (low, high), is_16bit, from_xla in kernels
-              if not typed_only or is_16bit is not None]
+    inside = [
+        (high - low, is_16bit, from_xla)
+        for (low, high), is_16bit, from_xla in kernels
+        if not typed_only or is_16bit is not None
+    ]
     total = sum(duration for duration, _, _ in inside)
     if not total:
         return None

@@ -11,8 +11,24 @@ Example:
     1
 """
 
-from tfopt.recipe_file.loader import (RecipeDocument, RecipeFile, load_recipe, parse_override, read_recipe,
-                                     recipe_item_settings, runtime_settings, save_resolved)
+from tfopt.recipe_file.loader import (
+    RecipeDocument,
+    RecipeFile,
+    load_recipe,
+    parse_override,
+    read_recipe,
+    recipe_item_settings,
+    runtime_settings,
+    save_resolved,
+)
 
-__all__ = ["RecipeDocument", "RecipeFile", "load_recipe", "parse_override", "read_recipe", "recipe_item_settings",
-           "runtime_settings", "save_resolved"]
+__all__ = [
+    "RecipeDocument",
+    "RecipeFile",
+    "load_recipe",
+    "parse_override",
+    "read_recipe",
+    "recipe_item_settings",
+    "runtime_settings",
+    "save_resolved",
+]

@@ -16,13 +16,30 @@ from typing import Any
 import yaml
 
 from tfopt._atomic import write_atomic
-from tfopt.recipe_file.resolve import (SECTION_HELP, check_training_names, resolve_data, resolve_model, resolve_recipe_item,
-                                   resolve_recipes, yaml_safe)
-from tfopt.recipe_file.schema import (DataSection, ModelSection, ProfileSection, ReportSection, RuntimeSection,
-                                      TrainSection, check_name, check_section, fail, reject_unknown)
-from tfopt.recipe_file.reader import Locations, apply_override, parse_override, read_text, read_yaml, show, type_name
 from tfopt._version import __version__
 from tfopt.errors import RecipeFileError
+from tfopt.recipe_file.reader import Locations, apply_override, parse_override, read_text, read_yaml, show, type_name
+from tfopt.recipe_file.resolve import (
+    SECTION_HELP,
+    check_training_names,
+    resolve_data,
+    resolve_model,
+    resolve_recipe_item,
+    resolve_recipes,
+    yaml_safe,
+)
+from tfopt.recipe_file.schema import (
+    DataSection,
+    ModelSection,
+    ProfileSection,
+    ReportSection,
+    RuntimeSection,
+    TrainSection,
+    check_name,
+    check_section,
+    fail,
+    reject_unknown,
+)
 
 _SECTIONS = ("name", "description", "runtime", "model", "data", "train", "recipes", "profile", "report")
 _REQUIRED = ("model", "data")
@@ -74,15 +91,17 @@ class RecipeFile:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain YAML-safe data; `load_recipe` of its dump gives an equal recipe."""
-        recipes = self.recipes if isinstance(self.recipes, str) else [
-            {recipe.name: yaml_safe(recipe.get_config())} for recipe in self.recipes]
+        recipes = (
+            self.recipes
+            if isinstance(self.recipes, str)
+            else [{recipe.name: yaml_safe(recipe.get_config())} for recipe in self.recipes]
+        )
         return {
             "name": self.name,
             "description": self.description,
             "runtime": yaml_safe(dataclasses.asdict(self.runtime)),
             "model": {"name": self.model.name, **yaml_safe(self.model.kwargs)},
-            "data": {"source": self.data.source, "batch_size": self.data.batch_size,
-                     **yaml_safe(self.data.kwargs)},
+            "data": {"source": self.data.source, "batch_size": self.data.batch_size, **yaml_safe(self.data.kwargs)},
             "train": yaml_safe(dataclasses.asdict(self.train)),
             "recipes": recipes,
             "profile": yaml_safe(dataclasses.asdict(self.profile)),
@@ -122,8 +141,9 @@ def read_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recip
     return RecipeDocument(raw, locations, pathlib.Path(path))
 
 
-def load_recipe(path: str | os.PathLike | RecipeDocument, overrides: Sequence[str] = (), *,
-                dry: bool = False) -> RecipeFile:
+def load_recipe(
+    path: str | os.PathLike | RecipeDocument, overrides: Sequence[str] = (), *, dry: bool = False
+) -> RecipeFile:
     """Reads, checks and resolves a recipe file.
 
     Relative paths inside the file (`data.path`, `data.data_dir`, `profile.logdir`) are relative to the
@@ -214,11 +234,17 @@ def _read(path: str | os.PathLike, overrides: Sequence[str]) -> tuple[dict, Loca
     raw, lines = read_yaml(read_text(pathlib.Path(path), label), label)
     locations = Locations(label, lines)
     if raw is None:
-        raise RecipeFileError(f"Recipe file {label} is empty. Expected a mapping with at least `model:` and "
-                              "`data:` sections; see recipes/small_cnn.yaml for a complete example.")
+        raise RecipeFileError(
+            f"Recipe file {label} is empty. Expected a mapping with at least `model:` and "
+            "`data:` sections; see recipes/small_cnn.yaml for a complete example."
+        )
     if not isinstance(raw, dict):
-        raise fail(locations, (), f"A recipe file must be a mapping of sections ({', '.join(_SECTIONS)}); "
-                                  f"received a {type_name(raw)}: {show(raw)}.")
+        raise fail(
+            locations,
+            (),
+            f"A recipe file must be a mapping of sections ({', '.join(_SECTIONS)}); "
+            f"received a {type_name(raw)}: {show(raw)}.",
+        )
     for override in overrides:
         key_path, value = parse_override(override)
         apply_override(raw, key_path, value, locations, override)
@@ -239,9 +265,11 @@ def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
         >>> save_resolved(load_recipe("recipes/small_cnn.yaml"), "resolved.yaml")  # doctest: +SKIP
     """
     path = pathlib.Path(path)
-    header = (f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"
-              f" from {recipe.path or 'text'}: every default is filled in.\n"
-              f"# Repeat this run with: tfopt-recipe run {path}\n")
+    header = (
+        f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"
+        f" from {recipe.path or 'text'}: every default is filled in.\n"
+        f"# Repeat this run with: tfopt-recipe run {path}\n"
+    )
     return write_atomic(path, header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None))
 
 
@@ -249,14 +277,18 @@ def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path, *, dry: b
     reject_unknown(raw, _SECTIONS, (), locations, "section")
     for section in _REQUIRED:
         if section not in raw:
-            raise fail(locations, (), f"The recipe has no `{section}:` section; it is required. "
-                                      f"{SECTION_HELP[section]}")
+            raise fail(
+                locations, (), f"The recipe has no `{section}:` section; it is required. {SECTION_HELP[section]}"
+            )
     bases = _bases(file_path)
     name = check_name(raw.get("name", file_path.stem), locations)
     description = raw.get("description", "")
     if not isinstance(description, str):
-        raise fail(locations, ("description",), f"description: {show(description)} is a "
-                                                 f"{type_name(description)}; expected a string")
+        raise fail(
+            locations,
+            ("description",),
+            f"description: {show(description)} is a {type_name(description)}; expected a string",
+        )
     # Cheap checks first, so a typo is reported before TensorFlow is imported or data is touched.
     runtime = _runtime(raw, locations, bases)
     train = check_section(TrainSection, raw.get("train"), ("train",), locations, bases)
@@ -289,8 +321,11 @@ def _bases(file_path: pathlib.Path) -> dict[str, pathlib.Path]:
 def _runtime(raw: dict, locations: Locations, bases: dict) -> RuntimeSection:
     section = check_section(RuntimeSection, raw.get("runtime"), ("runtime",), locations, bases)
     if section.gpu_memory_growth and section.gpu_memory_limit_bytes is not None:
-        raise fail(locations, ("runtime", "gpu_memory_growth"),
-                   f"runtime: gpu_memory_growth: true and gpu_memory_limit_bytes: {section.gpu_memory_limit_bytes} "
-                   "exclude each other (TensorFlow refuses memory growth on a device with a memory limit). Set "
-                   "gpu_memory_growth: false to cap memory, or drop gpu_memory_limit_bytes to grow as needed")
+        raise fail(
+            locations,
+            ("runtime", "gpu_memory_growth"),
+            f"runtime: gpu_memory_growth: true and gpu_memory_limit_bytes: {section.gpu_memory_limit_bytes} "
+            "exclude each other (TensorFlow refuses memory growth on a device with a memory limit). Set "
+            "gpu_memory_growth: false to cap memory, or drop gpu_memory_limit_bytes to grow as needed",
+        )
     return section

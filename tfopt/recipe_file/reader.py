@@ -30,8 +30,8 @@ class SafeLoader(yaml.SafeLoader):
 
 
 SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 class Locations:
@@ -59,7 +59,7 @@ class Locations:
     def override(self, path: tuple, option: str) -> None:
         """Records that `option` replaced the value at `path` and everything below it."""
         for table in (self._lines, self._options):
-            for key in [key for key in table if key[:len(path)] == path]:
+            for key in [key for key in table if key[: len(path)] == path]:
                 del table[key]
         self._options[path] = option
 
@@ -77,13 +77,16 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     key, separator, value_text = text.partition("=")
     parts = tuple(key.strip().split("."))
     if not separator or not all(part.strip() for part in parts):
-        raise RecipeFileError(f"--set {text!r}: expected key.path=value, e.g. --set train.epochs=3 or "
-                              "--set data.image_size=[32,32].")
+        raise RecipeFileError(
+            f"--set {text!r}: expected key.path=value, e.g. --set train.epochs=3 or --set data.image_size=[32,32]."
+        )
     try:
-        value = yaml.load(value_text, Loader=SafeLoader)  # noqa: S506 - SafeLoader subclass
+        value = yaml.load(value_text, Loader=SafeLoader)
     except yaml.YAMLError as error:
-        raise RecipeFileError(f"--set {text!r}: the value is not valid YAML ({yaml_problem(error)}). "
-                              "Quote strings that contain ': ' or '#'.") from None
+        raise RecipeFileError(
+            f"--set {text!r}: the value is not valid YAML ({yaml_problem(error)}). "
+            "Quote strings that contain ': ' or '#'."
+        ) from None
     return tuple(part.strip() for part in parts), value
 
 
@@ -91,14 +94,18 @@ def read_text(path: pathlib.Path, label: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RecipeFileError(f"Recipe file {label} does not exist (looked for {path.resolve()}). Check the "
-                              "path; the shipped recipes are in the recipes/ directory of tfopt.") from None
+        raise RecipeFileError(
+            f"Recipe file {label} does not exist (looked for {path.resolve()}). Check the "
+            "path; the shipped recipes are in the recipes/ directory of tfopt."
+        ) from None
     except IsADirectoryError:
-        raise RecipeFileError(f"{label} is a directory; expected a YAML recipe file such as "
-                              f"{label.rstrip('/')}/resnet.yaml.") from None
+        raise RecipeFileError(
+            f"{label} is a directory; expected a YAML recipe file such as {label.rstrip('/')}/resnet.yaml."
+        ) from None
     except UnicodeDecodeError as error:
-        raise RecipeFileError(f"Recipe file {label} is not UTF-8 text ({error.reason} at byte "
-                              f"{error.start}); save it as UTF-8.") from None
+        raise RecipeFileError(
+            f"Recipe file {label} is not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8."
+        ) from None
     except OSError as error:
         raise RecipeFileError(f"Cannot read recipe file {label}: {error.strerror}.") from None
 
@@ -116,16 +123,21 @@ def read_yaml(text: str, label: str) -> tuple[Any, dict[tuple, int]]:
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        hint = (". Recipe files are plain data read with YAML's safe loader: tags that create Python "
-                "objects (!!python/...) are not allowed; name a model by import path instead"
-                if "constructor for the tag" in str(error.problem) else "")
+        hint = (
+            ". Recipe files are plain data read with YAML's safe loader: tags that create Python "
+            "objects (!!python/...) are not allowed; name a model by import path instead"
+            if "constructor for the tag" in str(error.problem)
+            else ""
+        )
         problem = yaml_problem(error).replace("tag:yaml.org,2002:", "!!").rstrip(".")
         raise RecipeFileError(f"{label} is not a valid recipe file: {problem}{hint} ({label}{where}).") from None
     except yaml.YAMLError as error:
         raise RecipeFileError(f"{label} is not valid YAML: {error}") from None
     except RecursionError:
-        raise RecipeFileError(f"{label} nests its values thousands of levels deep; a recipe file is a few "
-                              "levels of plain mappings and lists.") from None
+        raise RecipeFileError(
+            f"{label} nests its values thousands of levels deep; a recipe file is a few "
+            "levels of plain mappings and lists."
+        ) from None
     finally:
         loader.dispose()
 
@@ -133,16 +145,20 @@ def read_yaml(text: str, label: str) -> tuple[Any, dict[tuple, int]]:
 def _construct(loader: Any, node: Any, path: tuple, lines: dict, visited: list[int], label: str) -> Any:
     visited[0] += 1
     if visited[0] > _MAX_NODES:
-        raise RecipeFileError(f"{label} expands to more than {_MAX_NODES} YAML nodes (aliases that "
-                              "reference aliases?); a recipe file is a few dozen lines.")
+        raise RecipeFileError(
+            f"{label} expands to more than {_MAX_NODES} YAML nodes (aliases that "
+            "reference aliases?); a recipe file is a few dozen lines."
+        )
     line = node.start_mark.line + 1
     if isinstance(node, yaml.ScalarNode):
         return loader.construct_object(node, deep=True)
     if node.tag not in (_MAP_TAG, _SEQ_TAG):
         tag = node.tag.replace("tag:yaml.org,2002:", "!!")
-        raise RecipeFileError(f"{label}: the tag {tag} is not allowed (at {dotted(path) or 'the top'}). Recipe "
-                              "files are plain data read with YAML's safe loader: they hold mappings, lists and "
-                              f"scalars, and name a model by import path instead ({label}, line {line}).")
+        raise RecipeFileError(
+            f"{label}: the tag {tag} is not allowed (at {dotted(path) or 'the top'}). Recipe "
+            "files are plain data read with YAML's safe loader: they hold mappings, lists and "
+            f"scalars, and name a model by import path instead ({label}, line {line})."
+        )
     if isinstance(node, yaml.SequenceNode):
         items = []
         for index, item in enumerate(node.value):
@@ -156,13 +172,17 @@ def _construct(loader: Any, node: Any, path: tuple, lines: dict, visited: list[i
         key = loader.construct_object(key_node, deep=True)
         key_line = key_node.start_mark.line + 1
         if not isinstance(key, str):
-            raise RecipeFileError(f"{label}: key {show(key)} under {dotted(path) or 'the top'} is a "
-                                  f"{type_name(key)}, expected a string (YAML reads yes/no/on/off as "
-                                  f"booleans: quote the key) ({label}, line {key_line}).")
+            raise RecipeFileError(
+                f"{label}: key {show(key)} under {dotted(path) or 'the top'} is a "
+                f"{type_name(key)}, expected a string (YAML reads yes/no/on/off as "
+                f"booleans: quote the key) ({label}, line {key_line})."
+            )
         if key in seen:
-            raise RecipeFileError(f"{label}: key {dotted((*path, key))} appears twice (first on line "
-                                  f"{seen[key]}); YAML would silently keep the last one. Delete "
-                                  f"one ({label}, line {key_line}).")
+            raise RecipeFileError(
+                f"{label}: key {dotted((*path, key))} appears twice (first on line "
+                f"{seen[key]}); YAML would silently keep the last one. Delete "
+                f"one ({label}, line {key_line})."
+            )
         seen[key] = key_line
     # Merge keys (`<<: *defaults`) are flattened into the mapping first, so the mapping's own keys win.
     loader.flatten_mapping(node)
@@ -170,8 +190,10 @@ def _construct(loader: Any, node: Any, path: tuple, lines: dict, visited: list[i
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
-            raise RecipeFileError(f"{label}: a merge key (<<) under {dotted(path) or 'the top'} brings in the "
-                                  f"non-string key {show(key)} ({label}, line {key_node.start_mark.line + 1}).")
+            raise RecipeFileError(
+                f"{label}: a merge key (<<) under {dotted(path) or 'the top'} brings in the "
+                f"non-string key {show(key)} ({label}, line {key_node.start_mark.line + 1})."
+            )
         lines[(*path, key)] = key_node.start_mark.line + 1
         mapping[key] = _construct(loader, value_node, (*path, key), lines, visited, label)
     return mapping
@@ -190,12 +212,15 @@ def apply_override(raw: dict, path: tuple[str, ...], value: Any, locations: Loca
         last = index == len(path) - 1
         if isinstance(target, list):
             if not part.isdigit() or int(part) >= len(target):
-                raise RecipeFileError(f"--set {text}: {dotted(tuple(resolved))} is a list of {len(target)} "
-                                      f"items; expected an index from 0 to {len(target) - 1}, received {part!r}.")
+                raise RecipeFileError(
+                    f"--set {text}: {dotted(tuple(resolved))} is a list of {len(target)} "
+                    f"items; expected an index from 0 to {len(target) - 1}, received {part!r}."
+                )
             part = int(part)
         elif not isinstance(target, dict):
-            raise RecipeFileError(f"--set {text}: {dotted(tuple(resolved))} is {show(target)}, not a mapping, "
-                                  f"so it has no key {part!r}.")
+            raise RecipeFileError(
+                f"--set {text}: {dotted(tuple(resolved))} is {show(target)}, not a mapping, so it has no key {part!r}."
+            )
         resolved.append(part)
         if last:
             target[part] = value
@@ -219,6 +244,13 @@ def show(value: Any) -> str:
 
 
 def type_name(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
-             type(None): "null"}
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)

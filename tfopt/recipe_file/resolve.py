@@ -14,10 +14,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tfopt.recipe_file.schema import (DataSection, ModelSection, TrainSection, absolute, check_setting, fail,
-                                  reject_unknown)
-from tfopt.recipe_file.reader import Locations, dotted, show
 from tfopt.errors import RecipeClashError, TfoptError
+from tfopt.recipe_file.reader import Locations, dotted, show
+from tfopt.recipe_file.schema import (
+    DataSection,
+    ModelSection,
+    TrainSection,
+    absolute,
+    check_setting,
+    fail,
+    reject_unknown,
+)
 from tfopt.suggest import did_you_mean
 
 _PATH_KEYS = ("path", "data_dir", "x", "y")  # x, y: the numpy source's .npz/.npy files
@@ -25,17 +32,20 @@ _FILLED_FROM_DATA = ("input_shape", "classes")
 _DEFAULT_BATCH_SIZE = 32
 SECTION_HELP = {
     "model": "Name a model, e.g. `model: {name: small_cnn}`, `model: {name: ResNet50, weights: null}` or "
-             "`model: {name: my_package.models:build_model}`.",
+    "`model: {name: my_package.models:build_model}`.",
     "data": "Name a data source, e.g. `data: {source: image_folder}` (tfopt's embedded dataset) or "
-            "`data: {source: synthetic, kind: image}`.",
+    "`data: {source: synthetic, kind: image}`.",
 }
 
 
 def _parameters(function: Any) -> tuple[dict[str, inspect.Parameter], bool]:
     """The keyword parameters of `function`, and whether it also takes **kwargs."""
     parameters = inspect.signature(function).parameters
-    named = {name: parameter for name, parameter in parameters.items()
-             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    named = {
+        name: parameter
+        for name, parameter in parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
     return named, any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
 
 
@@ -60,8 +70,12 @@ def _is_yaml_safe(value: Any) -> bool:
 def _fill_defaults(kwargs: dict, parameters: dict[str, inspect.Parameter], skip: Sequence[str]) -> dict:
     filled = dict(kwargs)
     for name, parameter in parameters.items():
-        if name not in filled and name not in skip and parameter.default is not parameter.empty \
-                and _is_yaml_safe(parameter.default):
+        if (
+            name not in filled
+            and name not in skip
+            and parameter.default is not parameter.empty
+            and _is_yaml_safe(parameter.default)
+        ):
             filled[name] = yaml_safe(parameter.default)
     return filled
 
@@ -82,8 +96,11 @@ def resolve_model(raw: Any, locations: Locations, bases: dict, *, import_code: b
     if isinstance(raw, str):
         raw = {"name": raw}
     if not isinstance(raw, dict) or "name" not in raw:
-        raise fail(locations, ("model",), f"model: received {show(raw)}; expected a mapping with a `name:`. "
-                                           f"{SECTION_HELP['model']}")
+        raise fail(
+            locations,
+            ("model",),
+            f"model: received {show(raw)}; expected a mapping with a `name:`. {SECTION_HELP['model']}",
+        )
     name = raw["name"]
     try:
         builder = models.resolve_model(name, search_paths=[bases["file"], bases["option"]], import_code=import_code)
@@ -94,41 +111,60 @@ def resolve_model(raw: Any, locations: Locations, bases: dict, *, import_code: b
         return ModelSection(name=name, kwargs=kwargs, given=frozenset(kwargs), builder=None)
     parameters, takes_any = _parameters(builder)
     if not takes_any:
-        reject_unknown(kwargs, [key for key in parameters if key != "name"], ("model",), locations,
-                        f"argument of model {name}")
-    missing = [key for key, parameter in parameters.items() if parameter.default is parameter.empty
-               and key not in kwargs and key not in _FILLED_FROM_DATA]
+        reject_unknown(
+            kwargs, [key for key in parameters if key != "name"], ("model",), locations, f"argument of model {name}"
+        )
+    missing = [
+        key
+        for key, parameter in parameters.items()
+        if parameter.default is parameter.empty and key not in kwargs and key not in _FILLED_FROM_DATA
+    ]
     if missing:
-        raise fail(locations, ("model",), f"model {name} needs the argument(s) {', '.join(missing)}; add them "
-                                           "under `model:`")
+        raise fail(
+            locations, ("model",), f"model {name} needs the argument(s) {', '.join(missing)}; add them under `model:`"
+        )
     given = frozenset(kwargs)
     if name in models.application_names() and "weights" not in kwargs:
         # keras.applications defaults to weights="imagenet", a download: tfopt never downloads unasked.
         kwargs["weights"] = None
     # keras.applications' own `name` argument is shadowed by `model.name`, which says what to build.
-    return ModelSection(name=name, kwargs=_fill_defaults(kwargs, parameters, skip=("name",)), given=given,
-                        builder=builder)
+    return ModelSection(
+        name=name, kwargs=_fill_defaults(kwargs, parameters, skip=("name",)), given=given, builder=builder
+    )
 
 
-def resolve_data(raw: Any, train: TrainSection, locations: Locations, bases: dict, *,
-                 fetch: bool = True) -> DataSection:
+def resolve_data(
+    raw: Any, train: TrainSection, locations: Locations, bases: dict, *, fetch: bool = True
+) -> DataSection:
     import tfopt.data
 
     if not isinstance(raw, dict) or "source" not in raw:
-        raise fail(locations, ("data",), f"data: received {show(raw)}; expected a mapping with a `source:`. "
-                                          f"{SECTION_HELP['data']}")
+        raise fail(
+            locations,
+            ("data",),
+            f"data: received {show(raw)}; expected a mapping with a `source:`. {SECTION_HELP['data']}",
+        )
     source = raw["source"]
     known = sorted(tfopt.data.SOURCES)
     if not isinstance(source, str) or source not in known:
-        raise fail(locations, ("data", "source"), f"data.source: unknown data source {show(source)}."
-                                                   f"{did_you_mean(str(source), known)} "
-                                                   f"Expected one of {', '.join(known)}")
+        raise fail(
+            locations,
+            ("data", "source"),
+            f"data.source: unknown data source {show(source)}."
+            f"{did_you_mean(str(source), known)} "
+            f"Expected one of {', '.join(known)}",
+        )
     batch_size = _resolve_batch_size(raw, train, locations)
     kwargs = {key: value for key, value in raw.items() if key not in ("source", "batch_size")}
     parameters, takes_any = _parameters(tfopt.data.SOURCES[source])
     if not takes_any:
-        reject_unknown(kwargs, [key for key in parameters if key != "batch_size"], ("data",), locations,
-                        f"argument of data source {source}")
+        reject_unknown(
+            kwargs,
+            [key for key in parameters if key != "batch_size"],
+            ("data",),
+            locations,
+            f"argument of data source {source}",
+        )
     for key in _PATH_KEYS:
         if isinstance(kwargs.get(key), str) and kwargs[key]:
             kwargs[key] = absolute(kwargs[key], ("data", key), locations, bases)
@@ -153,29 +189,46 @@ def _resolve_batch_size(raw: dict, train: TrainSection, locations: Locations) ->
     metadata = next(field.metadata for field in dataclasses.fields(TrainSection) if field.name == "batch_size")
     batch_size = check_setting(raw.get("batch_size"), metadata, ("data", "batch_size"), locations, {})
     if batch_size is not None and train.batch_size is not None and batch_size != train.batch_size:
-        raise fail(locations, ("train", "batch_size"),
-                    f"train.batch_size: {train.batch_size} differs from data.batch_size: {batch_size} "
-                    f"({locations.where(('data', 'batch_size'))}); they are one number. Write it in one place")
+        raise fail(
+            locations,
+            ("train", "batch_size"),
+            f"train.batch_size: {train.batch_size} differs from data.batch_size: {batch_size} "
+            f"({locations.where(('data', 'batch_size'))}); they are one number. Write it in one place",
+        )
     return batch_size or train.batch_size or _DEFAULT_BATCH_SIZE
 
 
 def check_training_names(train: TrainSection, locations: Locations) -> None:
     import keras
 
-    lookups = [("optimizer", train.optimizer, keras.optimizers),
-               ("loss", train.loss, keras.losses),
-               *((("metrics", index), metric, keras.metrics) for index, metric in enumerate(train.metrics))]
+    lookups = [
+        ("optimizer", train.optimizer, keras.optimizers),
+        ("loss", train.loss, keras.losses),
+        *((("metrics", index), metric, keras.metrics) for index, metric in enumerate(train.metrics)),
+    ]
     for key, value, module in lookups:
         try:
             module.get(value)
         except (ValueError, TypeError):
-            known = sorted({name for name in dir(module) if not name.startswith("_") and name[0].islower()
-                            and callable(getattr(module, name))} | {name.lower() for name in dir(module)
-                           if name[:1].isupper() and isinstance(getattr(module, name), type)})
+            known = sorted(
+                {
+                    name
+                    for name in dir(module)
+                    if not name.startswith("_") and name[0].islower() and callable(getattr(module, name))
+                }
+                | {
+                    name.lower()
+                    for name in dir(module)
+                    if name[:1].isupper() and isinstance(getattr(module, name), type)
+                }
+            )
             hint = did_you_mean(value, known)
             path = ("train", *key) if isinstance(key, tuple) else ("train", key)
-            raise fail(locations, path, f"{dotted(path)}: {value!r} is not a keras.{module.__name__.split('.')[-1]} "
-                                         f"name.{hint}") from None
+            raise fail(
+                locations,
+                path,
+                f"{dotted(path)}: {value!r} is not a keras.{module.__name__.split('.')[-1]} name.{hint}",
+            ) from None
 
 
 RECIPE_WORDS = ("default", "auto")
@@ -191,9 +244,13 @@ def resolve_recipes(raw: Any, locations: Locations) -> tuple[Any, ...] | str:
         return raw
     raw = [] if raw is None else raw
     if not isinstance(raw, list):
-        raise fail(locations, path, f"recipes: received {show(raw)}; expected a list of recipe items "
-                                    "(`- mixed_precision: {policy: auto}` or `- xla`), or the word default "
-                                    "(tfopt's default recipes) or auto (measure candidates, keep what helps)")
+        raise fail(
+            locations,
+            path,
+            f"recipes: received {show(raw)}; expected a list of recipe items "
+            "(`- mixed_precision: {policy: auto}` or `- xla`), or the word default "
+            "(tfopt's default recipes) or auto (measure candidates, keep what helps)",
+        )
     recipes, item_paths = [], {}
     for index, item in enumerate(raw):
         recipe = resolve_recipe_item(item, (*path, index), locations)

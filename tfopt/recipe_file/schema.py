@@ -15,8 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tfopt.recipe_file.reader import Locations, dotted, show, type_name
 from tfopt.errors import RecipeFileError
+from tfopt.recipe_file.reader import Locations, dotted, show, type_name
 from tfopt.suggest import did_you_mean
 
 REPORT_FORMATS = ("html", "markdown", "json")
@@ -24,8 +24,15 @@ REPORT_FORMATS = ("html", "markdown", "json")
 REPORT_SUFFIXES = {"html": ".html", "markdown": ".md", "json": ".json"}
 
 
-def _setting(default: Any, kind: Any, *, at_least: float | None = None, above: float | None = None,
-             nullable: bool = False, choices: tuple[str, ...] = ()) -> Any:
+def _setting(
+    default: Any,
+    kind: Any,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    nullable: bool = False,
+    choices: tuple[str, ...] = (),
+) -> Any:
     metadata = {"kind": kind, "at_least": at_least, "above": above, "nullable": nullable, "choices": choices}
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -131,15 +138,24 @@ def reject_unknown(mapping: dict, valid: Sequence[str], path: tuple, locations: 
     for key, value in mapping.items():
         if key not in valid:
             hint = did_you_mean(key, valid)
-            raise fail(locations, (*path, key),
-                        f"{dotted((*path, key))}: unknown {what} {key!r} (received {key}: {show(value)}).{hint} "
-                        f"Valid: {', '.join(valid) or '(none)'}")
+            raise fail(
+                locations,
+                (*path, key),
+                f"{dotted((*path, key))}: unknown {what} {key!r} (received {key}: {show(value)}).{hint} "
+                f"Valid: {', '.join(valid) or '(none)'}",
+            )
 
 
 def _expected(metadata: dict) -> str:
     kind = metadata["kind"]
-    text = {bool: "true or false", int: "an integer", float: "a number", str: "a string", "path": "a path",
-            list: "a list of strings"}[kind]
+    text = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        "path": "a path",
+        list: "a list of strings",
+    }[kind]
     if metadata["choices"]:
         text += f" from {', '.join(metadata['choices'])}"
     if metadata["at_least"] is not None:
@@ -154,22 +170,34 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
     if value is None and metadata["nullable"]:
         return None
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    valid_type = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
-                  float: numeric,
-                  str: isinstance(value, str), "path": isinstance(value, str) and value != "",
-                  list: isinstance(value, list) and all(isinstance(item, str) for item in value)}[kind]
-    out_of_range = valid_type and numeric and (
-        not math.isfinite(value)  # nan passes every comparison below
-        or (metadata["at_least"] is not None and value < metadata["at_least"])
-        or (metadata["above"] is not None and value <= metadata["above"]))
+    valid_type = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: numeric,
+        str: isinstance(value, str),
+        "path": isinstance(value, str) and value != "",
+        list: isinstance(value, list) and all(isinstance(item, str) for item in value),
+    }[kind]
+    out_of_range = (
+        valid_type
+        and numeric
+        and (
+            not math.isfinite(value)  # nan passes every comparison below
+            or (metadata["at_least"] is not None and value < metadata["at_least"])
+            or (metadata["above"] is not None and value <= metadata["above"])
+        )
+    )
     if not valid_type or out_of_range:
         problem = "is out of range" if out_of_range else f"is a {type_name(value)}"
         raise fail(locations, path, f"{dotted(path)}: {show(value)} {problem}; expected {_expected(metadata)}")
     if kind is list:
         for index, item in enumerate(value):
             if metadata["choices"] and item not in metadata["choices"]:
-                raise fail(locations, (*path, index), f"{dotted(path)}: {item!r} is not one of "
-                                                       f"{', '.join(metadata['choices'])}")
+                raise fail(
+                    locations,
+                    (*path, index),
+                    f"{dotted(path)}: {item!r} is not one of {', '.join(metadata['choices'])}",
+                )
         if not value:
             raise fail(locations, path, f"{dotted(path)}: received an empty list; expected {_expected(metadata)}")
         return tuple(value)
@@ -189,12 +217,21 @@ def check_section(cls: type, raw: Any, path: tuple, locations: Locations, bases:
         raise fail(locations, path, f"{dotted(path)}: expected a mapping of settings, received {show(raw)}")
     fields = dataclasses.fields(cls)
     reject_unknown(raw, [field.name for field in fields], path, locations, f"key of {path[0]}")
-    return cls(**{field.name: check_setting(raw[field.name], field.metadata, (*path, field.name), locations, bases)
-                  for field in fields if field.name in raw})
+    return cls(
+        **{
+            field.name: check_setting(raw[field.name], field.metadata, (*path, field.name), locations, bases)
+            for field in fields
+            if field.name in raw
+        }
+    )
 
 
 def check_name(name: Any, locations: Locations) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
-        raise fail(locations, ("name",), f"name: {show(name)} cannot name a run directory; expected letters, "
-                                          "digits, '_', '.' or '-' (at most 64), e.g. name: resnet50-imagenet")
+        raise fail(
+            locations,
+            ("name",),
+            f"name: {show(name)} cannot name a run directory; expected letters, "
+            "digits, '_', '.' or '-' (at most 64), e.g. name: resnet50-imagenet",
+        )
     return name

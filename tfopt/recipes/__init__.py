@@ -13,8 +13,23 @@ from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, float32
 from tfopt.recipes.xla import Xla
 
 __all__ = [
-    "BatchSize", "DataPipeline", "DataService", "Distribution", "GradAccum", "MixedPrecision", "Recipe",
-    "Stage", "Xla", "chain", "choose_policy", "choose_strategy", "find_batch_size",
-    "float32_matmul_scope", "offload_pipeline", "policy_scope", "rebatch", "tune_pipeline",
+    "BatchSize",
+    "DataPipeline",
+    "DataService",
+    "Distribution",
+    "GradAccum",
+    "MixedPrecision",
+    "Recipe",
+    "Stage",
+    "Xla",
+    "chain",
+    "choose_policy",
+    "choose_strategy",
+    "find_batch_size",
+    "float32_matmul_scope",
+    "offload_pipeline",
+    "policy_scope",
+    "rebatch",
+    "tune_pipeline",
     "with_gradient_accumulation",
 ]

@@ -184,12 +184,15 @@ def chain(*recipes: Recipe) -> Chain:
 
 def _reject_clashes(recipes: list[Recipe]) -> None:
     for index, first in enumerate(recipes):
-        for second in recipes[index + 1:]:
+        for second in recipes[index + 1 :]:
             if first.name == second.name:
                 raise RecipeClashError(
                     f"The recipe {first.name!r} appears twice ({first!r} and {second!r}); a chain takes each "
-                    "recipe once. Keep one and put all its settings there.", recipes=(first.name, second.name))
+                    "recipe once. Keep one and put all its settings there.",
+                    recipes=(first.name, second.name),
+                )
             reason = first.clash(second) or second.clash(first)
             if reason:
-                raise RecipeClashError(f"{first.name} and {second.name} cannot be combined: {reason}",
-                                       recipes=(first.name, second.name))
+                raise RecipeClashError(
+                    f"{first.name} and {second.name} cannot be combined: {reason}", recipes=(first.name, second.name)
+                )

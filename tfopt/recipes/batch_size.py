@@ -20,20 +20,26 @@ import gc
 import logging
 from typing import Any, ClassVar
 
+from tfopt.data.batches import rebatch_counted
 from tfopt.errors import MeasurementError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
-from tfopt.data.batches import rebatch_counted
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
 
 _log = logging.getLogger("tfopt")
 
 
-
-def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int = 1024,
-                    memory_budget_bytes: int | None = None, trial_steps: int = 3, warmup_steps: int = 1,
-                    refine: bool = True) -> BatchSizeSearch:
+def find_batch_size(
+    plan: Plan,
+    *,
+    min_batch_size: int = 8,
+    max_batch_size: int = 1024,
+    memory_budget_bytes: int | None = None,
+    trial_steps: int = 3,
+    warmup_steps: int = 1,
+    refine: bool = True,
+) -> BatchSizeSearch:
     """Times short training trials and returns the table; `.best_batch_size` is the fastest within memory.
 
     Args:
@@ -91,12 +97,24 @@ def find_batch_size(plan: Plan, *, min_batch_size: int = 8, max_batch_size: int 
         if times is None:
             return Trial(batch_size, "out_of_memory", peak_memory_bytes=peak.peak_bytes)
         status = "over_budget" if budget is not None and peak.peak_bytes > budget else "ok"
-        _log.info("batch size %d: %.1f examples/s, peak %s %d bytes (%s)", batch_size, times.examples_per_second,
-                  kind, peak.peak_bytes, status)
+        _log.info(
+            "batch size %d: %.1f examples/s, peak %s %d bytes (%s)",
+            batch_size,
+            times.examples_per_second,
+            kind,
+            peak.peak_bytes,
+            status,
+        )
         return Trial(batch_size, status, times.examples_per_second, times.median_seconds, peak.peak_bytes)
 
-    trials = search_batch_sizes(run_trial, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
-                                memory_budget_bytes=budget, baseline_bytes=baseline, refine=refine)
+    trials = search_batch_sizes(
+        run_trial,
+        min_batch_size=min_batch_size,
+        max_batch_size=max_batch_size,
+        memory_budget_bytes=budget,
+        baseline_bytes=baseline,
+        refine=refine,
+    )
     return BatchSizeSearch(trials=tuple(trials), memory_kind=kind, memory_budget_bytes=budget)
 
 
@@ -144,16 +162,23 @@ class BatchSize(Recipe):
     scale_learning_rate: str = "none"
 
     def __post_init__(self) -> None:
-        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
-                                          or self.batch_size < 1):
-            raise RecipeConfigError(f"batch_size: batch_size={self.batch_size!r} is not a batch size. Expected "
-                                    "'auto' or a positive integer.", setting="batch_size")
+        if self.batch_size != "auto" and (
+            not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1
+        ):
+            raise RecipeConfigError(
+                f"batch_size: batch_size={self.batch_size!r} is not a batch size. Expected "
+                "'auto' or a positive integer.",
+                setting="batch_size",
+            )
         _check_bounds(self.min_batch_size, self.max_batch_size, self.trial_steps, 1)
-        if self.memory_budget_bytes is not None and (not isinstance(self.memory_budget_bytes, int)
-                                                     or self.memory_budget_bytes <= 0):
-            raise RecipeConfigError(f"batch_size: memory_budget_bytes={self.memory_budget_bytes!r}. Expected a "
-                                    "positive integer number of bytes, or None for the default.",
-                                    setting="memory_budget_bytes")
+        if self.memory_budget_bytes is not None and (
+            not isinstance(self.memory_budget_bytes, int) or self.memory_budget_bytes <= 0
+        ):
+            raise RecipeConfigError(
+                f"batch_size: memory_budget_bytes={self.memory_budget_bytes!r}. Expected a "
+                "positive integer number of bytes, or None for the default.",
+                setting="memory_budget_bytes",
+            )
         check_rule(self.name, self.scale_learning_rate)
 
     @property
@@ -164,8 +189,13 @@ class BatchSize(Recipe):
         """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""
         if not self.needs_trials:
             return self
-        search = find_batch_size(plan, min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
-                                 memory_budget_bytes=self.memory_budget_bytes, trial_steps=self.trial_steps)
+        search = find_batch_size(
+            plan,
+            min_batch_size=self.min_batch_size,
+            max_batch_size=self.max_batch_size,
+            memory_budget_bytes=self.memory_budget_bytes,
+            trial_steps=self.trial_steps,
+        )
         return SearchedBatchSize(requested=self, search=search)
 
     def __call__(self, plan: Plan) -> Plan:
@@ -173,7 +203,9 @@ class BatchSize(Recipe):
             raise RecipeConfigError(
                 "batch_size: batch_size='auto' is chosen by timed trials, which a recipe call never runs: pass "
                 "the recipe to tfopt.apply (it runs them), or call BatchSize().measured(plan) for the recipe "
-                "with the size found, or give batch_size a number.", setting="batch_size")
+                "with the size found, or give batch_size a number.",
+                setting="batch_size",
+            )
         return _resized(plan, self.batch_size, self.scale_learning_rate, "requested")
 
 
@@ -193,10 +225,11 @@ class SearchedBatchSize(Recipe):
     search: BatchSizeSearch
 
     def __call__(self, plan: Plan) -> Plan:
-        table = ", ".join(f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok"
-                          else f"{t.batch_size}: {t.status}" for t in self.search.trials)
-        reason = (f"fastest of {len(self.search.trials)} trials within the {self.search.memory_kind} bound "
-                  f"({table})")
+        table = ", ".join(
+            f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok" else f"{t.batch_size}: {t.status}"
+            for t in self.search.trials
+        )
+        reason = f"fastest of {len(self.search.trials)} trials within the {self.search.memory_kind} bound ({table})"
         return _resized(plan, self.search.best_batch_size, self.requested.scale_learning_rate, reason)
 
     def get_config(self) -> dict[str, Any]:
@@ -208,12 +241,13 @@ def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
     if batch_size == plan.batch_size:
         return plan.record(BatchSize.name, f"kept batch {batch_size}: {reason}", skipped=True)
     dataset = rebatch(plan.dataset, batch_size)
-    compile_config, lr_detail = scale_learning_rate(plan.compile_config, old_batch_size=plan.batch_size,
-                                                    new_batch_size=batch_size, rule=scale_rule)
+    compile_config, lr_detail = scale_learning_rate(
+        plan.compile_config, old_batch_size=plan.batch_size, new_batch_size=batch_size, rule=scale_rule
+    )
     sample_inputs = next(iter(dataset.take(1)))[0]
-    return plan.replace(dataset=dataset, batch_size=batch_size, compile_config=compile_config,
-                        sample_inputs=sample_inputs).record(
-        BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
+    return plan.replace(
+        dataset=dataset, batch_size=batch_size, compile_config=compile_config, sample_inputs=sample_inputs
+    ).record(BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
 
 
 def _trial_model(plan: Plan) -> Any:
@@ -269,8 +303,11 @@ def _allocator_limits_bytes() -> list[int]:
 
     limits = []
     for gpu in tf.config.list_physical_devices("GPU"):
-        limits += [config.memory_limit * 2**20 for config in tf.config.get_logical_device_configuration(gpu) or []
-                   if config.memory_limit]  # in MiB
+        limits += [
+            config.memory_limit * 2**20
+            for config in tf.config.get_logical_device_configuration(gpu) or []
+            if config.memory_limit
+        ]  # in MiB
     return limits
 
 
@@ -279,11 +316,15 @@ def _check_bounds(min_batch_size: Any, max_batch_size: Any, trial_steps: Any, wa
     if not min_valid or not isinstance(max_batch_size, int) or min_batch_size > max_batch_size:
         # A valid min_batch_size above max_batch_size is blamed on the cap: the bound users set is the
         # one memory imposes, and a cap below the default min_batch_size is the usual way to get here.
-        raise RecipeConfigError(f"batch_size: min_batch_size={min_batch_size!r}, max_batch_size={max_batch_size!r}. "
-                                "Expected integers with 1 <= min_batch_size <= max_batch_size.",
-                                setting="max_batch_size" if min_valid else "min_batch_size")
+        raise RecipeConfigError(
+            f"batch_size: min_batch_size={min_batch_size!r}, max_batch_size={max_batch_size!r}. "
+            "Expected integers with 1 <= min_batch_size <= max_batch_size.",
+            setting="max_batch_size" if min_valid else "min_batch_size",
+        )
     trial_steps_valid = isinstance(trial_steps, int) and trial_steps >= 2
     if not trial_steps_valid or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise RecipeConfigError(f"batch_size: trial_steps={trial_steps!r}, warmup_steps={warmup_steps!r}. Expected "
-                                "trial_steps >= 2 (a median needs several) and warmup_steps >= 1 (tracing).",
-                                setting="warmup_steps" if trial_steps_valid else "trial_steps")
+        raise RecipeConfigError(
+            f"batch_size: trial_steps={trial_steps!r}, warmup_steps={warmup_steps!r}. Expected "
+            "trial_steps >= 2 (a median needs several) and warmup_steps >= 1 (tracing).",
+            setting="warmup_steps" if trial_steps_valid else "trial_steps",
+        )

@@ -34,20 +34,37 @@ CACHE_CHOICES = ("auto", "memory", "none")
 # Op-name fragments that make a pipeline's output differ between epochs, or that hide what it does.
 # What makes a pipeline's output differ between epochs, so that a cache of it would freeze one epoch, and
 # what the user can do instead.
-_NOT_CACHEABLE = {"Random": ("random op", "cache before the random maps yourself"),
-                  "Shuffle": ("shuffle", "put your .cache() before .shuffle()"),
-                  "PyFunc": ("py_function", "cache before it yourself if its function always returns the same")}
+_NOT_CACHEABLE = {
+    "Random": ("random op", "cache before the random maps yourself"),
+    "Shuffle": ("shuffle", "put your .cache() before .shuffle()"),
+    "PyFunc": ("py_function", "cache before it yourself if its function always returns the same"),
+}
 # Registered as stateful, yet they return the same for the same input every epoch: lookup tables that are
 # created and filled once (adapted StringLookup, TextVectorization, IntegerLookup) and read.
-_DETERMINISTIC_STATEFUL_OPS = frozenset({
-    "HashTableV2", "AnonymousHashTable", "InitializeTableV2", "InitializeTableFromTextFileV2",
-    "LookupTableFindV2", "LookupTableSizeV2", "LookupTableImportV2", "Assert", "NoOp",
-})
+_DETERMINISTIC_STATEFUL_OPS = frozenset(
+    {
+        "HashTableV2",
+        "AnonymousHashTable",
+        "InitializeTableV2",
+        "InitializeTableFromTextFileV2",
+        "LookupTableFindV2",
+        "LookupTableSizeV2",
+        "LookupTableImportV2",
+        "Assert",
+        "NoOp",
+    }
+)
 
 
-def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = True,
-                  ram_budget_bytes: int | None = None, parallel_random_maps: bool = True,
-                  parallel_python_maps: bool = True) -> Any:
+def tune_pipeline(
+    dataset: Any,
+    *,
+    cache: str = "auto",
+    deterministic: bool = True,
+    ram_budget_bytes: int | None = None,
+    parallel_random_maps: bool = True,
+    parallel_python_maps: bool = True,
+) -> Any:
     """Functional form: the same elements, delivered faster.
 
     Args:
@@ -75,8 +92,14 @@ def tune_pipeline(dataset: Any, *, cache: str = "auto", deterministic: bool = Tr
         from tfopt.data.ram_budget import ram_budget_bytes as default_budget
 
         ram_budget_bytes = default_budget()
-    tuned, _ = _tune(dataset, cache=cache, deterministic=deterministic, ram_budget_bytes=ram_budget_bytes,
-                     parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps)
+    tuned, _ = _tune(
+        dataset,
+        cache=cache,
+        deterministic=deterministic,
+        ram_budget_bytes=ram_budget_bytes,
+        parallel_random_maps=parallel_random_maps,
+        parallel_python_maps=parallel_python_maps,
+    )
     return tuned
 
 
@@ -109,17 +132,26 @@ class DataPipeline(Recipe):
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, str) or not self.cache:
-            raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is not valid. Expected one of "
-                                    f"{', '.join(map(repr, CACHE_CHOICES))} or a file path prefix.", setting="cache")
+            raise RecipeConfigError(
+                f"data_pipeline: cache={self.cache!r} is not valid. Expected one of "
+                f"{', '.join(map(repr, CACHE_CHOICES))} or a file path prefix.",
+                setting="cache",
+            )
         for setting in ("deterministic", "parallel_random_maps", "parallel_python_maps"):
             if not isinstance(getattr(self, setting), bool):
-                raise RecipeConfigError(f"data_pipeline: {setting}={getattr(self, setting)!r} must be true or false.",
-                                        setting=setting)
-        if isinstance(self.ram_budget_fraction, bool) or not isinstance(self.ram_budget_fraction, (int, float)) \
-                or not 0 < self.ram_budget_fraction <= 0.9:
-            raise RecipeConfigError(f"data_pipeline: ram_budget_fraction={self.ram_budget_fraction!r} is out of "
-                                    "range. Expected a number in (0, 0.9], e.g. 0.25 for a quarter of the RAM.",
-                                    setting="ram_budget_fraction")
+                raise RecipeConfigError(
+                    f"data_pipeline: {setting}={getattr(self, setting)!r} must be true or false.", setting=setting
+                )
+        if (
+            isinstance(self.ram_budget_fraction, bool)
+            or not isinstance(self.ram_budget_fraction, (int, float))
+            or not 0 < self.ram_budget_fraction <= 0.9
+        ):
+            raise RecipeConfigError(
+                f"data_pipeline: ram_budget_fraction={self.ram_budget_fraction!r} is out of "
+                "range. Expected a number in (0, 0.9], e.g. 0.25 for a quarter of the RAM.",
+                setting="ram_budget_fraction",
+            )
 
     def check(self, plan: Plan) -> None:
         from pathlib import Path
@@ -128,31 +160,55 @@ class DataPipeline(Recipe):
             raise RecipeConfigError(
                 f"data_pipeline: cache={self.cache!r} does not apply to a tfopt.data source, whose optimized "
                 "pipeline caches the decoded examples where they fit the RAM budget. Use cache: auto (or none "
-                "to never cache), or pass a tf.data.Dataset to have its end cached as asked.", setting="cache")
+                "to never cache), or pass a tf.data.Dataset to have its end cached as asked.",
+                setting="cache",
+            )
         if self.cache not in CACHE_CHOICES and not Path(self.cache).parent.is_dir():
-            raise RecipeConfigError(f"data_pipeline: cache={self.cache!r} is a file path whose directory "
-                                    f"{str(Path(self.cache).parent)!r} does not exist. Create it first.", setting="cache")
+            raise RecipeConfigError(
+                f"data_pipeline: cache={self.cache!r} is a file path whose directory "
+                f"{str(Path(self.cache).parent)!r} does not exist. Create it first.",
+                setting="cache",
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         from tfopt.data.ram_budget import ram_budget_bytes
 
         budget = ram_budget_bytes(self.ram_budget_fraction)
         if plan.source is not None:
-            dataset = plan.source.pipeline(batch_size=plan.batch_size, optimized=True, ram_budget_bytes=budget,
-                                           cache=self.cache == "auto", deterministic=self.deterministic)
+            dataset = plan.source.pipeline(
+                batch_size=plan.batch_size,
+                optimized=True,
+                ram_budget_bytes=budget,
+                cache=self.cache == "auto",
+                deterministic=self.deterministic,
+            )
             return plan.replace(dataset=dataset).record(
-                self.name, f"rebuilt from the source ({plan.source.describe()}) as an optimized pipeline: "
-                           f"{'cache after decode where it fits, ' if self.cache == 'auto' else 'no cache, '}"
-                           f"autotune within {budget / 2**30:.1f} GiB of RAM, "
-                           f"{'deterministic' if self.deterministic else 'non-deterministic'} order")
-        dataset, notes = _tune(plan.dataset, cache=self.cache, deterministic=self.deterministic,
-                               ram_budget_bytes=budget, parallel_random_maps=self.parallel_random_maps,
-                               parallel_python_maps=self.parallel_python_maps)
+                self.name,
+                f"rebuilt from the source ({plan.source.describe()}) as an optimized pipeline: "
+                f"{'cache after decode where it fits, ' if self.cache == 'auto' else 'no cache, '}"
+                f"autotune within {budget / 2**30:.1f} GiB of RAM, "
+                f"{'deterministic' if self.deterministic else 'non-deterministic'} order",
+            )
+        dataset, notes = _tune(
+            plan.dataset,
+            cache=self.cache,
+            deterministic=self.deterministic,
+            ram_budget_bytes=budget,
+            parallel_random_maps=self.parallel_random_maps,
+            parallel_python_maps=self.parallel_python_maps,
+        )
         return plan.replace(dataset=dataset).record(self.name, "; ".join(notes))
 
 
-def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: int, parallel_random_maps: bool,
-          parallel_python_maps: bool) -> tuple[Any, list[str]]:
+def _tune(
+    dataset: Any,
+    *,
+    cache: str,
+    deterministic: bool,
+    ram_budget_bytes: int,
+    parallel_random_maps: bool,
+    parallel_python_maps: bool,
+) -> tuple[Any, list[str]]:
     """Cache where valid, then rewrite for parallelism (which adds the final prefetch), then options.
 
     Applied to its own output it changes nothing: the rewrite returns a pipeline with nothing left to
@@ -174,8 +230,12 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
         dataset, note = _cache_where_valid(dataset, graph, cache, ram_budget_bytes, element_bytes)
         notes.append(note)
     prefetch = None if element_bytes is None else prefetch_batches(element_bytes, ram_budget_bytes)
-    dataset, rewrite_notes = parallelize(dataset, prefetch_batches=prefetch, parallel_random_maps=parallel_random_maps,
-                                         parallel_python_maps=parallel_python_maps)
+    dataset, rewrite_notes = parallelize(
+        dataset,
+        prefetch_batches=prefetch,
+        parallel_random_maps=parallel_random_maps,
+        parallel_python_maps=parallel_python_maps,
+    )
     notes.extend(rewrite_notes)
     options = tf.data.Options()
     options.autotune.enabled = True
@@ -185,13 +245,16 @@ def _tune(dataset: Any, *, cache: str, deterministic: bool, ram_budget_bytes: in
     options.deterministic = deterministic
     if dataset.options().merge(options) != dataset.options():
         dataset = dataset.with_options(options)
-    notes.append(f"autotune within {ram_budget_bytes / 2**30:.1f} GiB of RAM, "
-                 f"{'deterministic' if deterministic else 'non-deterministic'} order")
+    notes.append(
+        f"autotune within {ram_budget_bytes / 2**30:.1f} GiB of RAM, "
+        f"{'deterministic' if deterministic else 'non-deterministic'} order"
+    )
     return dataset, notes
 
 
-def _cache_where_valid(dataset: Any, graph: Any, cache: str, ram_budget_bytes: int,
-                       element_bytes: int | None) -> tuple[Any, str]:
+def _cache_where_valid(
+    dataset: Any, graph: Any, cache: str, ram_budget_bytes: int, element_bytes: int | None
+) -> tuple[Any, str]:
     import tensorflow as tf
 
     from tfopt.data import graph as pipeline_graph
@@ -202,11 +265,15 @@ def _cache_where_valid(dataset: Any, graph: Any, cache: str, ram_budget_bytes: i
     if any("CacheDataset" in op for op in ops):
         return dataset, "no cache added: the pipeline has your own cache()"
     found = [(label, fix) for fragment, (label, fix) in _NOT_CACHEABLE.items() if any(fragment in op for op in ops)]
-    found += [(f"stateful op {op}", "cache before it yourself where it returns the same each epoch")
-              for op in sorted(_stateful_ops(ops))]
+    found += [
+        (f"stateful op {op}", "cache before it yourself where it returns the same each epoch")
+        for op in sorted(_stateful_ops(ops))
+    ]
     if found:
-        return dataset, (f"no cache: the pipeline contains {', '.join(label for label, _ in found)}, so caching its "
-                         f"output would change what later epochs see ({'; '.join(dict.fromkeys(f for _, f in found))})")
+        return dataset, (
+            f"no cache: the pipeline contains {', '.join(label for label, _ in found)}, so caching its "
+            f"output would change what later epochs see ({'; '.join(dict.fromkeys(f for _, f in found))})"
+        )
     count = int(dataset.cardinality())
     if count == tf.data.INFINITE_CARDINALITY:
         return dataset, "no cache: the pipeline repeats forever (put .repeat() after the cache)"
@@ -219,8 +286,10 @@ def _cache_where_valid(dataset: Any, graph: Any, cache: str, ram_budget_bytes: i
         return dataset, "no cache: the elements' size is unknown, so the cache cannot be checked against the budget"
     size_bytes = count * element_bytes
     if size_bytes > ram_budget_bytes:
-        return dataset, (f"no cache: the data ({size_bytes / 2**30:.2f} GiB) exceeds the RAM budget "
-                         f"({ram_budget_bytes / 2**30:.2f} GiB)")
+        return dataset, (
+            f"no cache: the data ({size_bytes / 2**30:.2f} GiB) exceeds the RAM budget "
+            f"({ram_budget_bytes / 2**30:.2f} GiB)"
+        )
     return dataset.cache(), f"cached in memory after the first epoch ({size_bytes / 2**20:.1f} MiB)"
 
 
@@ -234,6 +303,13 @@ def _stateful_ops(ops: set[str]) -> set[str]:
     """
     from tensorflow.python.framework import op_def_registry
 
-    return {op for op in ops if "Dataset" not in op and op not in ("_Arg", "_Retval")
-            and op not in _DETERMINISTIC_STATEFUL_OPS and not any(fragment in op for fragment in _NOT_CACHEABLE)
-            and (definition := op_def_registry.get(op)) is not None and definition.is_stateful}
+    return {
+        op
+        for op in ops
+        if "Dataset" not in op
+        and op not in ("_Arg", "_Retval")
+        and op not in _DETERMINISTIC_STATEFUL_OPS
+        and not any(fragment in op for fragment in _NOT_CACHEABLE)
+        and (definition := op_def_registry.get(op)) is not None
+        and definition.is_stateful
+    }

@@ -58,21 +58,34 @@ class DataService(Recipe):
                 "data_service: give dispatcher (a running service, e.g. dispatcher: grpc://data-dispatcher:5050) or "
                 "workers (worker processes tfopt starts on this machine, e.g. workers: 2), not both; received "
                 f"dispatcher={self.dispatcher!r}, workers={self.workers!r}.",
-                setting="workers" if self.dispatcher is None else "dispatcher")
-        if self.dispatcher is not None and (not isinstance(self.dispatcher, str)
-                                            or not _ADDRESS.match(self.dispatcher)):
-            raise RecipeConfigError(f"data_service: dispatcher={self.dispatcher!r} is not an address. Expected "
-                                    "grpc://host:port or host:port, e.g. grpc://10.0.0.5:5050.", setting="dispatcher")
-        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
-                                         or self.workers < 1):
-            raise RecipeConfigError(f"data_service: workers={self.workers!r} must be a whole number of at least 1, "
-                                    "e.g. workers: 1 for one worker process on the spare cores.", setting="workers")
+                setting="workers" if self.dispatcher is None else "dispatcher",
+            )
+        if self.dispatcher is not None and (
+            not isinstance(self.dispatcher, str) or not _ADDRESS.match(self.dispatcher)
+        ):
+            raise RecipeConfigError(
+                f"data_service: dispatcher={self.dispatcher!r} is not an address. Expected "
+                "grpc://host:port or host:port, e.g. grpc://10.0.0.5:5050.",
+                setting="dispatcher",
+            )
+        if self.workers is not None and (
+            isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1
+        ):
+            raise RecipeConfigError(
+                f"data_service: workers={self.workers!r} must be a whole number of at least 1, "
+                "e.g. workers: 1 for one worker process on the spare cores.",
+                setting="workers",
+            )
         if self.compression not in COMPRESSION_CHOICES:
-            raise RecipeConfigError(f"data_service: compression={self.compression!r} is not valid. Expected one of "
-                                    f"{', '.join(map(repr, COMPRESSION_CHOICES))}.", setting="compression")
+            raise RecipeConfigError(
+                f"data_service: compression={self.compression!r} is not valid. Expected one of "
+                f"{', '.join(map(repr, COMPRESSION_CHOICES))}.",
+                setting="compression",
+            )
         if self.job_name is not None and (not isinstance(self.job_name, str) or not self.job_name.strip()):
-            raise RecipeConfigError(f"data_service: job_name={self.job_name!r} must be a non-empty string.",
-                                    setting="job_name")
+            raise RecipeConfigError(
+                f"data_service: job_name={self.job_name!r} must be a non-empty string.", setting="job_name"
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         from tfopt.data.service import plan_offload
@@ -80,19 +93,31 @@ class DataService(Recipe):
 
         cluster = detect_environment()
         if self.workers is not None and cluster.num_workers > 1:
-            return plan.record(self.name, f"left local: {cluster.num_workers} training workers ({cluster.reason}) "
-                                          "would each start a cluster of their own and preprocess the whole dataset; "
-                                          "give them one shared service with dispatcher: grpc://HOST:PORT",
-                               skipped=True)
+            return plan.record(
+                self.name,
+                f"left local: {cluster.num_workers} training workers ({cluster.reason}) "
+                "would each start a cluster of their own and preprocess the whole dataset; "
+                "give them one shared service with dispatcher: grpc://HOST:PORT",
+                skipped=True,
+            )
         length = int(plan.dataset.cardinality())
         if cluster.num_workers > 1 and length < 0:
             what = "endless (repeat() without a count)" if length == -1 else "of a length tf.data does not know"
-            return plan.record(self.name, f"left local: {cluster.num_workers} training workers share one stream, cut "
-                                          f"into epochs by the pipeline's length, and the pipeline is {what}; give "
-                                          "it a known length (assert_cardinality)", skipped=True)
-        offload, why = plan_offload(plan.dataset, dispatcher=self._target(), workers=self.workers,
-                                    compression=self.compression, job_name=self.job_name,
-                                    batch_size=plan.batch_size)
+            return plan.record(
+                self.name,
+                f"left local: {cluster.num_workers} training workers share one stream, cut "
+                f"into epochs by the pipeline's length, and the pipeline is {what}; give "
+                "it a known length (assert_cardinality)",
+                skipped=True,
+            )
+        offload, why = plan_offload(
+            plan.dataset,
+            dispatcher=self._target(),
+            workers=self.workers,
+            compression=self.compression,
+            job_name=self.job_name,
+            batch_size=plan.batch_size,
+        )
         if offload is None:
             return plan.record(self.name, why, skipped=True)
         return plan.replace(data_service=offload).record(self.name, offload.describe())
@@ -103,8 +128,14 @@ class DataService(Recipe):
         return self.dispatcher if self.dispatcher.startswith("grpc://") else f"grpc://{self.dispatcher}"
 
 
-def offload_pipeline(dataset: Any, *, batch_size: int, dispatcher: str | None = None, workers: int | None = None,
-                     compression: str = "auto") -> tuple[Any, Any]:
+def offload_pipeline(
+    dataset: Any,
+    *,
+    batch_size: int,
+    dispatcher: str | None = None,
+    workers: int | None = None,
+    compression: str = "auto",
+) -> tuple[Any, Any]:
     """The recipe's functional form: `dataset` (batched) as read back from tf.data service workers.
 
     Args:
@@ -128,8 +159,9 @@ def offload_pipeline(dataset: Any, *, batch_size: int, dispatcher: str | None = 
     from tfopt.data.service_client import serve_offload
 
     recipe = DataService(dispatcher=dispatcher, workers=workers, compression=compression)
-    offload, why = plan_offload(dataset, dispatcher=recipe._target(), workers=workers, compression=compression,
-                                batch_size=batch_size)
+    offload, why = plan_offload(
+        dataset, dispatcher=recipe._target(), workers=workers, compression=compression, batch_size=batch_size
+    )
     if offload is None:
         raise DataError(f"data_service: the pipeline cannot be offloaded: {why.removeprefix('left local: ')}.")
     return serve_offload(dataset, offload, batch_size=batch_size)

@@ -52,8 +52,9 @@ def choose_strategy(hardware: Hardware, environment: ClusterEnvironment) -> tupl
     return "default", "a single CPU process: there is nothing to distribute over"
 
 
-def count_replicas(strategy: str, hardware: Hardware, environment: ClusterEnvironment,
-                   devices: tuple[str, ...] | None = None) -> int:
+def count_replicas(
+    strategy: str, hardware: Hardware, environment: ClusterEnvironment, devices: tuple[str, ...] | None = None
+) -> int:
     """How many copies of the model train in sync under `strategy` (the factor the batch grows by)."""
     devices_per_worker = max(1, len(hardware.gpus))
     if strategy == "mirrored":
@@ -76,13 +77,18 @@ def shard_dataset(dataset: Any, shard_by: str) -> Any:
     """
     import tensorflow as tf
 
-    policies = {"auto": tf.data.experimental.AutoShardPolicy.AUTO,
-                "file": tf.data.experimental.AutoShardPolicy.FILE,
-                "data": tf.data.experimental.AutoShardPolicy.DATA,
-                "off": tf.data.experimental.AutoShardPolicy.OFF}
+    policies = {
+        "auto": tf.data.experimental.AutoShardPolicy.AUTO,
+        "file": tf.data.experimental.AutoShardPolicy.FILE,
+        "data": tf.data.experimental.AutoShardPolicy.DATA,
+        "off": tf.data.experimental.AutoShardPolicy.OFF,
+    }
     if shard_by not in policies:
-        raise RecipeConfigError(f"distribution: shard_by={shard_by!r} is not a policy. Expected one of "
-                                f"{', '.join(repr(name) for name in SHARD_POLICIES)}.", setting="shard_by")
+        raise RecipeConfigError(
+            f"distribution: shard_by={shard_by!r} is not a policy. Expected one of "
+            f"{', '.join(repr(name) for name in SHARD_POLICIES)}.",
+            setting="shard_by",
+        )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policies[shard_by]
     return dataset.with_options(options)
@@ -123,28 +129,42 @@ class Distribution(Recipe):
     environ: Mapping[str, str] | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        for field, value, allowed in (("strategy", self.strategy, STRATEGIES),
-                                      ("shard_by", self.shard_by, SHARD_POLICIES)):
+        for field, value, allowed in (
+            ("strategy", self.strategy, STRATEGIES),
+            ("shard_by", self.shard_by, SHARD_POLICIES),
+        ):
             if value not in allowed:
-                raise RecipeConfigError(f"distribution: {field}={value!r} is not valid. Expected one of "
-                                        f"{', '.join(repr(name) for name in allowed)}.", setting=field)
+                raise RecipeConfigError(
+                    f"distribution: {field}={value!r} is not valid. Expected one of "
+                    f"{', '.join(repr(name) for name in allowed)}.",
+                    setting=field,
+                )
         check_rule(self.name, self.scale_learning_rate)
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise RecipeConfigError(f"distribution: warmup_steps={self.warmup_steps!r}: expected an integer >= 0.",
-                                    setting="warmup_steps")
+            raise RecipeConfigError(
+                f"distribution: warmup_steps={self.warmup_steps!r}: expected an integer >= 0.", setting="warmup_steps"
+            )
         if not isinstance(self.communication_timeout_seconds, (int, float)) or self.communication_timeout_seconds < 0:
-            raise RecipeConfigError(f"distribution: communication_timeout_seconds={self.communication_timeout_seconds!r}: "
-                                    "expected seconds >= 0 (0 waits forever).", setting="communication_timeout_seconds")
+            raise RecipeConfigError(
+                f"distribution: communication_timeout_seconds={self.communication_timeout_seconds!r}: "
+                "expected seconds >= 0 (0 waits forever).",
+                setting="communication_timeout_seconds",
+            )
         if self.devices is not None:
             if isinstance(self.devices, str) or not all(isinstance(device, str) for device in self.devices):
-                raise RecipeConfigError(f"distribution: devices={self.devices!r}: expected a list of device names "
-                                        "such as ['/gpu:0', '/gpu:1'].", setting="devices")
+                raise RecipeConfigError(
+                    f"distribution: devices={self.devices!r}: expected a list of device names "
+                    "such as ['/gpu:0', '/gpu:1'].",
+                    setting="devices",
+                )
             object.__setattr__(self, "devices", tuple(self.devices))
             if self.strategy not in ("mirrored", "auto"):
                 # Blamed on devices, which only 'mirrored' reads: another strategy says how the job is launched.
-                raise RecipeConfigError(f"distribution: devices is only used by strategy='mirrored'; received "
-                                        f"strategy={self.strategy!r}. Remove devices or use 'mirrored'.",
-                                        setting="devices")
+                raise RecipeConfigError(
+                    f"distribution: devices is only used by strategy='mirrored'; received "
+                    f"strategy={self.strategy!r}. Remove devices or use 'mirrored'.",
+                    setting="devices",
+                )
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -157,18 +177,23 @@ class Distribution(Recipe):
         if name == "horovod" and importlib.util.find_spec("horovod") is None:
             from tfopt.distribute.horovod import INSTALL_HINT
 
-            raise RecipeConfigError(f"distribution: strategy='horovod' but Horovod is not installed. {INSTALL_HINT}",
-                                    setting="strategy")
+            raise RecipeConfigError(
+                f"distribution: strategy='horovod' but Horovod is not installed. {INSTALL_HINT}", setting="strategy"
+            )
         if name == "tpu" and not plan.hardware.tpu_cores:
-            raise RecipeConfigError("distribution: strategy='tpu' but no TPU is visible on this machine "
-                                    f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.",
-                                    setting="strategy")
+            raise RecipeConfigError(
+                "distribution: strategy='tpu' but no TPU is visible on this machine "
+                f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.",
+                setting="strategy",
+            )
         replicas = count_replicas(name, plan.hardware, environment, self.devices)
         if not self.scale_batch and plan.batch_size % replicas:
             raise RecipeConfigError(
                 f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
                 f"replicas, which does not divide evenly. Use a batch that is a multiple of {replicas}, "
-                "or scale_batch=True.", setting="scale_batch")
+                "or scale_batch=True.",
+                setting="scale_batch",
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         name, reason, environment = self._resolve(plan)
@@ -176,7 +201,8 @@ class Distribution(Recipe):
         options = self._strategy_options(name, environment)
         if replicas == 1 and name in ("default", "one_device") and self.strategy == "auto":
             return plan.replace(strategy=name, strategy_options=options).record(
-                self.name, f"{name}: {reason}; 1 replica, batch {plan.batch_size} unchanged", skipped=True)
+                self.name, f"{name}: {reason}; 1 replica, batch {plan.batch_size} unchanged", skipped=True
+            )
         notes = [f"{name} with {replicas} replica(s): {reason}"]
         dataset, batch_size, compile_config = plan.dataset, plan.batch_size, dict(plan.compile_config)
         if self.scale_batch and replicas > 1:
@@ -186,18 +212,27 @@ class Distribution(Recipe):
             notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}")
         else:
             notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
-        if self.scale_learning_rate != "none" and batch_size != plan.batch_size or self.warmup_steps:
+        if (self.scale_learning_rate != "none" and batch_size != plan.batch_size) or self.warmup_steps:
             compile_config, lr_detail = scale_learning_rate(
-                compile_config, old_batch_size=plan.batch_size, new_batch_size=batch_size,
-                rule=self.scale_learning_rate, warmup_steps=self.warmup_steps)
+                compile_config,
+                old_batch_size=plan.batch_size,
+                new_batch_size=batch_size,
+                rule=self.scale_learning_rate,
+                warmup_steps=self.warmup_steps,
+            )
             notes.append(lr_detail)
         if name == "horovod":
             notes.append("each rank reads its share of every global batch (by data)")
         elif name == "multi_worker":
             dataset = shard_dataset(dataset, self.shard_by)
             notes.append(f"input sharded across workers by {self.shard_by}")
-        return plan.replace(strategy=name, strategy_options=options, dataset=dataset, batch_size=batch_size,
-                            compile_config=compile_config).record(self.name, "; ".join(notes))
+        return plan.replace(
+            strategy=name,
+            strategy_options=options,
+            dataset=dataset,
+            batch_size=batch_size,
+            compile_config=compile_config,
+        ).record(self.name, "; ".join(notes))
 
     def _resolve(self, plan: Plan) -> tuple[str, str, ClusterEnvironment]:
         environment = detect_environment(self.environ)
@@ -212,6 +247,8 @@ class Distribution(Recipe):
         if name == "mirrored" and self.devices:
             return {"devices": list(self.devices)}
         if name == "multi_worker":
-            return {"communication_timeout_seconds": float(self.communication_timeout_seconds),
-                    "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config"}
+            return {
+                "communication_timeout_seconds": float(self.communication_timeout_seconds),
+                "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config",
+            }
         return {}

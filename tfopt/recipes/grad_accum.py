@@ -50,12 +50,19 @@ class GradAccum(Recipe):
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 2:
-            raise RecipeConfigError(f"grad_accum: steps={self.steps!r} is not a number of micro-batches. Expected "
-                                    "an integer >= 2 (1 would be no accumulation).", setting="steps")
+            raise RecipeConfigError(
+                f"grad_accum: steps={self.steps!r} is not a number of micro-batches. Expected "
+                "an integer >= 2 (1 would be no accumulation).",
+                setting="steps",
+            )
         if self.effective_batch_size is not None and (
-                not isinstance(self.effective_batch_size, int) or self.effective_batch_size < 2):
-            raise RecipeConfigError(f"grad_accum: effective_batch_size={self.effective_batch_size!r}. Expected "
-                                    "an integer >= 2, or None to use steps.", setting="effective_batch_size")
+            not isinstance(self.effective_batch_size, int) or self.effective_batch_size < 2
+        ):
+            raise RecipeConfigError(
+                f"grad_accum: effective_batch_size={self.effective_batch_size!r}. Expected "
+                "an integer >= 2, or None to use steps.",
+                setting="effective_batch_size",
+            )
         check_rule(self.name, self.scale_learning_rate)
 
     def accumulation_steps(self, batch_size: int) -> int:
@@ -71,7 +78,9 @@ class GradAccum(Recipe):
             raise RecipeConfigError(
                 f"grad_accum: effective_batch_size={self.effective_batch_size} is not a multiple (at least 2x) "
                 f"of the batch size {batch_size}. Use a multiple such as {max(2, round(steps)) * batch_size}, "
-                "or set steps= instead.", setting="effective_batch_size")
+                "or set steps= instead.",
+                setting="effective_batch_size",
+            )
         return steps
 
     def check(self, plan: Plan) -> None:
@@ -80,7 +89,8 @@ class GradAccum(Recipe):
             raise RecipeConfigError(
                 "grad_accum: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
                 "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
-                "or scale the learning rate by N yourself and drop this recipe.")
+                "or scale the learning rate by N yourself and drop this recipe."
+            )
         _optimizer_config(plan.compile_config.get("optimizer"))
 
     def __call__(self, plan: Plan) -> Plan:
@@ -89,11 +99,14 @@ class GradAccum(Recipe):
         optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
         compile_config = {**plan.compile_config, "optimizer": optimizer}
         effective = steps * plan.batch_size
-        detail = (f"accumulates {steps} micro-batches of {plan.batch_size}: each update stands for a batch of "
-                  f"{effective} (Keras averages the {steps} mean-reduced gradients)")
+        detail = (
+            f"accumulates {steps} micro-batches of {plan.batch_size}: each update stands for a batch of "
+            f"{effective} (Keras averages the {steps} mean-reduced gradients)"
+        )
         if self.scale_learning_rate != "none":
-            compile_config, lr_detail = scale_learning_rate(compile_config, old_batch_size=plan.batch_size,
-                                                            new_batch_size=effective, rule=self.scale_learning_rate)
+            compile_config, lr_detail = scale_learning_rate(
+                compile_config, old_batch_size=plan.batch_size, new_batch_size=effective, rule=self.scale_learning_rate
+            )
             detail += f"; {lr_detail}"
         return plan.replace(compile_config=compile_config).record(self.name, detail)
 
@@ -119,8 +132,14 @@ def with_gradient_accumulation(optimizer: Any, steps: int) -> Any:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         # LossScaleOptimizer rejects the argument itself: it belongs to the inner optimizer.
         inner = with_gradient_accumulation(optimizer.inner_optimizer, steps)
-        return keras.optimizers.LossScaleOptimizer(inner, **{key: value for key, value in optimizer.get_config().items()
-                                                             if key in ("initial_scale", "dynamic_growth_steps")})
+        return keras.optimizers.LossScaleOptimizer(
+            inner,
+            **{
+                key: value
+                for key, value in optimizer.get_config().items()
+                if key in ("initial_scale", "dynamic_growth_steps")
+            },
+        )
     return type(optimizer).from_config({**optimizer.get_config(), "gradient_accumulation_steps": steps})
 
 
@@ -131,13 +150,16 @@ def _optimizer_config(optimizer: Any) -> dict[str, Any]:
     if isinstance(optimizer, str):
         optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
     if not isinstance(optimizer, dict) or "config" not in optimizer:
-        raise RecipeConfigError(f"grad_accum: cannot read the optimizer from the compile config ({optimizer!r}). "
-                                "Compile the model with a Keras 3 optimizer.")
+        raise RecipeConfigError(
+            f"grad_accum: cannot read the optimizer from the compile config ({optimizer!r}). "
+            "Compile the model with a Keras 3 optimizer."
+        )
     if optimizer.get("class_name") == "LossScaleOptimizer":
         raise RecipeConfigError(
             "grad_accum: the model is compiled with a LossScaleOptimizer, which does not take "
             "gradient_accumulation_steps. Compile with the plain optimizer and use the mixed_precision recipe: "
-            "build() wraps it, and the inner optimizer accumulates.")
+            "build() wraps it, and the inner optimizer accumulates."
+        )
     return {**optimizer, "config": dict(optimizer["config"])}
 
 

@@ -16,19 +16,24 @@ from typing import Any
 from tfopt.errors import RecipeConfigError
 
 RULES = ("none", "linear", "sqrt")
-_REASONS = {"linear": "linear scaling rule (Goyal et al. 2017, for SGD-like optimizers)",
-            "sqrt": "square-root scaling (keeps gradient noise constant; often better for Adam)"}
+_REASONS = {
+    "linear": "linear scaling rule (Goyal et al. 2017, for SGD-like optimizers)",
+    "sqrt": "square-root scaling (keeps gradient noise constant; often better for Adam)",
+}
 
 
 def check_rule(recipe: str, rule: Any, rules: tuple[str, ...] = RULES) -> None:
     """Raises RecipeConfigError naming the recipe where `rule` is not one of `rules`."""
     if rule not in rules:
-        raise RecipeConfigError(f"{recipe}: scale_learning_rate={rule!r}. Expected one of "
-                                f"{', '.join(map(repr, rules))}.", setting="scale_learning_rate")
+        raise RecipeConfigError(
+            f"{recipe}: scale_learning_rate={rule!r}. Expected one of {', '.join(map(repr, rules))}.",
+            setting="scale_learning_rate",
+        )
 
 
-def scale_learning_rate(compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int,
-                        rule: str, warmup_steps: int = 0) -> tuple[dict[str, Any], str]:
+def scale_learning_rate(
+    compile_config: Mapping[str, Any], *, old_batch_size: int, new_batch_size: int, rule: str, warmup_steps: int = 0
+) -> tuple[dict[str, Any], str]:
     """Scales the optimizer's learning rate in a compile config by the batch ratio (linear or square root).
 
     Args:
@@ -83,8 +88,11 @@ def _with_scaled_rate(optimizer: Any, factor: float, warmup_steps: int, rule: st
         changes.append(f"{initial:g} -> {initial * factor:g} (initial rate of its schedule)")
     else:
         config["learning_rate"] = _warmup(rate, factor, warmup_steps, rule, optimizer)
-        changes.append(f"{rate:g} -> LinearWarmup" if isinstance(rate, (int, float)) else
-                       f"schedule {rate.get('class_name') if isinstance(rate, Mapping) else rate!r} -> LinearWarmup")
+        changes.append(
+            f"{rate:g} -> LinearWarmup"
+            if isinstance(rate, (int, float))
+            else f"schedule {rate.get('class_name') if isinstance(rate, Mapping) else rate!r} -> LinearWarmup"
+        )
     return {**optimizer, "config": config}
 
 
@@ -103,4 +111,5 @@ def _cannot_scale(rule: str, optimizer: Any, why: str) -> RecipeConfigError:
     name = optimizer.get("class_name") if isinstance(optimizer, Mapping) else optimizer
     return RecipeConfigError(
         f"scale_learning_rate={rule!r}: cannot scale the learning rate of optimizer {name!r}: {why}. It must be a "
-        "number or a Keras learning-rate schedule; set scale_learning_rate='none' and set the rate yourself.")
+        "number or a Keras learning-rate schedule; set scale_learning_rate='none' and set the rate yourself."
+    )

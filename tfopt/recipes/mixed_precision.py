@@ -41,17 +41,23 @@ def choose_policy(hardware: Hardware) -> tuple[str, str]:
     if hardware.accelerator == "gpu":
         major, minor = hardware.min_compute_capability
         if major >= 8:
-            return "mixed_bfloat16", (f"GPU compute capability {major}.{minor} >= 8.0 has bfloat16 tensor cores; "
-                                      "bfloat16 needs no loss scaling")
+            return "mixed_bfloat16", (
+                f"GPU compute capability {major}.{minor} >= 8.0 has bfloat16 tensor cores; "
+                "bfloat16 needs no loss scaling"
+            )
         if major == 7:
-            return "mixed_float16", (f"GPU compute capability {major}.{minor} has float16 tensor cores but no "
-                                     "bfloat16; float16 with loss scaling")
+            return "mixed_float16", (
+                f"GPU compute capability {major}.{minor} has float16 tensor cores but no "
+                "bfloat16; float16 with loss scaling"
+            )
         return "float32", f"GPU compute capability {major}.{minor} < 7.0 has no 16-bit tensor cores"
     if hardware.cpu_supports_bf16:
         flags = ", ".join(sorted(hardware.cpu_flags & {"avx512_bf16", "amx_bf16"}))
         return "mixed_bfloat16", f"the CPU has native bfloat16 instructions ({flags})"
-    return "float32", ("no GPU or TPU, and the CPU lacks bfloat16 instructions (AVX512-BF16/AMX): "
-                       "16-bit compute would be emulated and slower")
+    return "float32", (
+        "no GPU or TPU, and the CPU lacks bfloat16 instructions (AVX512-BF16/AMX): "
+        "16-bit compute would be emulated and slower"
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,16 +86,24 @@ class MixedPrecision(Recipe):
         if self.policy not in POLICIES:
             raise RecipeConfigError(
                 f"mixed_precision: policy={self.policy!r} is not a policy. Expected one of "
-                f"{', '.join(repr(policy) for policy in POLICIES)}.", setting="policy")
+                f"{', '.join(repr(policy) for policy in POLICIES)}.",
+                setting="policy",
+            )
         if self.tf32 is not None and not isinstance(self.tf32, bool):
-            raise RecipeConfigError(f"mixed_precision: tf32={self.tf32!r}. Expected true (TF32 float32 math on "
-                                    "GPUs of compute capability 8.0+), false (IEEE float32) or null (keep "
-                                    "TensorFlow's setting).", setting="tf32")
+            raise RecipeConfigError(
+                f"mixed_precision: tf32={self.tf32!r}. Expected true (TF32 float32 math on "
+                "GPUs of compute capability 8.0+), false (IEEE float32) or null (keep "
+                "TensorFlow's setting).",
+                setting="tf32",
+            )
 
     def check(self, plan: Plan) -> None:
         if self.policy == "mixed_float16" and plan.hardware.accelerator == "tpu":
-            raise RecipeConfigError("mixed_precision: policy='mixed_float16' does not run on TPUs, which "
-                                    "compute in bfloat16. Use policy='mixed_bfloat16' or 'auto'.", setting="policy")
+            raise RecipeConfigError(
+                "mixed_precision: policy='mixed_float16' does not run on TPUs, which "
+                "compute in bfloat16. Use policy='mixed_bfloat16' or 'auto'.",
+                setting="policy",
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         if self.policy == "auto":
@@ -103,10 +117,12 @@ class MixedPrecision(Recipe):
         float32 = _float32_math(plan.hardware, tf32)
         if policy == "float32":
             return plan.replace(dtype_policy="float32", tf32=tf32).record(
-                self.name, f"kept float32: {reason}{float32}", skipped=True)
+                self.name, f"kept float32: {reason}{float32}", skipped=True
+            )
         scaling = "; Keras wraps the optimizer in LossScaleOptimizer" if policy == "mixed_float16" else ""
         return plan.replace(dtype_policy=policy, tf32=tf32).record(
-            self.name, f"{policy}: {reason}; output layers compute in float32{scaling}{float32}")
+            self.name, f"{policy}: {reason}; output layers compute in float32{scaling}{float32}"
+        )
 
 
 def _float32_math(hardware: Hardware, tf32: bool) -> str:

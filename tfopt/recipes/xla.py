@@ -38,20 +38,25 @@ class Xla(Recipe):
 
     def __post_init__(self) -> None:
         if not (self.jit_compile == "auto" or isinstance(self.jit_compile, bool)):
-            raise RecipeConfigError(f"xla: jit_compile={self.jit_compile!r} is not valid. Expected 'auto', "
-                                    "true or false.", setting="jit_compile")
+            raise RecipeConfigError(
+                f"xla: jit_compile={self.jit_compile!r} is not valid. Expected 'auto', true or false.",
+                setting="jit_compile",
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         if self.jit_compile is False:
-            return plan.with_compile(jit_compile=False).record(self.name, "jit_compile=False requested",
-                                                               skipped=True)
+            return plan.with_compile(jit_compile=False).record(self.name, "jit_compile=False requested", skipped=True)
         if self.jit_compile == "auto" and plan.hardware.accelerator == "cpu":
             # No speed figure here: one measured on another machine would read as a fact about this one.
             return plan.with_compile(jit_compile=False).record(
-                self.name, f"no GPU or TPU ({plan.hardware.describe()}): XLA stays off on CPUs, where it often "
+                self.name,
+                f"no GPU or TPU ({plan.hardware.describe()}): XLA stays off on CPUs, where it often "
                 "made training slower; set jit_compile: true to force it, or recipes='auto' to time it here",
-                skipped=True)
+                skipped=True,
+            )
         return plan.with_compile(jit_compile=True).record(
-            self.name, "on: jit_compile=True set explicitly, since Keras' 'auto' turns it off under distribution "
+            self.name,
+            "on: jit_compile=True set explicitly, since Keras' 'auto' turns it off under distribution "
             "strategies and on CPU; the build checks that every layer lowers to XLA (else compiles without it, "
-            "naming the layer) and keeps batch shapes static")
+            "naming the layer) and keeps batch shapes static",
+        )

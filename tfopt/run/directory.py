@@ -48,14 +48,20 @@ def check_out_dir(out_dir: str | os.PathLike | None, *, resume: bool) -> None:
     if path is not None:
         check_writable(path, "--out")
     if resume and path is None:
-        raise TfoptError("--resume needs --out RUN_DIR: the directory of the run to continue, e.g. "
-                         "tfopt-recipe run recipes/small_cnn.yaml --out runs/small_cnn-20250101-120000 --resume.")
+        raise TfoptError(
+            "--resume needs --out RUN_DIR: the directory of the run to continue, e.g. "
+            "tfopt-recipe run recipes/small_cnn.yaml --out runs/small_cnn-20250101-120000 --resume."
+        )
     if resume and not (path / RESOLVED_RECIPE_NAME).is_file():
-        raise TfoptError(f"--resume: {path} holds no run to continue (no {RESOLVED_RECIPE_NAME} in it). Give the "
-                         "directory of an earlier run, or drop --resume to start a new run there.")
+        raise TfoptError(
+            f"--resume: {path} holds no run to continue (no {RESOLVED_RECIPE_NAME} in it). Give the "
+            "directory of an earlier run, or drop --resume to start a new run there."
+        )
     if not resume and path is not None and path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise TfoptError(f"--out {path} already holds files; a run never writes over earlier outputs. Choose a "
-                         "new directory, delete this one, or add --resume to continue the run it holds.")
+        raise TfoptError(
+            f"--out {path} already holds files; a run never writes over earlier outputs. Choose a "
+            "new directory, delete this one, or add --resume to continue the run it holds."
+        )
 
 
 def check_writable(path: pathlib.Path, what: str) -> None:
@@ -71,8 +77,9 @@ def check_writable(path: pathlib.Path, what: str) -> None:
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise TfoptError(f"{what} {path}: {existing} is a file, so no directory can be made there. Give another "
-                         "directory.")
+        raise TfoptError(
+            f"{what} {path}: {existing} is a file, so no directory can be made there. Give another directory."
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only(existing) else "is not writable by this user"
         raise TfoptError(f"{what} {path}: {existing} {reason}. Give a directory you can write to.")
@@ -109,9 +116,11 @@ def run_dir_lock(path: pathlib.Path) -> Iterator[int | None]:
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             holder = _holder(lock_path)
-            raise TfoptError(f"{path} is in use by another tfopt run ({holder}); two runs writing one directory "
-                             "would mix their checkpoints and reports. Wait for it to finish, stop it, or give "
-                             "another --out.") from None
+            raise TfoptError(
+                f"{path} is in use by another tfopt run ({holder}); two runs writing one directory "
+                "would mix their checkpoints and reports. Wait for it to finish, stop it, or give "
+                "another --out."
+            ) from None
         if os.path.exists(lock_path) and os.stat(lock_path).st_ino == os.fstat(descriptor).st_ino:
             break  # else the holder removed the file between our open and our lock: lock the new one
         os.close(descriptor)
@@ -199,13 +208,18 @@ def resumed_run_dir(out_dir: str | os.PathLike | None, resolved: dict[str, Any])
     path = pathlib.Path(out_dir)
     earlier = load_recipe(path / RESOLVED_RECIPE_NAME).to_dict()
     changes = differences(earlier, resolved)
-    blocking = [found for found in changes if found[0] not in _RESUMABLE_CHANGES
-                or found[0] == ("train", "epochs") and found[2] < found[1]]
+    blocking = [
+        found
+        for found in changes
+        if found[0] not in _RESUMABLE_CHANGES or (found[0] == ("train", "epochs") and found[2] < found[1])
+    ]
     if blocking:
         key, before, now = blocking[0]
-        raise TfoptError(f"--resume: the run in {path} was made with {'.'.join(map(str, key))}: {before!r}, and "
-                         f"this command asks for {now!r}. A run continues with the settings it started with "
-                         f"(only train.epochs may grow); start a new run (another --out) to change them.")
+        raise TfoptError(
+            f"--resume: the run in {path} was made with {'.'.join(map(str, key))}: {before!r}, and "
+            f"this command asks for {now!r}. A run continues with the settings it started with "
+            f"(only train.epochs may grow); start a new run (another --out) to change them."
+        )
     return path
 
 

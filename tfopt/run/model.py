@@ -33,12 +33,16 @@ def prepare(recipe: Any) -> Any:
         raise
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        raise DataError(f"Data source {recipe.data.source} yields {spec}, expected (inputs, targets) pairs "
-                        f"({recipe.where('data', 'source')}).")
+        raise DataError(
+            f"Data source {recipe.data.source} yields {spec}, expected (inputs, targets) pairs "
+            f"({recipe.where('data', 'source')})."
+        )
     accepted = set(inspect.signature(recipe.model.builder).parameters) | set(recipe.model.kwargs)
     derived = _from_data(source, spec[0])
-    kwargs = {**recipe.model.kwargs, **{key: value for key, value in derived.items()
-                                        if key in accepted and key not in recipe.model.given}}
+    kwargs = {
+        **recipe.model.kwargs,
+        **{key: value for key, value in derived.items() if key in accepted and key not in recipe.model.given},
+    }
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, kwargs=kwargs))
 
 
@@ -59,14 +63,17 @@ def create_model(recipe: Any) -> Any:
     except TfoptError:
         raise
     except (ValueError, TypeError) as error:
-        raise RecipeFileError(f"model {recipe.model.name} rejected its arguments: {type(error).__name__}: "
-                              f"{_one_line(error)} ({where}).") from error
-    except Exception as error:  # noqa: BLE001 - the user's model code may raise anything
-        raise TfoptError(f"Building model {recipe.model.name} raised {type(error).__name__}: "
-                         f"{_one_line(error)} ({where}).") from error
+        raise RecipeFileError(
+            f"model {recipe.model.name} rejected its arguments: {type(error).__name__}: {_one_line(error)} ({where})."
+        ) from error
+    except Exception as error:
+        raise TfoptError(
+            f"Building model {recipe.model.name} raised {type(error).__name__}: {_one_line(error)} ({where})."
+        ) from error
     if not isinstance(model, keras.Model):
-        raise TfoptError(f"model {recipe.model.name} returned a {type(model).__name__}, expected a keras.Model "
-                         f"({where}).")
+        raise TfoptError(
+            f"model {recipe.model.name} returned a {type(model).__name__}, expected a keras.Model ({where})."
+        )
     return model
 
 

@@ -32,13 +32,13 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfopt.recipe_file.schema import REPORT_SUFFIXES
-from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 from tfopt._atomic import write_atomic
-from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
 from tfopt.errors import DataError, RecipeFileError, RunInterrupted, TfoptError
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
+from tfopt.recipe_file.schema import REPORT_SUFFIXES
+from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
+from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 
 _log = logging.getLogger("tfopt")
 
@@ -88,22 +88,39 @@ class RunOutcome:
         if self.report is None or len(self.report["runs"]) < 2:
             return f"{self.recipe.name}: not measured{trained}; outputs in {self.run_dir}"
         before, after = self.report["runs"]["before"], self.report["runs"]["after"]
-        path = next((self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
-                    self.run_dir)
-        return (f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
-                f"({self.report['speedup']:.2f}x{describe_rounds(self.report['speedup_rounds']) if self.report.get('speedup_rounds') else ''}); "
-                f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
-                f"{trained}; report: {path}")
+        path = next(
+            (self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
+            self.run_dir,
+        )
+        return (
+            f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
+            f"({self.report['speedup']:.2f}x{describe_rounds(self.report['speedup_rounds']) if self.report.get('speedup_rounds') else ''}); "
+            f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
+            f"{trained}; report: {path}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe record: run directory, resolved recipe, report numbers, training, report paths."""
-        return {"run_dir": os.fspath(self.run_dir), "recipe": self.recipe.to_dict(), "applied": list(self.applied),
-                "report": self.report, "training": self.training, "summary": self.summary(),
-                "reports": {name: os.fspath(path) for name, path in self.report_paths.items()}}
+        return {
+            "run_dir": os.fspath(self.run_dir),
+            "recipe": self.recipe.to_dict(),
+            "applied": list(self.applied),
+            "report": self.report,
+            "training": self.training,
+            "summary": self.summary(),
+            "reports": {name: os.fspath(path) for name, path in self.report_paths.items()},
+        }
 
 
-def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_root: str | os.PathLike = "runs",
-        progress: Progress | None = None, resume: bool = False, train: bool = True) -> RunOutcome:
+def run(
+    recipe: RecipeFile,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    runs_root: str | os.PathLike = "runs",
+    progress: Progress | None = None,
+    resume: bool = False,
+    train: bool = True,
+) -> RunOutcome:
     """Runs a recipe: measures before and after its recipes, writes the report, trains.
 
     Args:
@@ -148,8 +165,9 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
         if cluster.is_chief and not resume:
             save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
         try:
-            report, report_paths, built, training = _run_in(run_dir, recipe, progress, cluster, resume=resume,
-                                                            train=train)
+            report, report_paths, built, training = _run_in(
+                run_dir, recipe, progress, cluster, resume=resume, train=train
+            )
         except BaseException as error:
             said = _in_recipe_terms(recipe, error)
             if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
@@ -165,8 +183,14 @@ def run(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, runs_ro
             if isinstance(error, TfoptError):
                 error.args = (f"{' '.join(str(error).split())}{where}",)
             raise
-    return RunOutcome(run_dir=run_dir, recipe=recipe, report=report, report_paths=report_paths, training=training,
-                      applied=tuple(dataclasses.asdict(step) for step in built.plan.applied))
+    return RunOutcome(
+        run_dir=run_dir,
+        recipe=recipe,
+        report=report,
+        report_paths=report_paths,
+        training=training,
+        applied=tuple(dataclasses.asdict(step) for step in built.plan.applied),
+    )
 
 
 def _in_recipe_terms(recipe: RecipeFile, error: BaseException) -> TfoptError | None:
@@ -179,18 +203,24 @@ def _in_recipe_terms(recipe: RecipeFile, error: BaseException) -> TfoptError | N
         return DataError(damage)
     setting = getattr(error, "setting", None)
     if isinstance(error, DataError) and setting in ("input_shape", "classes") and setting in recipe.model.given:
-        return RecipeFileError(f"{' '.join(str(error).split())} Fix model.{setting} "
-                               f"({recipe.where('model', setting)}), or leave it out: it follows the data.")
+        return RecipeFileError(
+            f"{' '.join(str(error).split())} Fix model.{setting} "
+            f"({recipe.where('model', setting)}), or leave it out: it follows the data."
+        )
     return None
 
 
-def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, cluster: Any, *, resume: bool,
-            train: bool) -> tuple[dict[str, Any] | None, dict[str, pathlib.Path], Any, dict[str, Any] | None]:
+def _run_in(
+    run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, cluster: Any, *, resume: bool, train: bool
+) -> tuple[dict[str, Any] | None, dict[str, pathlib.Path], Any, dict[str, Any] | None]:
     """`run`'s work inside its directory: the report (measured now or kept from the first attempt), the
     built model, and training."""
     report = _earlier_report(run_dir) if resume else None
-    report_paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats
-                    if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()}
+    report_paths = {
+        name: run_dir / f"report{REPORT_SUFFIXES[name]}"
+        for name in recipe.report.formats
+        if report is not None and (run_dir / f"report{REPORT_SUFFIXES[name]}").exists()
+    }
     written = None  # the Report object this process wrote, re-rendered with the training's windows
     if report is None and cluster.num_workers == 1:
         progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
@@ -205,8 +235,9 @@ def _run_in(run_dir: pathlib.Path, recipe: RecipeFile, progress: Progress, clust
             from tfopt.run.training import train_model
 
             progress.phase(f"training {recipe.train.epochs} epoch(s)")
-            training = train_model(built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir),
-                                   chief=cluster.is_chief)
+            training = train_model(
+                built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir), chief=cluster.is_chief
+            )
             if cluster.is_chief and training.get("monitor") and report_paths:
                 report = _with_training(written, training["monitor"], report_paths) or report
     finally:
@@ -228,33 +259,44 @@ def describe(recipe: RecipeFile, *, out_dir: str | os.PathLike | None = None, wo
     from tfopt.optimize import resolve_recipes
 
     if recipe.recipes == "auto":
-        order = (f"auto: time the candidate recipes on this machine for up to {recipe.profile.tune_budget_seconds:g} "
-                 "s, keep only those that help")
+        order = (
+            f"auto: time the candidate recipes on this machine for up to {recipe.profile.tune_budget_seconds:g} "
+            "s, keep only those that help"
+        )
     else:
         chosen = resolve_recipes(_recipes_argument(recipe))
         order = ", ".join(item.name for item in chosen.recipes) or "(none)"
     steps = f"{recipe.train.steps_per_epoch} steps" if recipe.train.steps_per_epoch else "the whole dataset"
-    return [f"profile the baseline: {recipe.profile.warmup_steps} warm-up + {recipe.profile.steps} timed steps, "
-            "real input and on-device compute-only ceiling, a TF Profiler trace",
-            f"apply recipes in build order: {order}",
-            "profile the optimized setup the same way, write "
-            + ", ".join(f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats),
-            f"train {recipe.train.epochs} epoch(s) of {steps}, batch {recipe.data.batch_size}, checkpoints every "
-            f"{recipe.train.checkpoint_every_steps} steps, under tfopt.Monitor"
-            + (f", on {workers} local workers" if workers else ""),
-            f"write {out_dir or f'runs/{recipe.name}-<timestamp>'}/: {RESOLVED_RECIPE_NAME}, tensorboard/, "
-            f"checkpoints/, training.json and the report"]
+    return [
+        f"profile the baseline: {recipe.profile.warmup_steps} warm-up + {recipe.profile.steps} timed steps, "
+        "real input and on-device compute-only ceiling, a TF Profiler trace",
+        f"apply recipes in build order: {order}",
+        "profile the optimized setup the same way, write "
+        + ", ".join(f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats),
+        f"train {recipe.train.epochs} epoch(s) of {steps}, batch {recipe.data.batch_size}, checkpoints every "
+        f"{recipe.train.checkpoint_every_steps} steps, under tfopt.Monitor"
+        + (f", on {workers} local workers" if workers else ""),
+        f"write {out_dir or f'runs/{recipe.name}-<timestamp>'}/: {RESOLVED_RECIPE_NAME}, tensorboard/, "
+        f"checkpoints/, training.json and the report",
+    ]
 
 
 def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> tuple[Any, Any, dict]:
     """Profiles before and after with `tfopt.apply(..., profile=True)` and writes the report at once, so a
     run that fails while training keeps its measurements."""
-    result = _apply(recipe, progress, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps,
-                    profile=True, logdir=os.fspath(logdir(recipe, run_dir)))
+    result = _apply(
+        recipe,
+        progress,
+        steps=recipe.profile.steps,
+        warmup_steps=recipe.profile.warmup_steps,
+        profile=True,
+        logdir=os.fspath(logdir(recipe, run_dir)),
+    )
     with _closed_on_failure(result):
         progress.phase("writing the report")
-        report = result.report(price_per_hour=recipe.report.price_per_hour,
-                               steps_per_epoch=recipe.train.steps_per_epoch)
+        report = result.report(
+            price_per_hour=recipe.report.price_per_hour, steps_per_epoch=recipe.train.steps_per_epoch
+        )
         paths = {name: run_dir / f"report{REPORT_SUFFIXES[name]}" for name in recipe.report.formats}
         _save(report, paths.values())
     return _built(result), report, paths
@@ -286,8 +328,11 @@ def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, 
         report = dataclasses.replace(report, training=tuple(windows))
         _save(report, paths.values())
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a run that trained
-        _log.warning("The report keeps its measurements without the training section: rendering it failed "
-                     "(%s: %s).", type(error).__name__, error)
+        _log.warning(
+            "The report keeps its measurements without the training section: rendering it failed (%s: %s).",
+            type(error).__name__,
+            error,
+        )
         return None
     return report.to_dict()
 
@@ -309,17 +354,25 @@ def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
     `tfopt.apply`'s build, once per configuration it measures or returns."""
     import tfopt
 
-    return tfopt.apply(None, recipe.data.source_object, recipes=_recipes_argument(recipe),
-                       model_fn=lambda: create_model(recipe), compile=compile_arguments(recipe),
-                       batch_size=recipe.data.batch_size, tune_budget_seconds=recipe.profile.tune_budget_seconds,
-                       on_tune_progress=progress.tuning, **measuring)
+    return tfopt.apply(
+        None,
+        recipe.data.source_object,
+        recipes=_recipes_argument(recipe),
+        model_fn=lambda: create_model(recipe),
+        compile=compile_arguments(recipe),
+        batch_size=recipe.data.batch_size,
+        tune_budget_seconds=recipe.profile.tune_budget_seconds,
+        on_tune_progress=progress.tuning,
+        **measuring,
+    )
 
 
 def _built(result: Any) -> Any:
     from tfopt.builder import Built
 
-    return Built(model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan,
-                 service=result.service)
+    return Built(
+        model=result.model, dataset=result.dataset, strategy=result.strategy, plan=result.plan, service=result.service
+    )
 
 
 def _recipes_argument(recipe: RecipeFile) -> Any:

@@ -24,16 +24,17 @@ import os
 import pathlib
 from typing import Any
 
-from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
 from tfopt.errors import TfoptError
+from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
 
 MULTI_PROCESS_STRATEGIES = ("multi_worker", "horovod")
 # The Monitor's windows over a run of known length: a curve in the report, not one point per step.
 WINDOWS_PER_RUN = 20
 
 
-def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *, tensorboard_dir: pathlib.Path,
-                chief: bool = True) -> dict[str, Any]:
+def train_model(
+    built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *, tensorboard_dir: pathlib.Path, chief: bool = True
+) -> dict[str, Any]:
     """Trains `built` for the recipe's epochs and returns what was trained (also saved as training.json).
 
     Args:
@@ -73,16 +74,22 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
 
             monitor = _monitor(built, train, tensorboard_dir / "train" if chief else None)
             records = _epoch_records(run_dir / TRAINING_NAME, monitor)
-            result = resumable_train(built, epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
-                                     checkpoint_dir=checkpoints, checkpoint_every_steps=train.checkpoint_every_steps,
-                                     callbacks=[monitor, *callbacks, *([records] if chief else [])])
+            result = resumable_train(
+                built,
+                epochs=train.epochs,
+                steps_per_epoch=train.steps_per_epoch,
+                checkpoint_dir=checkpoints,
+                checkpoint_every_steps=train.checkpoint_every_steps,
+                callbacks=[monitor, *callbacks, *([records] if chief else [])],
+            )
             record = records.whole({"engine": "tfopt.training.train", **result.to_dict()})
     except TfoptError as error:
         error.args = (f"{error}{_windows_kept(monitor)}",)
         raise
-    except Exception as error:  # noqa: BLE001 - reported as one paragraph with its cause
-        raise TfoptError(f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}"
-                         f"{_windows_kept(monitor)}") from error
+    except Exception as error:
+        raise TfoptError(
+            f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}{_windows_kept(monitor)}"
+        ) from error
     finally:
         if monitor is not None:
             monitor.close()  # Keras ends no callback when fit raises; after a normal end it does nothing
@@ -96,8 +103,10 @@ def train_model(built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *
 
 def _windows(monitor: Any) -> list[dict[str, Any]]:
     """The Monitor's window records as training.json keeps them."""
-    return [{key: value for key, value in window.items() if key not in ("kind", "logs")}
-            for window in monitor.records_of("window")]
+    return [
+        {key: value for key, value in window.items() if key not in ("kind", "logs")}
+        for window in monitor.records_of("window")
+    ]
 
 
 def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
@@ -131,8 +140,12 @@ def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             for key, value in (logs or {}).items():
                 self.history.setdefault(key, []).append(float(value))
-            record = {"engine": "tfopt.training.train", "complete": False, "epochs_done": epoch + 1,
-                      "global_step": int(self.model.optimizer.iterations.numpy())}
+            record = {
+                "engine": "tfopt.training.train",
+                "complete": False,
+                "epochs_done": epoch + 1,
+                "global_step": int(self.model.optimizer.iterations.numpy()),
+            }
             write_atomic(path, json.dumps(self.whole(record), indent=2) + "\n")
 
         def whole(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -160,8 +173,10 @@ def _windows_kept(monitor: Any) -> str:
     windows = monitor.records_of("window") if monitor is not None and monitor.logdir is not None else []
     if not windows:
         return ""
-    return (f" The {len(windows)} tfopt.Monitor window(s) recorded before it, to step {windows[-1]['step']}, "
-            f"are in {monitor.logdir / 'monitor.jsonl'}.")
+    return (
+        f" The {len(windows)} tfopt.Monitor window(s) recorded before it, to step {windows[-1]['step']}, "
+        f"are in {monitor.logdir / 'monitor.jsonl'}."
+    )
 
 
 def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:
@@ -169,15 +184,28 @@ def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: l
     from tfopt.training import NonFiniteLossGuard
 
     model = built.model
-    history = fit(model, built.dataset, strategy=built.strategy, epochs=train.epochs,
-                  steps_per_epoch=train.steps_per_epoch, callbacks=[NonFiniteLossGuard(), *callbacks],
-                  checkpoint_dir=checkpoints, verbose=0)
+    history = fit(
+        model,
+        built.dataset,
+        strategy=built.strategy,
+        epochs=train.epochs,
+        steps_per_epoch=train.steps_per_epoch,
+        callbacks=[NonFiniteLossGuard(), *callbacks],
+        checkpoint_dir=checkpoints,
+        verbose=0,
+    )
     global_step = int(model.optimizer.iterations.numpy())
     epochs_run = len(history.epoch)
-    return {"engine": "tfopt.distribute.fit", "epochs": train.epochs, "steps_per_epoch": train.steps_per_epoch,
-            "history": {key: [float(value) for value in values] for key, values in history.history.items()},
-            "resumed_from_epoch": train.epochs - epochs_run, "global_step": global_step,
-            "replicas": int(built.strategy.num_replicas_in_sync), "last_checkpoint": os.fspath(checkpoints)}
+    return {
+        "engine": "tfopt.distribute.fit",
+        "epochs": train.epochs,
+        "steps_per_epoch": train.steps_per_epoch,
+        "history": {key: [float(value) for value in values] for key, values in history.history.items()},
+        "resumed_from_epoch": train.epochs - epochs_run,
+        "global_step": global_step,
+        "replicas": int(built.strategy.num_replicas_in_sync),
+        "last_checkpoint": os.fspath(checkpoints),
+    }
 
 
 def scalar_summaries(directory: pathlib.Path) -> Any:

@@ -58,7 +58,8 @@ class BatchSizeSearch:
             raise MeasurementError(
                 f"No batch size ran within the memory bound ({self.memory_kind}); trials: "
                 f"{[(trial.batch_size, trial.status) for trial in self.trials]}. Lower min_batch_size, or "
-                "raise memory_budget_bytes.")
+                "raise memory_budget_bytes."
+            )
         return max(ok, key=lambda trial: trial.examples_per_second)
 
     @property
@@ -66,8 +67,12 @@ class BatchSizeSearch:
         return self.best.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trials": [trial.to_dict() for trial in self.trials], "memory_kind": self.memory_kind,
-                "memory_budget_bytes": self.memory_budget_bytes, "best_batch_size": self.best_batch_size}
+        return {
+            "trials": [trial.to_dict() for trial in self.trials],
+            "memory_kind": self.memory_kind,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "best_batch_size": self.best_batch_size,
+        }
 
     def to_markdown(self) -> str:
         """The trial table as Markdown, the fastest row marked."""
@@ -79,13 +84,22 @@ class BatchSizeSearch:
             speed = f"{trial.examples_per_second:,.0f}" if trial.examples_per_second else "-"
             step = f"{trial.median_step_seconds * 1000:.1f}" if trial.median_step_seconds else "-"
             mark = " (best)" if trial is best else ""
-            rows.append(f"| {trial.batch_size} | {speed} | {step} | {describe_bytes(trial.peak_memory_bytes)} | "
-                        f"{trial.status}{mark} |")
+            rows.append(
+                f"| {trial.batch_size} | {speed} | {step} | {describe_bytes(trial.peak_memory_bytes)} | "
+                f"{trial.status}{mark} |"
+            )
         return "\n".join(rows)
 
 
-def search_batch_sizes(run_trial: Callable[[int], Trial], *, min_batch_size: int, max_batch_size: int,
-                       memory_budget_bytes: int | None, baseline_bytes: int = 0, refine: bool = True) -> list[Trial]:
+def search_batch_sizes(
+    run_trial: Callable[[int], Trial],
+    *,
+    min_batch_size: int,
+    max_batch_size: int,
+    memory_budget_bytes: int | None,
+    baseline_bytes: int = 0,
+    refine: bool = True,
+) -> list[Trial]:
     """The search itself, over any trial function: powers of two, then 3/4 and 3/2 of the best.
 
     Separate from the timing so that its decisions (when to stop, what to skip) are tested with faked

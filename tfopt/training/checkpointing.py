@@ -51,8 +51,9 @@ class TrainingCheckpoint:
         True
     """
 
-    def __init__(self, directory: str | os.PathLike, model: Any, *, steps_per_epoch: int, keep: int = 3,
-                 async_write: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, model: Any, *, steps_per_epoch: int, keep: int = 3, async_write: bool = True
+    ):
         import tensorflow as tf
 
         if keep < 1:
@@ -69,19 +70,23 @@ class TrainingCheckpoint:
         # Plain CPU variables: the position is host bookkeeping, not state to mirror across replicas.
         with tf.device("/cpu:0"):
             self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self._steps_per_epoch = tf.Variable(steps_per_epoch, dtype=tf.int64, trainable=False,
-                                                name="steps_per_epoch")
+            self._steps_per_epoch = tf.Variable(
+                steps_per_epoch, dtype=tf.int64, trainable=False, name="steps_per_epoch"
+            )
         # The TensorFlow variables under the Keras ones, in order, rather than the Keras objects: TF's
         # asynchronous checkpointing fails from the second save on with Keras 3 variables
         # (KerasVariable._copy_trackable_to_cpu creates a tf.Variable inside TF's traced copy function:
         # "tf.function only supports singleton tf.Variables"); plain ones work. Keras paths cannot be the
         # keys: Keras makes names unique per process (dense_3 in a second model), so they change.
-        self._checkpoint = tf.train.Checkpoint(model_variables=[v.value for v in model.variables],
-                                               optimizer_variables=[v.value for v in optimizer.variables],
-                                               global_step=self._global_step,
-                                               steps_per_epoch=self._steps_per_epoch)
-        self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory, max_to_keep=keep,
-                                                   checkpoint_name="ckpt")
+        self._checkpoint = tf.train.Checkpoint(
+            model_variables=[v.value for v in model.variables],
+            optimizer_variables=[v.value for v in optimizer.variables],
+            global_step=self._global_step,
+            steps_per_epoch=self._steps_per_epoch,
+        )
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self.directory, max_to_keep=keep, checkpoint_name="ckpt"
+        )
         self._options = tf.train.CheckpointOptions(enable_async=async_write)
         self._async = async_write
         self._last_saved_step: int | None = None
@@ -118,16 +123,19 @@ class TrainingCheckpoint:
                 ) from error
             except Exception as error:  # noqa: BLE001 - whatever a damaged file raises (DataLossError, IndexError)
                 damaged.append(f"{os.path.basename(path)} ({describe_error(error)})")
-                _log.warning("The checkpoint %s is damaged (%s); trying the one before it.", path,
-                             describe_error(error))
+                _log.warning(
+                    "The checkpoint %s is damaged (%s); trying the one before it.", path, describe_error(error)
+                )
                 continue
             if damaged:
                 _log.warning("Resuming from %s: the newer %s could not be read.", path, ", ".join(damaged))
             break
         else:
             if damaged:
-                raise DataError(f"Every checkpoint in {self.directory} is damaged: {'; '.join(damaged)}. Delete "
-                                "them to train from the start, or restore the directory from a copy.")
+                raise DataError(
+                    f"Every checkpoint in {self.directory} is damaged: {'; '.join(damaged)}. Delete "
+                    "them to train from the start, or restore the directory from a copy."
+                )
             return None
         saved_steps_per_epoch = int(self._steps_per_epoch.numpy())
         self._steps_per_epoch.assign(self.steps_per_epoch)
@@ -135,7 +143,8 @@ class TrainingCheckpoint:
             raise DataError(
                 f"The checkpoint {path} was written with steps_per_epoch={saved_steps_per_epoch}; this run has "
                 f"steps_per_epoch={self.steps_per_epoch}, so where to resume in the data is unknown. Resume "
-                "with the same dataset and steps_per_epoch, or use a new checkpoint_dir.")
+                "with the same dataset and steps_per_epoch, or use a new checkpoint_dir."
+            )
         step = int(self._global_step.numpy())
         self._last_saved_step = step
         _log.info("Resumed from %s at global step %d.", path, step)

@@ -37,9 +37,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tfopt.errors import DataError
+from tfopt.errors import DataError, NonFiniteLossError
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
-from tfopt.errors import NonFiniteLossError
 from tfopt.training.guards import NonFiniteLossGuard
 
 _log = logging.getLogger("tfopt")
@@ -75,10 +74,19 @@ class TrainingResult:
         return dataclasses.asdict(self)
 
 
-def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
-          checkpoint_dir: str | os.PathLike | None = None, checkpoint_every_steps: int = 100,
-          keep_checkpoints: int = 3, async_checkpoint: bool = True, callbacks: Sequence[Any] = (),
-          validation_data: Any = None, verbose: int | str = 0) -> TrainingResult:
+def train(
+    built: Any,
+    *,
+    epochs: int,
+    steps_per_epoch: int | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every_steps: int = 100,
+    keep_checkpoints: int = 3,
+    async_checkpoint: bool = True,
+    callbacks: Sequence[Any] = (),
+    validation_data: Any = None,
+    verbose: int | str = 0,
+) -> TrainingResult:
     """Trains a built plan for `epochs`, resuming from `checkpoint_dir` and stopping on a NaN/Inf loss.
 
     Args:
@@ -122,12 +130,19 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
     start = 0
     if checkpoint_dir is not None:
         with built.strategy.scope():
-            checkpoint = TrainingCheckpoint(checkpoint_dir, model, steps_per_epoch=steps_per_epoch,
-                                            keep=keep_checkpoints, async_write=async_checkpoint)
+            checkpoint = TrainingCheckpoint(
+                checkpoint_dir,
+                model,
+                steps_per_epoch=steps_per_epoch,
+                keep=keep_checkpoints,
+                async_write=async_checkpoint,
+            )
             start = checkpoint.restore() or 0
     if start > total_steps:
-        raise DataError(f"The checkpoint in {checkpoint_dir} is at step {start}, past the {total_steps} steps "
-                        f"of epochs={epochs}: raise epochs, or use a new checkpoint_dir.")
+        raise DataError(
+            f"The checkpoint in {checkpoint_dir} is at step {start}, past the {total_steps} steps "
+            f"of epochs={epochs}: raise epochs, or use a new checkpoint_dir."
+        )
 
     history: dict[str, list[float]] = {}
     done = start
@@ -135,11 +150,13 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
         for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
             run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
             if checkpoint is not None:
-                run_callbacks.append(CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps,
-                                                        steps_done=first_step))
+                run_callbacks.append(
+                    CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
+                )
             # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
-            fitted = model.fit(callbacks=run_callbacks, validation_data=validation_data, verbose=verbose,
-                               shuffle=False, **fit_kwargs)
+            fitted = model.fit(
+                callbacks=run_callbacks, validation_data=validation_data, verbose=verbose, shuffle=False, **fit_kwargs
+            )
             for key, values in fitted.history.items():
                 history.setdefault(key, []).extend(float(value) for value in values)
             done = first_step + steps
@@ -151,9 +168,15 @@ def train(built: Any, *, epochs: int, steps_per_epoch: int | None = None,
     finally:
         if checkpoint is not None:
             checkpoint.sync()
-    return TrainingResult(history=history, epochs=epochs, steps_per_epoch=steps_per_epoch, resumed_from_step=start,
-                          steps_run=done - start, global_step=done,
-                          last_checkpoint=checkpoint.latest_path if checkpoint else None)
+    return TrainingResult(
+        history=history,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        resumed_from_step=start,
+        steps_run=done - start,
+        global_step=done,
+        last_checkpoint=checkpoint.latest_path if checkpoint else None,
+    )
 
 
 def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, stream: bool):
@@ -167,8 +190,11 @@ def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, 
     if step_in_epoch:
         steps = steps_per_epoch - step_in_epoch
         data = dataset.skip(start) if stream else dataset.skip(step_in_epoch)
-        yield start, steps, dict(x=data, initial_epoch=epoch, epochs=epoch + 1,
-                                 steps_per_epoch=steps if stream else None)
+        yield (
+            start,
+            steps,
+            dict(x=data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=steps if stream else None),
+        )
         epoch += 1
     if epoch < epochs:
         first = epoch * steps_per_epoch
@@ -176,19 +202,25 @@ def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, 
             data = dataset.skip(first) if first else dataset
         else:
             data = dataset.repeat()  # one iterator for all epochs (see the module docstring)
-        yield first, total_steps - first, dict(x=data, initial_epoch=epoch, epochs=epochs,
-                                               steps_per_epoch=steps_per_epoch)
+        yield (
+            first,
+            total_steps - first,
+            dict(x=data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch),
+        )
 
 
 def _check_arguments(epochs: int, steps_per_epoch: int | None, checkpoint_every_steps: int) -> None:
     if not isinstance(epochs, int) or epochs < 1:
         raise DataError(f"train: epochs must be a positive integer; received {epochs!r}.")
     if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
-        raise DataError(f"train: steps_per_epoch must be a positive integer or None (one pass over the "
-                        f"dataset); received {steps_per_epoch!r}.")
+        raise DataError(
+            f"train: steps_per_epoch must be a positive integer or None (one pass over the "
+            f"dataset); received {steps_per_epoch!r}."
+        )
     if not isinstance(checkpoint_every_steps, int) or checkpoint_every_steps < 1:
-        raise DataError(f"train: checkpoint_every_steps must be a positive integer; received "
-                        f"{checkpoint_every_steps!r}.")
+        raise DataError(
+            f"train: checkpoint_every_steps must be a positive integer; received {checkpoint_every_steps!r}."
+        )
 
 
 def _as_stream(dataset: Any) -> Any:
@@ -206,12 +238,16 @@ def _one_pass(dataset: Any) -> tuple[Any, int]:
     if cardinality == int(tf.data.INFINITE_CARDINALITY):
         raise DataError("train: the dataset repeats forever, so an epoch has no end. Pass steps_per_epoch=N.")
     if cardinality == int(tf.data.UNKNOWN_CARDINALITY):
-        _log.info("The dataset's length is unknown (filter() or rebatch() hide it): reading it once to count "
-                  "batches. Pass steps_per_epoch= to skip this.")
+        _log.info(
+            "The dataset's length is unknown (filter() or rebatch() hide it): reading it once to count "
+            "batches. Pass steps_per_epoch= to skip this."
+        )
         cardinality = int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
         # Tell Keras too: with an unknown length it learns the epoch's end from an OutOfRange error and warns.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     if cardinality == 0:
-        raise DataError("train: the dataset yields no batch. Check its source (and drop_remainder=True "
-                        "with a batch larger than the data).")
+        raise DataError(
+            "train: the dataset yields no batch. Check its source (and drop_remainder=True "
+            "with a batch larger than the data)."
+        )
     return dataset, cardinality

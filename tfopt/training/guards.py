@@ -33,8 +33,10 @@ def loss_scale_state(optimizer: Any) -> str | None:
         return None
     scale = float(optimizer.dynamic_scale.numpy()) if optimizer.built else float(optimizer.initial_scale)
     initial = float(optimizer.initial_scale)
-    return (f"float16 loss scale is {scale:g} (started at {initial:g}); a scale that has collapsed far below "
-            "its start means gradients overflow float16 even unscaled")
+    return (
+        f"float16 loss scale is {scale:g} (started at {initial:g}); a scale that has collapsed far below "
+        "its start means gradients overflow float16 even unscaled"
+    )
 
 
 def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
@@ -59,7 +61,9 @@ def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
         f"Training stopped at step {step}: the loss is {value}. Common causes: a learning rate too high "
         "for the batch size, inputs containing NaN/Inf (check the dataset), log(0) or division by zero in "
         "a custom loss, or float16 overflow (compute the last layer and the loss in float32)."
-        + (f" The {scale}." if scale else ""), step=step)
+        + (f" The {scale}." if scale else ""),
+        step=step,
+    )
 
 
 def non_finite_weights(model: Any) -> list[str]:
@@ -107,11 +111,15 @@ def check_finite_weights(model: Any, *, step: int, before_training: bool = False
     if before_training:
         raise NonFiniteLossError(
             f"Training did not start: the model's weights hold NaN or Inf before the first step ({names}). "
-            "Load or initialise the weights again; training would only spread the NaN.", step=step)
+            "Load or initialise the weights again; training would only spread the NaN.",
+            step=step,
+        )
     raise NonFiniteLossError(
         f"Training stopped at step {step}: the model's weights hold NaN or Inf ({names}), though the loss may "
         "look finite (a layer that masks NaN, or a loss that clips, hides it). Common causes: NaN/Inf in the "
-        "inputs (check the dataset's features), a learning rate too high, or float16 overflow.", step=step)
+        "inputs (check the dataset's features), a learning rate too high, or float16 overflow.",
+        step=step,
+    )
 
 
 class NonFiniteLossGuard(keras.callbacks.Callback):

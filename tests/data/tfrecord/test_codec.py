@@ -40,7 +40,9 @@ def test_tensorflow_reads_what_is_written_and_so_do_we(tmp_path, compression):
     records = [bytes([i]) * (i * 37) for i in range(50)] + [b"x" * 3_000_000]
     info = write_records(tmp_path / "file", records, compression)
     assert info["records"] == 51 and info["bytes"] == (tmp_path / "file").stat().st_size
-    read_by_tf = [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "file"), compression_type=compression or "")]
+    read_by_tf = [
+        r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "file"), compression_type=compression or "")
+    ]
     assert read_by_tf == records
     assert list(read_records(tmp_path / "file", compression)) == records
 

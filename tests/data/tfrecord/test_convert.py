@@ -86,7 +86,9 @@ def test_tf_data_dataset_round_trip(tmp_path):
     x = np.arange(30, dtype=np.float32).reshape(10, 3)
     dataset = tf.data.Dataset.from_tensor_slices((x, np.arange(10, dtype=np.int64)))
     to_tfrecord(dataset, tmp_path / "out", compression="GZIP")
-    (read_x, read_y), = collect(TFRecordSource(tmp_path / "out").pipeline(batch_size=10, optimized=True, shuffle=False))
+    ((read_x, read_y),) = collect(
+        TFRecordSource(tmp_path / "out").pipeline(batch_size=10, optimized=True, shuffle=False)
+    )
     np.testing.assert_array_equal(read_x, x)
     np.testing.assert_array_equal(read_y, np.arange(10))
 
@@ -136,7 +138,7 @@ def test_other_options_redo_and_other_input_needs_overwrite(tmp_path):
     with pytest.raises(DataError, match="already holds a conversion of another input"):
         to_tfrecord(second, out, compression="GZIP")
     to_tfrecord(second, out, overwrite=True)
-    (x, _), = collect(TFRecordSource(out).pipeline(batch_size=10, optimized=True, shuffle=False))
+    ((x, _),) = collect(TFRecordSource(out).pipeline(batch_size=10, optimized=True, shuffle=False))
     assert np.all(x == 1.0)
     assert not any(".gz" in p.name for p in out.iterdir())
 
@@ -229,7 +231,10 @@ def test_a_truncated_jpeg_is_named_and_nothing_is_packed(tmp_path, num_workers):
     folder = tfopt.data.generate_shapes(tmp_path / "shapes", images_per_class=4, image_size=32)
     cut = sorted(folder.rglob("*.jpg"))[6]
     cut.write_bytes(cut.read_bytes()[:-64])
-    with pytest.raises(DataError, match=rf"{cut} is a JPEG cut short \(no end marker after its last scan\)\. "
-                                        "Replace or delete the file"):
+    with pytest.raises(
+        DataError,
+        match=rf"{cut} is a JPEG cut short \(no end marker after its last scan\)\. "
+        "Replace or delete the file",
+    ):
         to_tfrecord(ImageFolderSource(folder, image_size=32), tmp_path / "out", num_workers=num_workers)
     assert not (tmp_path / "out" / MANIFEST_NAME).exists()

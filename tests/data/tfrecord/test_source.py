@@ -67,10 +67,19 @@ def test_worker_shards_are_disjoint_and_cover_everything(uncompressed, workers, 
 
 
 def test_sharding_by_data_when_fewer_files_than_workers(tmp_path):
-    out = to_tfrecord(NumpySource(np.arange(20, dtype=np.int32)[:, None], np.arange(20)), tmp_path, records_per_shard=10)
+    out = to_tfrecord(
+        NumpySource(np.arange(20, dtype=np.int32)[:, None], np.arange(20)), tmp_path, records_per_shard=10
+    )
     source = TFRecordSource(out)
     parts = [
-        np.concatenate([b[0][:, 0] for b in collect(source.pipeline(batch_size=3, optimized=True, shuffle=False, num_shards=3, shard_index=i))])
+        np.concatenate(
+            [
+                b[0][:, 0]
+                for b in collect(
+                    source.pipeline(batch_size=3, optimized=True, shuffle=False, num_shards=3, shard_index=i)
+                )
+            ]
+        )
         for i in range(3)
     ]
     assert [part.tolist() for part in parts] == [list(range(i, 20, 3)) for i in range(3)]
@@ -78,7 +87,7 @@ def test_sharding_by_data_when_fewer_files_than_workers(tmp_path):
 
 def test_image_size_override_and_config_round_trip(uncompressed):
     source = TFRecordSource(uncompressed, image_size=[16, 20])
-    (x, _), = collect(source.pipeline(batch_size=60, optimized=True, shuffle=False))
+    ((x, _),) = collect(source.pipeline(batch_size=60, optimized=True, shuffle=False))
     assert x.shape == (60, 16, 20, 3)
     config = source.get_config()
     assert config == {"path": str(uncompressed), "image_size": [16, 20], "augment": False}

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tfopt.data.tfrecord import convert as tfrecord
 from tfopt.data.image_folder import ImageFolderSource
+from tfopt.data.tfrecord import convert as tfrecord
 from tfopt.data.tfrecord.convert import to_tfrecord
 from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest
 from tfopt.data.tfrecord.verify import verify
@@ -81,7 +81,9 @@ def test_a_dead_worker_is_a_clear_error_and_the_others_fail_fast(tmp_path):
 
 
 def test_workers_import_neither_tensorflow_nor_the_callers_script():
-    code = ("import sys, tfopt.data.tfrecord.workers, tfopt.data.tfrecord.inputs; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    code = (
+        "import sys, tfopt.data.tfrecord.workers, tfopt.data.tfrecord.inputs; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -271,9 +271,11 @@ def _refuse_foreign_files(out_dir: pathlib.Path) -> None:
         return
     foreign = sorted(path.name for path in out_dir.iterdir() if _OWN_FILE.match(path.name))
     if foreign:
-        raise DataError(f"to_tfrecord: {out_dir} already holds files named like tfopt's shards that are not "
-                        f"a tfopt conversion ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}). "
-                        "Choose a new or empty directory; tfopt never writes over files it did not make.")
+        raise DataError(
+            f"to_tfrecord: {out_dir} already holds files named like tfopt's shards that are not "
+            f"a tfopt conversion ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}). "
+            "Choose a new or empty directory; tfopt never writes over files it did not make."
+        )
 
 
 def _remove_own_files(out_dir: pathlib.Path) -> None:

@@ -111,8 +111,10 @@ def _from_image_folder(source) -> ConversionInput:
         try:
             stat = os.stat(path)
         except FileNotFoundError:
-            raise DataError(f"to_tfrecord: {path} no longer exists: the image folder changed after the "
-                            "ImageFolderSource listed it. Create the source again to convert what is there now.") from None
+            raise DataError(
+                f"to_tfrecord: {path} no longer exists: the image folder changed after the "
+                "ImageFolderSource listed it. Create the source again to convert what is there now."
+            ) from None
         total_bytes += stat.st_size
         listing.update(f"{path[root_length:]}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
     config = {key: value for key, value in source.get_config().items() if key != "augment"}
@@ -135,7 +137,6 @@ def _from_image_folder(source) -> ConversionInput:
         records=lambda start, stop: task_records(task(start, stop)),
         task=task,
     )
-
 
 
 def _from_arrays(x: np.ndarray, y: np.ndarray, finish: str | None, description: str) -> ConversionInput:

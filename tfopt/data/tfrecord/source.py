@@ -68,7 +68,9 @@ class TFRecordSource(DataSource):
         self.features = self.manifest["features"]
         self.class_names = self.manifest.get("class_names")
         x_spec = self.features["x"]
-        self.is_image = x_spec["kind"] == "image" or (x_spec.get("finish") == "unit_float" and len(x_spec["shape"]) == 3)
+        self.is_image = x_spec["kind"] == "image" or (
+            x_spec.get("finish") == "unit_float" and len(x_spec["shape"]) == 3
+        )
         if image_size is not None and x_spec["kind"] != "image":
             raise DataError(
                 f"tfrecord: image_size={image_size!r} was given, but {self.path} holds {x_spec['kind']} features, not "
@@ -76,8 +78,10 @@ class TFRecordSource(DataSource):
                 setting="image_size",
             )
         if augment and not self.is_image:
-            raise DataError(f"tfrecord: augment=True needs images, but {self.path} holds {x_spec}. Leave augment unset.",
-                            setting="augment")
+            raise DataError(
+                f"tfrecord: augment=True needs images, but {self.path} holds {x_spec}. Leave augment unset.",
+                setting="augment",
+            )
         self._image_size_argument = None if image_size is None else image_size_pair(self.name, image_size)
         self.augment = bool(augment)
 
@@ -106,7 +110,7 @@ class TFRecordSource(DataSource):
         shards = self.manifest["shards"]
         by_file = len(shards) >= request.num_shards
         if by_file:
-            shards = shards[request.shard_index::request.num_shards]
+            shards = shards[request.shard_index :: request.num_shards]
             num_examples = sum(shard["records"] for shard in shards)
         else:
             num_examples = len(range(request.shard_index, self.num_examples, request.num_shards))

@@ -104,8 +104,11 @@ class ShardWriterPool:
         # `python -c` puts the working directory first on sys.path, where another checkout of tfopt (or a
         # file named like a standard module) would shadow this one: the worker replaces that entry.
         package_root = str(pathlib.Path(__file__).resolve().parents[2])
-        command = [sys.executable, "-c", f"import sys; sys.path[0] = {package_root!r}; "
-                   "from tfopt.data.tfrecord.workers import serve; serve()"]
+        command = [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path[0] = {package_root!r}; from tfopt.data.tfrecord.workers import serve; serve()",
+        ]
         self._idle: queue.Queue[subprocess.Popen] = queue.Queue()
         self._workers = []
         try:
@@ -137,8 +140,10 @@ class ShardWriterPool:
             self._idle.put(worker)  # a dead worker goes back too, so that other threads fail instead of waiting
         if not answer.endswith("\n"):  # nothing, or half an answer: the worker died
             code = worker.wait()
-            raise DataError(f"to_tfrecord: the worker process writing shard {index} exited with code {code} "
-                            "(its messages, if any, are above). Run again to resume the conversion.")
+            raise DataError(
+                f"to_tfrecord: the worker process writing shard {index} exited with code {code} "
+                "(its messages, if any, are above). Run again to resume the conversion."
+            )
         result = json.loads(answer)
         if "error" in result:
             raise DataError(f"to_tfrecord: writing shard {index} failed: {result['error']}")
@@ -170,7 +175,9 @@ def serve() -> None:
             request = json.loads(line)
             try:
                 records = task_records(request["task"])
-                answer = write_shard(pathlib.Path(request["out_dir"]), request["index"], records, request["compression"])
+                answer = write_shard(
+                    pathlib.Path(request["out_dir"]), request["index"], records, request["compression"]
+                )
             except Exception as error:  # the parent turns it into a DataError naming the shard
                 answer = {"error": f"{type(error).__name__}: {error}"}
             sys.stdout.write(json.dumps(answer) + "\n")
