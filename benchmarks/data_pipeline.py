@@ -429,6 +429,34 @@ def _read_all(dataset) -> None:
         pass
 
 
+def _tfrecord_writers(source, compression: str | None, label: str, cores: int) -> dict:
+    return {
+        f"write, sequential tf.io.TFRecordWriter [{label}]": lambda out: _sequential_tf_writer(
+            source, out, compression
+        ),
+        f"write, tfopt to_tfrecord 1 worker [{label}]": lambda out: to_tfrecord(
+            source, out, compression=compression, num_workers=1
+        ),
+        f"write, tfopt to_tfrecord {cores} workers [{label}]": lambda out: to_tfrecord(
+            source, out, compression=compression, num_workers=cores
+        ),
+    }
+
+
+def _tfrecord_readers(files: list[str], compression: str | None, label: str) -> dict:
+    compression_type = compression or ""
+    return {
+        f"read, sequential TFRecordDataset [{label}]": lambda: tf.data.TFRecordDataset(
+            files, compression_type=compression_type
+        ),
+        f"read, parallel interleave (tfopt) [{label}]": lambda: tf.data.Dataset.from_tensor_slices(files).interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
+            cycle_length=len(files),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        ),
+    }
+
+
 def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
     megabytes = sum(p.stat().st_size for p in source.files) / 1e6
     for path in source.files:  # warm the page cache so that every writer reads from memory
@@ -437,17 +465,7 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
     cores = detect().cpu_count  # those this process may use
     for compression in (None, "GZIP"):
         label = compression or "none"
-        writers = {
-            f"write, sequential tf.io.TFRecordWriter [{label}]": lambda out: _sequential_tf_writer(
-                source, out, compression
-            ),
-            f"write, tfopt to_tfrecord 1 worker [{label}]": lambda out: to_tfrecord(
-                source, out, compression=compression, num_workers=1
-            ),
-            f"write, tfopt to_tfrecord {cores} workers [{label}]": lambda out: to_tfrecord(
-                source, out, compression=compression, num_workers=cores
-            ),
-        }
+        writers = _tfrecord_writers(source, compression, label, cores)
         for repeat in range(repeats):
             for name, write in writers.items():
                 out = workdir / f"tfrecord-{len(rows)}-{repeat}-{abs(hash(name))}"
@@ -457,19 +475,7 @@ def _tfrecord_table(source, workdir: pathlib.Path, repeats: int) -> None:
                 shutil.rmtree(out)
         converted = to_tfrecord(source, workdir / f"converted-{label}", compression=compression)
         tfrecord = TFRecordSource(converted)
-        files = [str(p) for p in tfrecord.files]
-        readers = {
-            f"read, sequential TFRecordDataset [{label}]": lambda: tf.data.TFRecordDataset(
-                files, compression_type=compression or ""
-            ),
-            f"read, parallel interleave (tfopt) [{label}]": lambda: tf.data.Dataset.from_tensor_slices(
-                files
-            ).interleave(
-                lambda f: tf.data.TFRecordDataset(f, compression_type=compression or ""),
-                cycle_length=len(files),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            ),
-        }
+        readers = _tfrecord_readers([str(p) for p in tfrecord.files], compression, label)
         for _ in range(repeats):
             for name, build in readers.items():
                 started = time.perf_counter()

@@ -1,7 +1,8 @@
 """tf.data service offload benchmark: a preprocessing-heavy pipeline on one core, rewritten, then offloaded.
 
 Run: `python benchmarks/data_service.py [--repeats 5] [--images 2000] [--image-size 128] [--input-size 96]
-[--batch-size 64] [--epochs 4] [--quick]`. Needs a Linux host with at least 2 cores (CPU affinity pins each side to one).
+[--batch-size 64] [--epochs 4] [--quick]`. Needs a Linux host with at least 2 cores (CPU affinity pins each
+side to one).
 
 Workload: the shapes dataset as JPEG files, read the way a newcomer writes it: `from_tensor_slices(paths)`,
 `shuffle`, `map(load)` (read_file, decode_jpeg, resize, to float), `map(augment)` (random crop, flips,

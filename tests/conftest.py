@@ -99,6 +99,21 @@ def make_images(count=32, image_size=12, num_classes=3, batch_size=8, seed=0):
 
 
 @pytest.fixture
+def tf32_as_tensorflow_starts(monkeypatch):
+    """TensorFlow's TF32 switch as a process starts (on) and no setting left by an earlier build; the switch
+    and what tfopt.policies remembered are restored afterwards."""
+    import tensorflow as tf
+
+    import tfopt.policies
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    monkeypatch.setattr(tfopt.policies, "_users_tf32_before_build", None)
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+@pytest.fixture
 def ieee_float32():
     """For tests comparing two float32 computations to ~1e-5: on GPUs of compute capability 8.0+ TensorFlow
     runs float32 matmuls and convolutions in TF32 (10-bit mantissa, ~1e-3 relative), so these run in IEEE

@@ -27,8 +27,8 @@ Y = np.arange(64) % 3
         (
             tf.data.Dataset.from_tensor_slices((X, Y)),
             "batch_size",
-            "The dataset is not batched: its inputs have shape (8,) per element, and the model's input takes batches of "
-            "shape (None, 8). Add .batch(BATCH_SIZE)",
+            "The dataset is not batched: its inputs have shape (8,) per element, and the model's input takes "
+            "batches of shape (None, 8). Add .batch(BATCH_SIZE)",
         ),
         (
             tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(8),

@@ -192,27 +192,20 @@ def test_one_device_distribution_measures_under_its_strategy(cpu_hardware):
     assert np.isfinite(result.model.fit(result.dataset, steps_per_epoch=2, verbose=0).history["loss"][0])
 
 
-def test_a_second_apply_in_a_notebook_measures_the_users_tf32_baseline(monkeypatch):
+def test_a_second_apply_in_a_notebook_measures_the_users_tf32_baseline(tf32_as_tensorflow_starts):
     """On a faked H100: the first apply turns TF32 off for its model (mixed_precision tf32: false), which
     keeps it off to train; the second apply's baseline is still the user's TF32 float32, and says so."""
-    import tfopt.plan
     from tests.conftest import FAKE_HARDWARE
 
-    previous = tf.config.experimental.tensor_float_32_execution_enabled()
-    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
-    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default
-    try:
-        h100 = FAKE_HARDWARE["h100"]
-        ieee = [{"mixed_precision": {"policy": "float32", "tf32": False}}]
-        first = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, measure_speed=False)
-        assert first.plan.tf32 is False and not tf.config.experimental.tensor_float_32_execution_enabled()
-        second = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, **FAST)
-        assert second.baseline_plan.tf32 is True
-        assert str(second.baseline_plan.applied[0]).startswith("baseline: float32 baseline: TF32 on this GPU")
-        assert str(second.plan.applied[0]) == str(second.baseline_plan.applied[0])  # the report's first line
-        assert not tf.config.experimental.tensor_float_32_execution_enabled()  # the result trains as planned
-    finally:
-        tf.config.experimental.enable_tensor_float_32_execution(previous)
+    h100 = FAKE_HARDWARE["h100"]
+    ieee = [{"mixed_precision": {"policy": "float32", "tf32": False}}]
+    first = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, measure_speed=False)
+    assert first.plan.tf32 is False and not tf.config.experimental.tensor_float_32_execution_enabled()
+    second = tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=h100, **FAST)
+    assert second.baseline_plan.tf32 is True
+    assert str(second.baseline_plan.applied[0]).startswith("baseline: float32 baseline: TF32 on this GPU")
+    assert str(second.plan.applied[0]) == str(second.baseline_plan.applied[0])  # the report's first line
+    assert not tf.config.experimental.tensor_float_32_execution_enabled()  # the result trains as planned
 
 
 def test_a_recipe_that_cannot_serve_the_plan_fails_before_anything_is_built(cpu_hardware):
@@ -229,14 +222,11 @@ def test_a_recipe_that_cannot_serve_the_plan_fails_before_anything_is_built(cpu_
     assert builds == []
 
 
-def test_a_failed_apply_gives_the_user_back_their_tf32_setting(monkeypatch):
+def test_a_failed_apply_gives_the_user_back_their_tf32_setting(tf32_as_tensorflow_starts):
     """On a faked A100, the optimized build (TF32 off for it) fails: TF32 is on again, as the user had it."""
-    import tfopt.plan
+    import tfopt.policies
     from tests.conftest import FAKE_HARDWARE
 
-    previous = tf.config.experimental.tensor_float_32_execution_enabled()
-    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
-    tf.config.experimental.enable_tensor_float_32_execution(True)
     builds = []
 
     def model_fn():
@@ -246,19 +236,16 @@ def test_a_failed_apply_gives_the_user_back_their_tf32_setting(monkeypatch):
             raise RuntimeError("out of host memory")
         return make_cnn(compiled=False)
 
-    try:
-        with pytest.raises(IncompatibleModelError, match="out of host memory"):
-            tfopt.apply(
-                None,
-                make_images(),
-                recipes=[{"mixed_precision": {"policy": "float32", "tf32": False}}],
-                hardware=FAKE_HARDWARE["a100"],
-                model_fn=model_fn,
-                steps=2,
-                warmup_steps=1,
-                compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"},
-            )
-        assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
-        assert tfopt.plan._users_tf32_before_build is None
-    finally:
-        tf.config.experimental.enable_tensor_float_32_execution(previous)
+    with pytest.raises(IncompatibleModelError, match="out of host memory"):
+        tfopt.apply(
+            None,
+            make_images(),
+            recipes=[{"mixed_precision": {"policy": "float32", "tf32": False}}],
+            hardware=FAKE_HARDWARE["a100"],
+            model_fn=model_fn,
+            steps=2,
+            warmup_steps=1,
+            compile={"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"},
+        )
+    assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
+    assert tfopt.policies._users_tf32_before_build is None

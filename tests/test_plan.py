@@ -107,19 +107,6 @@ def test_compile_override(cpu_hardware):
     assert float(plan.compile_objects["optimizer"].learning_rate) == pytest.approx(0.1)
 
 
-@pytest.fixture
-def tf32_as_tensorflow_starts(monkeypatch):
-    """TensorFlow's TF32 switch as a process starts (on) and no setting left by an earlier build; the switch
-    and what tfopt.plan remembered are restored afterwards."""
-    import tfopt.plan
-
-    previous = tf.config.experimental.tensor_float_32_execution_enabled()
-    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
-    tf.config.experimental.enable_tensor_float_32_execution(True)
-    yield
-    tf.config.experimental.enable_tensor_float_32_execution(previous)
-
-
 def _tf32_on() -> bool:
     return bool(tf.config.experimental.tensor_float_32_execution_enabled())
 
@@ -129,7 +116,7 @@ def test_a_build_that_turns_tf32_off_leaves_the_next_baseline_the_users(tf32_as_
     model trains in IEEE float32, and the next baseline is still the user's TF32 float32, with its note."""
     from tests.conftest import FAKE_HARDWARE
     from tfopt.builder import build
-    from tfopt.plan import users_tf32_setting
+    from tfopt.policies import users_tf32_setting
     from tfopt.recipes import MixedPrecision
 
     a100 = FAKE_HARDWARE["a100"]
@@ -148,7 +135,7 @@ def test_a_build_that_turns_tf32_off_leaves_the_next_baseline_the_users(tf32_as_
 def test_the_users_own_tf32_setting_is_the_baseline(tf32_as_tensorflow_starts):
     from tests.conftest import FAKE_HARDWARE
     from tfopt.builder import build
-    from tfopt.plan import users_tf32_setting
+    from tfopt.policies import users_tf32_setting
     from tfopt.recipes import MixedPrecision
 
     h100 = FAKE_HARDWARE["h100"]

@@ -44,7 +44,7 @@ _PUBLIC = {
     "RecipeFileError": "tfopt.errors",
 }
 
-__all__ = ["__version__", *_PUBLIC]
+__all__ = ["__version__", *_PUBLIC]  # noqa: PLE0604 - the lazy table names every export
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

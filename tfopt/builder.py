@@ -23,8 +23,8 @@ from typing import Any
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
-from tfopt.plan import Plan, put_tf32_in_force
-from tfopt.policies import dtype_policy_scope, set_dtype_policy
+from tfopt.plan import Plan
+from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
 
 _log = logging.getLogger("tfopt")
 
@@ -197,7 +197,7 @@ def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
     forward = tf.function(lambda inputs: model(inputs, training=True), jit_compile=True)
     try:
         forward.experimental_get_compiler_ir(sample_inputs)(stage="hlo")
-    except Exception as error:  # XLA reports unsupported ops as several different error types
+    except Exception as error:  # noqa: BLE001 - XLA reports unsupported ops as several different error types
         return [f"XLA could not compile the forward pass: {describe_error(error)}"]
     return []
 

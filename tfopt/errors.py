@@ -126,7 +126,8 @@ def describe_error(error: BaseException) -> str:
     Example:
         >>> describe_error(ValueError("{{function_node __wrapped__X}} Bad input [Op:X] name: "))
         'ValueError: Bad input'
-        >>> describe_error(TypeError("Exception encountered when calling Sampling.call().\\n\\n\\x1b[1mBad dtype\\x1b[0m"))
+        >>> keras_error = "Exception encountered when calling Sampling.call().\\n\\n\\x1b[1mBad dtype\\x1b[0m"
+        >>> describe_error(TypeError(keras_error))
         'TypeError: Bad dtype'
     """
     message = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "message", None) or str(error))

@@ -7,14 +7,14 @@ batch forward and through one training step (on its own state, put back afterwar
 measured: a layer that fails under 16 bits is kept at float32 and named, and predictions and loss that
 disagree with the user's model beyond the policy's tolerance revert mixed precision, with the numbers.
 
-The tolerances are relative errors: for the predictions, the L2 norm of the difference over the spread of
-the user's predictions around their mean (an untrained classifier's probabilities all sit near 1/classes,
-so a plain relative error hides even ids looked up under other rows); for the loss, the difference over
-the user's loss. Ids looked up under other rows move predictions by about their whole spread; rounding
-moves an untrained model's little-varying outputs by a good part of it too (a bfloat16 LSTM up to 13%:
-benchmarks/verification.py), so the bfloat16 tolerance sits between. Rounding sets the scale: bfloat16 keeps 8 bits of mantissa, float16 11, float32 24 (but TF32 matmuls 11 on
-Ampere+ GPUs and XLA reorders sums). The forward pass and the step run eagerly, so XLA's own compilation
-is not part of this check.
+The tolerances are relative errors: for the predictions, the L2 norm of the difference over the spread of the
+user's predictions around their mean (an untrained classifier's probabilities all sit near 1/classes, so a
+plain relative error hides even ids looked up under other rows); for the loss, the difference over the user's
+loss. Ids looked up under other rows move predictions by about their whole spread; rounding moves an untrained
+model's little-varying outputs by a good part of it too (a bfloat16 LSTM's, in benchmarks/verification.py), so
+the bfloat16 tolerance sits between. Rounding sets the scale: bfloat16 keeps 8 bits of mantissa, float16 11,
+float32 24 (but TF32 matmuls 11 on Ampere+ GPUs and XLA reorders sums). The forward pass and the step run
+eagerly, so XLA's own compilation is not part of this check.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
     Example:
         >>> import numpy as np
         >>> user = Outcome(np.array([1.0, 2.0]), 0.5)
-        >>> str(agreement(user, Outcome(np.array([1.0, 2.01]), 0.501), "mixed_bfloat16"))
-        'mixed_bfloat16 against your model on the first batch: predictions differ by 1.4%, the loss by 0.2% (tolerance 30%)'
+        >>> result = agreement(user, Outcome(np.array([1.0, 2.01]), 0.501), "mixed_bfloat16")
+        >>> round(result.predictions_error, 3), round(result.loss_error, 3), result.tolerance
+        (0.014, 0.002, 0.3)
     """
     import numpy as np
 

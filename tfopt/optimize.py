@@ -18,7 +18,8 @@ from tfopt.builder import build
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
 from tfopt.fidelity import first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
-from tfopt.plan import Plan, make_plan, put_tf32_in_force
+from tfopt.plan import Plan, make_plan
+from tfopt.policies import put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
@@ -244,7 +245,7 @@ def apply(
 
     TensorFlow's TF32 switch is process-wide: the returned model trains under its plan's setting, so apply
     leaves that in force (restoring yours if it fails); the next apply's baseline still reads the setting
-    you had (`tfopt.plan.users_tf32_setting`).
+    you had (`tfopt.policies.users_tf32_setting`).
 
     Raises:
         TfoptError: Bad input (not a Keras model or tf.data.Dataset, unknown or clashing recipes), with

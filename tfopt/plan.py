@@ -18,7 +18,7 @@ from typing import Any
 from tfopt.errors import DataError, IncompatibleModelError
 from tfopt.hardware import Hardware
 from tfopt.model_copy import copy_model
-from tfopt.policies import model_dtype_policy
+from tfopt.policies import model_dtype_policy, users_tf32_setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,44 +213,6 @@ def make_plan(
         # A "float32" baseline on an Ampere+ GPU is not IEEE float32: say so, or its numbers mislead.
         applied=(Step("baseline", tf32_note(hardware)),) if tf32 and hardware.has_tf32 else (),
     )
-
-
-# TensorFlow's TF32 switch is process-wide and read when kernels run, so a build that turns it off for its
-# model (mixed_precision tf32: false) must leave it off while that model trains: after `tfopt.apply` returns,
-# the user trains `result.model`. The user's own setting from before is kept here, so that the next plan's
-# baseline is the user's float32 and not the last build's; None while the switch is as the user set it.
-_users_tf32_before_build: bool | None = None
-
-
-def users_tf32_setting() -> bool:
-    """Whether float32 matmuls and convolutions may run in TF32, as the user set it (TensorFlow's default:
-    True): TensorFlow's switch, or, while a build's change of it is in force, the setting from before.
-
-    The switch has two values, so a user who sets it, after such a build, to the value the build left is
-    not told apart from the build, and reads as the setting from before: `mixed_precision: {tf32: ...}`
-    says it explicitly.
-
-    Example:
-        >>> users_tf32_setting() in (True, False)
-        True
-    """
-    import tensorflow as tf
-
-    if _users_tf32_before_build is not None:
-        return _users_tf32_before_build
-    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
-
-
-def put_tf32_in_force(tf32: bool) -> None:
-    """Sets TensorFlow's TF32 switch for a model built or run under a plan whose `tf32` is `tf32`, keeping
-    the user's setting for `users_tf32_setting`. It stays set: the model trains under it."""
-    import tensorflow as tf
-
-    global _users_tf32_before_build
-    users = users_tf32_setting()
-    if bool(tf.config.experimental.tensor_float_32_execution_enabled()) != tf32:
-        tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    _users_tf32_before_build = None if tf32 == users else users
 
 
 def tf32_note(hardware: Hardware) -> str:

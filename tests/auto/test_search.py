@@ -136,7 +136,7 @@ def test_a_candidate_that_raises_is_rejected_and_the_search_goes_on():
 
 def test_a_baseline_that_cannot_train_is_an_error():
     machine = FakeMachine({}, errors={()})
-    with pytest.raises(MeasurementError, match="could not measure the baseline.*does not build"):
+    with pytest.raises(MeasurementError, match=r"could not measure the baseline.*does not build"):
         run_search(machine, ["data"])
 
 

@@ -146,7 +146,7 @@ def test_auto_has_no_fixed_recipe_list_and_a_bad_budget_is_rejected(cpu_hardware
     with pytest.raises(RecipeConfigError, match="recipes='auto' is decided by timing trials"):
         resolve_recipes("auto")
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
-    with pytest.raises(RecipeConfigError, match="tune budget -5 is not valid.*--tune-budget 120s"):
+    with pytest.raises(RecipeConfigError, match=r"tune budget -5 is not valid.*--tune-budget 120s"):
         tune(plan, budget_seconds=-5)
 
 
@@ -165,20 +165,6 @@ def test_trial_models_build_their_optimizer_in_the_plans_strategy(cpu_hardware):
     model = compiled.built.model
     assert model.distribute_strategy is compiled.built.strategy
     assert len(model.optimizer.variables) == 2 + 2 * len(model.trainable_variables)  # Adam: 2 slots each
-
-
-@pytest.fixture
-def tf32_as_tensorflow_starts(monkeypatch):
-    """TensorFlow's TF32 switch on (its default) and no setting left by an earlier build; both restored after."""
-    import tensorflow as tf
-
-    import tfopt.plan
-
-    previous = tf.config.experimental.tensor_float_32_execution_enabled()
-    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
-    tf.config.experimental.enable_tensor_float_32_execution(True)
-    yield
-    tf.config.experimental.enable_tensor_float_32_execution(previous)
 
 
 def test_tf32_is_part_of_the_trial_model_key(cpu_hardware):

@@ -503,7 +503,7 @@ def test_a_damaged_file_met_while_running_is_named(tmp_path, capsys, damage):
     (tmp_path / "recipe.yaml").write_text(
         "model: {name: small_cnn, filters: [4]}\n" + data + "recipes: []\nprofile: {steps: 2, warmup_steps: 1}\n"
     )
-    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
+    exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
     assert exit_code == 1 and words in err, err
 
 
@@ -853,7 +853,7 @@ def test_a_full_or_read_only_disk_is_said_plainly_and_not_called_a_bug(tmp_path,
 
     monkeypatch.setattr(runner, "_run_in", no_space)
     (tmp_path / "recipe.yaml").write_text(GOOD)
-    exit_code, out, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
+    exit_code, _, err = run_cli(capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet")
     assert exit_code == 1
     assert f"{words} writing {tmp_path / 'run' / 'report.html'} (in {tmp_path / 'run'}; " in err
     assert "MiB free there" in err

@@ -67,10 +67,10 @@ def test_errors_name_the_problem(arrays, tmp_path):
         NumpySource(np.zeros((0, 3)), np.zeros((0,)))
     with pytest.raises(DataError, match="y \\(the labels\\) is missing"):
         NumpySource(x)
-    with pytest.raises(DataError, match="missing.npy does not exist"):
+    with pytest.raises(DataError, match=r"missing.npy does not exist"):
         NumpySource(tmp_path / "missing.npy", y)
     np.savez(tmp_path / "data.npz", x=x)
-    with pytest.raises(DataError, match="no array named 'y'.*\\['x'\\]"):
+    with pytest.raises(DataError, match=r"no array named 'y'.*\['x'\]"):
         NumpySource(tmp_path / "data.npz")
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(DataError, match="cannot read"):

@@ -83,7 +83,7 @@ def test_refuses_to_delete_a_directory_with_foreign_files(tmp_path):
     path = tmp_path / "mine"
     path.mkdir()
     (path / "thesis.tex").write_text("precious")
-    with pytest.raises(DataError, match="thesis.tex"):
+    with pytest.raises(DataError, match=r"thesis.tex"):
         generate_shapes(path, images_per_class=2, image_size=32)
     assert (path / "thesis.tex").read_text() == "precious"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_shards_are_disjoint_and_cover_everything(shapes_dir):
         for i in range(3)
     ]
     assert [len(s) for s in shards] == [20, 20, 20]
-    assert sorted(sum(shards, [])) == sorted(everything)
+    assert sorted(itertools.chain.from_iterable(shards)) == sorted(everything)
 
 
 def test_drop_remainder_gives_static_batch_shape(shapes_dir):
@@ -108,7 +109,7 @@ def test_resizes_png_and_grayscale(tmp_path):
 
 
 def test_missing_directory_names_the_path(tmp_path):
-    with pytest.raises(DataError, match="nowhere.*does not exist"):
+    with pytest.raises(DataError, match=r"nowhere.*does not exist"):
         ImageFolderSource(tmp_path / "nowhere")
 
 
@@ -120,7 +121,7 @@ def test_file_instead_of_directory(tmp_path):
 
 def test_loose_images_without_class_folders(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "a.jpg")
-    with pytest.raises(DataError, match="no class folders.*1 images directly"):
+    with pytest.raises(DataError, match=r"no class folders.*1 images directly"):
         ImageFolderSource(tmp_path)
 
 

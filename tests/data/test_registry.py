@@ -32,12 +32,12 @@ def test_yaml_keys_build_the_source(shapes_dir):
 
 
 def test_unknown_name_lists_known_and_closest():
-    with pytest.raises(DataError, match="'imagefolder' is not known. Did you mean 'image_folder'.*'numpy'"):
+    with pytest.raises(DataError, match=r"'imagefolder' is not known. Did you mean 'image_folder'.*'numpy'"):
         make_source("imagefolder")
 
 
 def test_unknown_key_lists_valid_keys(shapes_dir):
-    with pytest.raises(DataError, match="no argument 'imag_size'. Did you mean 'image_size'.*'channels'"):
+    with pytest.raises(DataError, match=r"no argument 'imag_size'. Did you mean 'image_size'.*'channels'"):
         make_source("image_folder", path=str(shapes_dir), imag_size=[3, 3])
 
 

@@ -91,7 +91,7 @@ PIPELINES = {
     "stateless random": lambda: tf.data.Dataset.range(10).map(
         lambda i: tf.random.stateless_uniform([3], seed=tf.stack([i, 1]))
     ),
-    "padded batch": lambda: tf.data.Dataset.range(7).map(lambda i: tf.range(i)).padded_batch(3),
+    "padded batch": lambda: tf.data.Dataset.range(7).map(tf.range).padded_batch(3),
 }
 
 
@@ -321,7 +321,7 @@ def arrays_pipeline(rows):
 
 
 def test_arrays_within_the_limit_are_rewritten_element_by_element():
-    rewritten, notes = rewrite(arrays_pipeline(16 * 1024))  # 16 MiB in the graph
+    rewritten, _ = rewrite(arrays_pipeline(16 * 1024))  # 16 MiB in the graph
     assert top_level_ops(rewritten)["ParallelMapDatasetV2"] == 1
     assert_same_elements(arrays_pipeline(16 * 1024), rewritten)
 

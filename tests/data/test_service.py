@@ -533,7 +533,7 @@ def test_the_recipe_settings_say_what_is_wrong():
     with pytest.raises(RecipeConfigError, match="not both") as both:
         DataService(dispatcher="grpc://10.0.0.5:5050", workers=2)
     assert both.value.setting == "dispatcher"
-    with pytest.raises(RecipeConfigError, match="is not an address. Expected grpc://host:port") as address:
+    with pytest.raises(RecipeConfigError, match=r"is not an address. Expected grpc://host:port") as address:
         DataService(dispatcher="data-dispatcher")
     assert address.value.setting == "dispatcher"
     with pytest.raises(RecipeConfigError, match="compression='zstd' is not valid"):

@@ -68,7 +68,7 @@ def test_image_size_pair_accepts_int_list_and_tuple(value, expected):
 
 @pytest.mark.parametrize("value", [0, [3], [3, -1], "64", [2.5, 3], True])
 def test_image_size_pair_rejects_other_values(value):
-    with pytest.raises(ValueError, match="image_size=.*Expected an int or \\[height, width\\]"):
+    with pytest.raises(ValueError, match=r"image_size=.*Expected an int or \[height, width\]"):
         image_size_pair("test", value)
 
 

@@ -67,7 +67,7 @@ def test_config_round_trips(tfds_dir):
 
 def test_unprepared_dataset_fails_fast_offline_with_how_to_prepare(tmp_path):
     started = time.monotonic()
-    with pytest.raises(DataError, match="not prepared.*tfds build mnist --data_dir") as caught:
+    with pytest.raises(DataError, match=r"not prepared.*tfds build mnist --data_dir") as caught:
         TfdsSource("mnist", data_dir=tmp_path)
     assert "download: true" in str(caught.value)
     # No network access is attempted: the check reads only the local directory.
@@ -75,12 +75,12 @@ def test_unprepared_dataset_fails_fast_offline_with_how_to_prepare(tmp_path):
 
 
 def test_unknown_name_suggests_the_closest(tmp_path):
-    with pytest.raises(DataError, match="'mnistt' is not a TensorFlow Datasets dataset. Did you mean 'mnist'"):
+    with pytest.raises(DataError, match=r"'mnistt' is not a TensorFlow Datasets dataset. Did you mean 'mnist'"):
         TfdsSource("mnistt", data_dir=tmp_path)
 
 
 def test_unknown_split_lists_the_splits(tfds_dir):
-    with pytest.raises(DataError, match="no split 'validation'.*'test', 'train'"):
+    with pytest.raises(DataError, match=r"no split 'validation'.*'test', 'train'"):
         TfdsSource("tfopt_tiny_patches", split="validation", data_dir=tfds_dir)
 
 
@@ -110,5 +110,5 @@ def test_a_download_without_network_fails_within_seconds_and_says_so(tmp_path, m
         TfdsSource("mnist", data_dir=tmp_path, download=True)
     assert tried == [(("storage.googleapis.com", 443), 5.0)] and caught.value.setting == "download"
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    with pytest.raises(DataError, match="no network access to proxy.internal:3128"):
+    with pytest.raises(DataError, match=r"no network access to proxy.internal:3128"):
         TfdsSource("mnist", data_dir=tmp_path, download=True)

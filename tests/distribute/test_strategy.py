@@ -29,7 +29,7 @@ def test_one_device_and_mirrored_on_cpu():
 def test_communication_options_carry_the_timeout():
     assert communication_options(12.5).timeout_seconds == 12.5
     assert communication_options(0).timeout_seconds is None
-    with pytest.raises(RecipeConfigError, match="'auto', 'ring'|auto, ring"):
+    with pytest.raises(RecipeConfigError, match=r"'auto', 'ring'|auto, ring"):
         communication_options(1, implementation="mpi")
 
 

@@ -203,7 +203,7 @@ def test_diagnose_takes_a_profile_or_a_breakdown(make_fake_profile):
     from_profile = diagnose(fake)  # the profile's hardware and memory samples are used
     assert from_profile == fake.diagnosis
     assert diagnose(fake.breakdown, fake.hardware) == diagnose_breakdown(fake.breakdown, fake.hardware)
-    with pytest.raises(TypeError, match="takes a Profile .*, a StepBreakdown or a capture's path; received dict"):
+    with pytest.raises(TypeError, match=r"takes a Profile .*, a StepBreakdown or a capture's path; received dict"):
         diagnose({"input_percent": 50})
 
 

@@ -176,9 +176,7 @@ def test_py_function_map_is_parallelized_with_the_same_elements():
     detail = plan.applied[-1].detail
     assert "parallel map (AUTOTUNE calls, order kept): map 1 'lambda'" in detail
     assert "parallel_python_maps=False" in detail
-    first, second = (
-        list(tf.nest.map_structure(np.asarray, e) for e in d) for d in (py_function_pipeline(), plan.dataset)
-    )
+    first, second = ([tf.nest.map_structure(np.asarray, e) for e in d] for d in (py_function_pipeline(), plan.dataset))
     assert len(first) == len(second) == 4
     for (x1, y1), (x2, y2) in zip(first, second):
         np.testing.assert_array_equal(x1.reshape(len(y1), 12, 12, 3), x2.reshape(len(y2), 12, 12, 3))
@@ -238,7 +236,7 @@ def test_a_source_pipeline_takes_the_recipes_budget_order_and_cache_settings(sou
 
 def test_a_cache_setting_a_source_cannot_honour_is_refused(source_plan, tmp_path):
     for cache in ("memory", str(tmp_path / "cache")):
-        with pytest.raises(RecipeConfigError, match="does not apply to a tfopt.data source"):
+        with pytest.raises(RecipeConfigError, match=r"does not apply to a tfopt.data source"):
             DataPipeline(cache=cache).check(source_plan)
 
 
@@ -257,7 +255,7 @@ def failing_first_element():
 
 def test_a_pipeline_whose_first_element_fails_is_tuned_and_fails_as_it_did():
     tuned = tune_pipeline(failing_first_element(), ram_budget_bytes=BUDGET)
-    with pytest.raises(tf.errors.NotFoundError, match="missing-file.jpg"):
+    with pytest.raises(tf.errors.NotFoundError, match=r"missing-file.jpg"):
         list(tuned)
 
 
@@ -344,7 +342,7 @@ def test_a_pipeline_over_the_graph_limit_is_left_as_it_was_with_the_reason(monke
     detail = plan.applied[-1].detail
     assert "no cache: tfopt cannot read the pipeline's graph to check it" in detail
     assert (
-        "maps and batches left as they were: its graph holds 54 KiB of in-memory data (arrays passed to from_tensor_slices "
-        "or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
+        "maps and batches left as they were: its graph holds 54 KiB of in-memory data (arrays passed to "
+        "from_tensor_slices or captured by its functions are part of it), more than the 16 KiB tfopt copies" in detail
     )
     assert_same_elements(make_images(), plan.dataset)

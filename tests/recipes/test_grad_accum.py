@@ -101,7 +101,7 @@ def test_bad_settings(settings, words):
 
 
 def test_effective_batch_must_be_a_multiple():
-    with pytest.raises(RecipeConfigError, match="effective_batch_size=20 is not a multiple .* of the batch size 8"):
+    with pytest.raises(RecipeConfigError, match=r"effective_batch_size=20 is not a multiple .* of the batch size 8"):
         GradAccum(effective_batch_size=20).check(plan_for())
 
 

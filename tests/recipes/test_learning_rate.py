@@ -12,9 +12,7 @@ from tfopt.recipes.learning_rate import scale_learning_rate
 @pytest.mark.parametrize("rule, expected", [("linear", 0.8), ("sqrt", 0.2), ("none", 0.1)])
 def test_learning_rate_rules(rule, expected):
     config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": 0.1}}, "loss": "mse"}
-    scaled, detail = scale_learning_rate(
-        config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128, rule=rule
-    )
+    scaled, _ = scale_learning_rate(config, old_batch_size=32, new_batch_size=256 if rule != "sqrt" else 128, rule=rule)
     assert scaled["optimizer"]["config"]["learning_rate"] == pytest.approx(expected)
     assert config["optimizer"]["config"]["learning_rate"] == 0.1
 

@@ -46,7 +46,7 @@ def test_new_run_dir_makes_a_fresh_directory_and_refuses_one_with_files(tmp_path
     assert second.name == f"{first.name}-2" and not any(first.iterdir())
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("keep\n")
-    with pytest.raises(TfoptError, match="already holds files.*add --resume"):
+    with pytest.raises(TfoptError, match=r"already holds files.*add --resume"):
         new_run_dir("r", tmp_path / "out", tmp_path)
 
 

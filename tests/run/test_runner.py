@@ -233,6 +233,6 @@ def test_a_run_interrupted_before_its_first_output_leaves_no_directory(tmp_path,
 def test_resume_that_would_shrink_the_run_is_refused_and_changes_nothing(tmp_path):
     runner.run(load_recipe(write(tmp_path)), out_dir=tmp_path / "run")
     saved = (tmp_path / "run" / "recipe.yaml").read_text()
-    with pytest.raises(TfoptError, match="only train.epochs may grow"):
+    with pytest.raises(TfoptError, match=r"only train.epochs may grow"):
         runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=1"]), out_dir=tmp_path / "run", resume=True)
     assert (tmp_path / "run" / "recipe.yaml").read_text() == saved

@@ -74,7 +74,7 @@ def test_max_batch_size_is_never_exceeded():
 def test_nothing_fits_says_what_to_change():
     search = BatchSizeSearch((Trial(8, "out_of_memory"),), "GPU memory", None)
     with pytest.raises(MeasurementError, match="Lower min_batch_size"):
-        search.best_batch_size
+        _ = search.best_batch_size
 
 
 def test_markdown_table_marks_the_best():

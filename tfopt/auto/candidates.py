@@ -111,7 +111,8 @@ def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, dia
         not_tried["data_service"] = (
             "the input pipeline was not read stage by stage (no profile)"
             if stages is None
-            else "the input pipeline is not yet parallel with every core of the host busy: parallel stages here come first"
+            else "the input pipeline is not yet parallel with every core of the host busy: "
+            "parallel stages here come first"
         )
     for name in diagnosis.recipes if diagnosis is not None else ():
         if name in NOT_COMPARABLE:

@@ -30,9 +30,9 @@ NOISE_FLOOR_FRACTION = 0.03
 
 LOSS_TOLERANCE = 0.02
 """Largest step-by-step loss difference from the float32 baseline, as a fraction of the baseline's largest
-loss, that still counts as the same training. bfloat16 keeps 8 significant bits (relative rounding 0.4%), so after a few optimizer steps its
-loss differs from float32's by well under 2% on healthy models; a recipe that breaks numerics (overflow,
-NaN, a lost loss scale) differs by far more."""
+loss, that still counts as the same training. bfloat16 keeps 8 significant bits, so after a few optimizer
+steps its loss differs from float32's by well under 2% on healthy models; a recipe that breaks numerics
+(overflow, NaN, a lost loss scale) differs by far more."""
 
 
 def throughput(step_times: StepTimes) -> float:
@@ -153,7 +153,7 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float]) -> float
         )
     if not all(math.isfinite(value) for value in losses):
         return math.inf
-    scale = max(max(abs(ref) for ref in reference), 1e-12)
+    scale = max(*(abs(ref) for ref in reference), 1e-12)
     return max(abs(value - ref) for ref, value in zip(reference, losses)) / scale
 
 

@@ -225,7 +225,7 @@ class _Search:
         began = self.clock()
         try:
             result = self.run(configuration, self.deadline)
-        except Exception as error:  # a candidate that raises is a rejected candidate, not a failed search
+        except Exception as error:  # noqa: BLE001 - a candidate that raises is a rejected candidate, not a failed search
             result = TrialResult(
                 configuration, error=f"{type(error).__name__}: {error}", wall_seconds=self.clock() - began
             )

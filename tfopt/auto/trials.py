@@ -30,7 +30,8 @@ from tfopt.auto.decide import TrialResult
 from tfopt.builder import Built, build
 from tfopt.data.service_client import serve_offload
 from tfopt.errors import MeasurementError
-from tfopt.plan import Plan, put_tf32_in_force
+from tfopt.plan import Plan
+from tfopt.policies import put_tf32_in_force
 from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
 from tfopt.recipes.base import Recipe, chain
 
@@ -239,10 +240,7 @@ def _read_one_epoch(dataset: Any, deadline: float, clock: Callable[[], float]) -
     """Reads a finite dataset once (filling any cache in it); True where the deadline stopped it."""
     if int(dataset.cardinality()) <= 0:
         return False  # infinite or unknown length: there is no epoch to read
-    for _ in dataset:
-        if clock() > deadline:
-            return True
-    return False
+    return any(clock() > deadline for _ in dataset)
 
 
 def _fixed_batches(dataset: Any, count: int) -> tuple[Any, list[int]]:

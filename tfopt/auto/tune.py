@@ -1,9 +1,10 @@
 """Auto mode: diagnose the baseline, try the candidate recipes on this machine, keep only what helps.
 
-Rules of thumb (XLA pays off on GPUs, bf16 on hardware with bf16 units) are right on average and wrong
-on the user's own machine often enough to matter: the XLA method card (docs/recipes/xla.md) records it
-making a small CNN slower on a CPU-only machine while bf16 made it faster there. So auto mode measures, within a time budget, and keeps a recipe
-only if its gain is larger than the noise of the machine and the loss stays where float32 puts it.
+Rules of thumb (XLA pays off on GPUs, bf16 on hardware with bf16 units) are right on average and wrong on the
+user's own machine often enough to matter: the XLA method card (docs/recipes/xla.md) records it making a small
+CNN slower on a CPU-only machine while bf16 made it faster there. So auto mode measures, within a time budget,
+and keeps a recipe only if its gain is larger than the noise of the machine and the loss stays where float32
+puts it.
 """
 
 from __future__ import annotations

@@ -508,8 +508,8 @@ def _diagnose_trace(args: argparse.Namespace) -> int:
         return 0
     devices = ", ".join(gpu.name for gpu in hardware.gpus) or "no accelerator (a CPU-only capture)"
     print(
-        f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of {breakdown.step_seconds_mean * 1e3:.2f} "
-        f"ms; {metrics.headline()}."
+        f"{args.trace} ({devices}): {len(breakdown.step_seconds)} wall steps of "
+        f"{breakdown.step_seconds_mean * 1e3:.2f} ms; {metrics.headline()}."
     )
     _print_diagnosis(diagnosis)
     return 0

@@ -29,7 +29,7 @@ _EXPORTS = {
     "verify": "tfopt.data.tfrecord.verify",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the lazy table names every export
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

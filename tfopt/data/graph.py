@@ -145,7 +145,7 @@ def read(dataset: Any) -> tuple[Any, str | None]:
         return serialize(dataset), None
     except GraphTooLarge as error:
         return None, str(error)
-    except Exception as error:  # an OpError, a protobuf DecodeError: the caller leaves the pipeline as it is
+    except Exception as error:  # noqa: BLE001 - an OpError, a protobuf DecodeError: the caller leaves the pipeline as it is
         return None, f"its graph cannot be serialized ({describe_error(error)})"
 
 
@@ -227,7 +227,7 @@ def _held_bytes(dataset: Any) -> int:
 def _private_list(dataset: Any, method: str) -> list:
     try:
         return list(getattr(dataset, method)())
-    except Exception:  # a TensorFlow without this private method: find less, never fail
+    except Exception:  # noqa: BLE001 - a TensorFlow without this private method: find less, never fail
         return []
 
 
@@ -300,7 +300,8 @@ def drops_remainder(graph: Any) -> bool:
     constant that is each batch op's last input.
 
     Example:
-        >>> [drops_remainder(serialize(tf.data.Dataset.range(9).batch(4, drop_remainder=drop))) for drop in (True, False)]
+        >>> batched = [tf.data.Dataset.range(9).batch(4, drop_remainder=drop) for drop in (True, False)]
+        >>> [drops_remainder(serialize(dataset)) for dataset in batched]
         [True, False]
     """
     nodes = {node.name: node for node in graph.node}

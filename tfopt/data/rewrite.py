@@ -25,11 +25,11 @@ lock, one call at a time, in the rebuilt pipeline as in the original, from which
 asks for the next element (the original already runs it on TensorFlow's threads, never on Python's main
 thread). What the rewrite changes for a generator is how far ahead of training it is asked for elements.
 
-A pipeline tfopt cannot rebuild (a dataset op no test here round-trips, a graph that cannot be
-serialized or is too large, a rebuild that fails) keeps its maps and batches as they were, with the
-reason, and only gets the bounded prefetch at its end that needs no rewrite; nothing in here raises. The rebuilt graph refers to live resources of this process (a shuffle's seed generator, a
-memory cache, py_function tokens, a Keras layer's seed variable), so the rebuilt dataset keeps the
-original alive and is valid in this process only.
+A pipeline tfopt cannot rebuild (a dataset op no test here round-trips, a graph that cannot be serialized or
+is too large, a rebuild that fails) keeps its maps and batches as they were, with the reason, and only gets
+the bounded prefetch at its end that needs no rewrite; nothing in here raises. The rebuilt graph refers to
+live resources of this process (a shuffle's seed generator, a memory cache, py_function tokens, a Keras
+layer's seed variable), so the rebuilt dataset keeps the original alive and is valid in this process only.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def _rebuild(original: Any, graph: Any) -> Any:
     try:
         rebuilt = _RewrittenDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)
         cardinality, expected = int(rebuilt.cardinality()), int(original.cardinality())
-    except Exception as error:  # an OpError, a protobuf error, a structure tf.data refuses: never a crash
+    except Exception as error:  # noqa: BLE001 - an OpError, a protobuf error, a structure tf.data refuses: never a crash
         return f"its rewritten graph could not be rebuilt ({describe_error(error)})"
     if cardinality != expected:
         return f"the rewritten graph has cardinality {cardinality}, the original {expected}"

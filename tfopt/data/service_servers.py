@@ -234,7 +234,7 @@ class LocalCluster:
                 text=True,
                 errors="replace",
                 start_new_session=True,
-                preexec_fn=terminate_with_parent(os.getpid()),
+                preexec_fn=terminate_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only, no locks
             )
         )
 

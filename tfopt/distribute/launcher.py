@@ -127,7 +127,7 @@ def launch_local_workers(
                     errors="replace",
                     start_new_session=True,
                     pass_fds=tuple(pass_fds),
-                    preexec_fn=terminate_with_parent(os.getpid()),
+                    preexec_fn=terminate_with_parent(os.getpid()),  # noqa: PLW1509 - prctl only, no locks
                 )
             )
         for index, process in enumerate(workers):
@@ -231,10 +231,8 @@ def terminate_with_parent(parent: int) -> Callable[[], None] | None:
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)  # the worker's own session: its children go too
-    except ProcessLookupError:
-        pass
 
 
 def _forward(process: subprocess.Popen, index: int, output: Callable[[str], None], lock: threading.Lock) -> None:

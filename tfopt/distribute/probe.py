@@ -98,7 +98,7 @@ def _probe_worker() -> None:
     try:
         model.fit(dataset, epochs=1, verbose=0, shuffle=False)
         print(f"{_MARKER} ok", flush=True)
-    except Exception as error:  # any failure means "fit does not work here"; the text goes to the cache
+    except Exception as error:  # noqa: BLE001 - any failure means "fit does not work here"; the text goes to the cache
         print(f"{_MARKER} {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
 
 

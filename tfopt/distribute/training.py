@@ -11,6 +11,7 @@ that is known to work, including multi-worker once `tfopt.distribute.probe` has 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -257,7 +258,7 @@ class _Loop:
                 )
             callback_list.on_epoch_end(epoch, {"loss": logs["loss"]})
             if checkpoint is not None and not exhausted:
-                self._guard(lambda: checkpoint.save(epoch + 1), epoch)
+                self._guard(functools.partial(checkpoint.save, epoch + 1), epoch)
             if exhausted or self.model.stop_training:
                 break
         callback_list.on_train_end()
@@ -268,11 +269,11 @@ class _Loop:
         total, steps = 0.0, 0
         while self.steps_per_epoch is None or steps < self.steps_per_epoch:
             try:
-                batch = self._guard(lambda: next(iterator), epoch)
+                batch = self._guard(functools.partial(next, iterator), epoch)
             except StopIteration:
                 return {"loss": total / max(steps, 1), "steps": steps}, self.steps_per_epoch is not None
             callback_list.on_train_batch_begin(steps)
-            loss = float(self._guard(lambda: self.step(batch), epoch))
+            loss = float(self._guard(functools.partial(self.step, batch), epoch))
             total, steps = total + loss, steps + 1
             callback_list.on_train_batch_end(steps - 1, {"loss": total / steps})
             if self.model.stop_training:

@@ -121,8 +121,10 @@ def describe_rounds(ratios: tuple[float, ...] | list[float]) -> str:
     """What the per-round ratios say of a speedup, to follow "1.05x": their range, and whether it is noise.
 
     Example:
-        >>> describe_rounds((1.2, 0.9, 1.1)), describe_rounds((1.3,))
-        (' [0.90-1.20], within noise: no measurable gain on this machine', ', 1 round side by side: too few for a spread')
+        >>> describe_rounds((1.2, 0.9, 1.1))
+        ' [0.90-1.20], within noise: no measurable gain on this machine'
+        >>> describe_rounds((1.3,))
+        ', 1 round side by side: too few for a spread'
     """
     if len(ratios) < 3:
         return f", {len(ratios)} round{'' if len(ratios) == 1 else 's'} side by side: too few for a spread"

@@ -78,7 +78,7 @@ class RecipeFile:
     recipes: tuple[Any, ...] | str
     profile: ProfileSection
     report: ReportSection
-    runtime: RuntimeSection = RuntimeSection()
+    runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
     locations: Locations = dataclasses.field(default=None, compare=False, repr=False)
 
     def where(self, *path: str | int) -> str:

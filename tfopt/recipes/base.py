@@ -59,7 +59,7 @@ class Recipe(abc.ABC):
     name: ClassVar[str]
     stage: ClassVar[Stage]
 
-    def check(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:  # noqa: B027 - optional: most recipes fit every plan
         """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
 
     @property

@@ -92,9 +92,10 @@ class RunOutcome:
             (self.report_paths[name] for name in ("html", "markdown", "json") if name in self.report_paths),
             self.run_dir,
         )
+        rounds = describe_rounds(self.report["speedup_rounds"]) if self.report.get("speedup_rounds") else ""
         return (
             f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
-            f"({self.report['speedup']:.2f}x{describe_rounds(self.report['speedup_rounds']) if self.report.get('speedup_rounds') else ''}); "
+            f"({self.report['speedup']:.2f}x{rounds}); "
             f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
             f"{trained}; report: {path}"
         )

@@ -19,7 +19,7 @@ _EXPORTS = {
     "track_peak_memory": "tfopt.training.peak_memory",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the lazy table names every export
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

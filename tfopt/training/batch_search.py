@@ -155,4 +155,4 @@ def _predicted_peak(trials: list[Trial], batch_size: int, baseline_bytes: int) -
 
 def _round_batch(size: float) -> int:
     """Multiples of 8 from 16 up (tensor-core and vector-width friendly), plain integers below."""
-    return int(round(size / 8) * 8) if size >= 16 else max(1, int(round(size)))
+    return round(size / 8) * 8 if size >= 16 else max(1, round(size))

@@ -198,10 +198,9 @@ def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, 
         epoch += 1
     if epoch < epochs:
         first = epoch * steps_per_epoch
-        if stream:
-            data = dataset.skip(first) if first else dataset
-        else:
-            data = dataset.repeat()  # one iterator for all epochs (see the module docstring)
+        # A stream goes on where it stopped; a finite dataset repeats in one iterator for all epochs (see the
+        # module docstring).
+        data = (dataset.skip(first) if first else dataset) if stream else dataset.repeat()
         yield (
             first,
             total_steps - first,

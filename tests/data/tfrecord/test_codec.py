@@ -58,7 +58,7 @@ def test_truncated_and_corrupted_files_are_detected(tmp_path):
     write_records(path, [b"a" * 100, b"b" * 100], None)
     data = path.read_bytes()
     path.write_bytes(data[:-10])
-    with pytest.raises(CorruptRecordError, match="record 1: .*truncated"):
+    with pytest.raises(CorruptRecordError, match=r"record 1: .*truncated"):
         list(read_records(path, None))
     flipped = bytearray(data)
     flipped[20] ^= 0x01

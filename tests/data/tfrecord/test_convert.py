@@ -221,7 +221,7 @@ def test_a_directory_of_someone_elses_files_is_refused(tmp_path):
     from tfopt.errors import DataError
 
     (tmp_path / "part-00000.tfrecord").write_text("MY OWN SHARD DATA")
-    with pytest.raises(DataError, match="named like tfopt.s shards .*part-00000.tfrecord"):
+    with pytest.raises(DataError, match=r"named like tfopt.s shards .*part-00000.tfrecord"):
         to_tfrecord(NumpySource(np.zeros((4, 2), np.float32), np.arange(4)), tmp_path)
     assert (tmp_path / "part-00000.tfrecord").read_text() == "MY OWN SHARD DATA"
 

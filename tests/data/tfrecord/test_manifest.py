@@ -18,13 +18,13 @@ def test_written_manifest_reads_back_with_format_and_version(tmp_path):
 
 
 def test_missing_directory(tmp_path):
-    with pytest.raises(DataError, match="nowhere does not exist.*to_tfrecord"):
+    with pytest.raises(DataError, match=r"nowhere does not exist.*to_tfrecord"):
         read_manifest(tmp_path / "nowhere")
 
 
 def test_directory_without_manifest_is_an_incomplete_conversion(tmp_path):
     (tmp_path / shard_file_name(0, None)).write_bytes(b"")
-    with pytest.raises(DataError, match="not a complete tfopt conversion.*interrupted"):
+    with pytest.raises(DataError, match=r"not a complete tfopt conversion.*interrupted"):
         read_manifest(tmp_path)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -62,7 +64,7 @@ def test_worker_shards_are_disjoint_and_cover_everything(uncompressed, workers, 
         unbatched(collect(source.pipeline(batch_size=4, optimized=True, num_shards=workers, shard_index=index)))
         for index in range(workers)
     ]
-    assert sorted(sum(parts, [])) == sorted(everything)
+    assert sorted(itertools.chain.from_iterable(parts)) == sorted(everything)
     assert len(source.files) == 8 and (len(source.files) >= workers) == expected_by_file
 
 
@@ -97,7 +99,7 @@ def test_image_size_override_and_config_round_trip(uncompressed):
 
 def test_options_that_need_images_are_refused_for_arrays(tmp_path):
     out = to_tfrecord(NumpySource(np.zeros((4, 3), np.float32), np.zeros(4, np.int32)), tmp_path)
-    with pytest.raises(ValueError, match="image_size=.*not\\s+encoded images"):
+    with pytest.raises(ValueError, match=r"image_size=.*not\s+encoded images"):
         TFRecordSource(out, image_size=8)
     with pytest.raises(ValueError, match="augment=True needs images"):
         TFRecordSource(out, augment=True)

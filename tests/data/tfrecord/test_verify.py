@@ -62,7 +62,7 @@ def test_verify_detects_damage_inside_a_gzip_shard(shapes_dir, tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(DataError, match="part-00001.tfrecord.gz is corrupted"):
+    with pytest.raises(DataError, match=r"part-00001.tfrecord.gz is corrupted"):
         verify(out)
 
 

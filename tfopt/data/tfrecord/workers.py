@@ -19,6 +19,7 @@ leaves no lasting process behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -159,10 +160,8 @@ class ShardWriterPool:
         for worker in self._workers:
             if kill:
                 worker.kill()
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 worker.stdin.close()
-            except BrokenPipeError:
-                pass
         for worker in self._workers:
             worker.wait()
             worker.stdout.close()
@@ -178,7 +177,7 @@ def serve() -> None:
                 answer = write_shard(
                     pathlib.Path(request["out_dir"]), request["index"], records, request["compression"]
                 )
-            except Exception as error:  # the parent turns it into a DataError naming the shard
+            except Exception as error:  # noqa: BLE001 - the parent turns it into a DataError naming the shard
                 answer = {"error": f"{type(error).__name__}: {error}"}
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
