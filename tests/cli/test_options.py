@@ -34,11 +34,23 @@ def test_steps_and_budget_become_overrides_and_workers_repeat_them():
     ]
 
 
-def test_worker_lines_hide_tensorflow_start_up_noise(capsys):
-    for line in [
-        "[worker 0] I0000 00:00:1 port.cc:153] oneDNN custom operations are on.",
-        "[worker 1] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
-        "[worker 1] tfopt-recipe: error: Training stopped at step 3",
-    ]:
+WORKER_LINES = [
+    "[worker 0] I0000 00:00:1795702830.290177    2565 port.cc:153] oneDNN custom operations are on.",
+    "[worker 1] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "[worker 1] E0000 00:00:1795702832.661756    2565 collective_ops.cc:7] Collective ops are aborted",
+    "[worker 1] tfopt-recipe: error: Training stopped at step 3",
+]
+
+
+def test_worker_lines_hide_tensorflow_info_and_warnings(capsys, monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    for line in WORKER_LINES:
         options.worker_line(line)
-    assert capsys.readouterr().err == "[worker 1] tfopt-recipe: error: Training stopped at step 3\n"
+    assert capsys.readouterr().err.splitlines() == WORKER_LINES[2:]
+
+
+def test_worker_lines_all_show_where_tensorflow_logs_are_asked_for(capsys, monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    for line in WORKER_LINES:
+        options.worker_line(line)
+    assert capsys.readouterr().err.splitlines() == WORKER_LINES

@@ -37,6 +37,7 @@ from typing import Any
 from tfopt._version import __version__
 from tfopt.cli import options
 from tfopt.cli.progress import PROGRAM, terminal_progress
+from tfopt.cli.quiet_start import tensorflow_started_quietly
 from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
 
 # Errors of the machine, not of tfopt or the model: said as they are, without "this may be a bug".
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        with _signals_interrupt():
+        with _signals_interrupt(), tensorflow_started_quietly():
             return args.handler(args)
     except (RecipeFileError, _UsageError) as error:
         return _report_error(error, 2, args)

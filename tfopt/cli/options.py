@@ -8,6 +8,8 @@ import argparse
 import re
 import sys
 
+from tfopt.cli.quiet_start import startup_noise, wants_tensorflow_logs
+
 
 def overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` options, with `--steps` and `--tune-budget` as the overrides they stand for."""
@@ -32,9 +34,10 @@ def seconds(text: str) -> float:
 
 
 def worker_line(line: str) -> None:
-    """Shows a worker's output line, except TensorFlow's C++ start-up lines (absl logs them before
-    TF_CPP_MIN_LOG_LEVEL is read)."""
-    if not re.match(r"\[worker \d+\] ([IWE]\d{4} |WARNING: All log messages before absl)", line):
+    """Shows a worker's output line, except TensorFlow's INFO and WARNING lines (each worker leaves out its
+    own start-up noise; these are the lines a worker's libraries log later, below tfopt's default level)."""
+    text = re.sub(r"^\[worker \d+\] ", "", line)
+    if wants_tensorflow_logs() or not startup_noise([text])[0]:
         print(line, file=sys.stderr, flush=True)
 
 
