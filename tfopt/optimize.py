@@ -156,7 +156,7 @@ class ApplyResult:
         return Metrics.of(self.plan.hardware, getattr(self, side), profile.breakdown if profile else None)
 
     def __repr__(self) -> str:
-        # The generated repr printed the model, the dataset and the plan's sample batch (a whole tensor).
+        # Not the dataclass repr: that prints the model, the dataset and the sample batch (a whole tensor).
         return f"ApplyResult({self.summary()}; model={self.model.name!r}, {self.plan!r})"
 
     def _repr_html_(self) -> str:

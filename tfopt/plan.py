@@ -110,8 +110,8 @@ class Plan:
         return bool(self.compile_config.get("jit_compile", False))
 
     def __repr__(self) -> str:
-        # The generated repr printed the sample batch (a whole image tensor), the dataset and the model:
-        # show the decisions instead.
+        # Not the dataclass repr: that prints the sample batch (a whole tensor), the dataset and the model.
+        # The decisions are what a reader wants.
         steps = "".join(f"\n  {step}" for step in self.applied)
         return (
             f"Plan(batch_size={self.batch_size}, dtype_policy={self.dtype_policy!r}, "

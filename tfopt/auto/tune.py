@@ -29,7 +29,7 @@ _log = logging.getLogger("tfopt")
 DEFAULT_BUDGET_SECONDS = 120.0
 MAX_STEPS_FACTOR = 4
 PROFILE_MIN_BUDGET_SECONDS = 60.0
-"""A profiler trace and its analysis take about 10 s on a small model: below this budget, the measured
+"""A profiler trace and its analysis take seconds even on a small model: below this budget, the measured
 input efficiency alone decides whether the input pipeline is a candidate."""
 
 

@@ -38,8 +38,8 @@ def static_batches(dataset: Any, batch_size: int) -> tuple[Any, int | None]:
     """The dataset with every batch full, and how many examples per pass that drops.
 
     XLA compiles a step per input shape, and Keras traces the step with the batch dimension unknown, so
-    a partial last batch compiles it again every epoch (20 s and more for ResNet-50 on an H100, where the
-    other 18 steps of an epoch took 0.3 s). Rebatching with `drop_remainder=True` makes the batch
+    a partial last batch compiles it again every epoch, often for longer than the epoch's other steps take
+    (docs/recipes/xla.md). Rebatching with `drop_remainder=True` makes the batch
     dimension static.
 
     Args:

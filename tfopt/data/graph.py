@@ -18,11 +18,10 @@ Ops that are registered as stateful but read only, or are stateful only so that 
 counts `Assert`.
 
 The graph holds every tensor the pipeline was built from as a constant: `from_tensor_slices` over
-in-memory arrays puts the arrays themselves in it. Reading it copies them several times (measured on
-CPU: AMD EPYC, 2 cores with bf16 instructions (no GPU or TPU): a 200 MiB array took 3.7 s to serialize,
-rewrite and rebuild, with 0.8-1.0 GB more peak memory than iterating the pipeline), and a graph over
-protobuf's 2 GiB limit cannot be serialized at all (a 2.1 GiB array: 26 s and a 13 GB peak, then an
-empty result). So `read` refuses a graph holding more than `MAX_GRAPH_BYTES`, before serializing where
+in-memory arrays puts the arrays themselves in it. Reading it copies them several times, in seconds and
+gigabytes of peak memory for arrays of a few hundred MiB, and a graph over protobuf's 2 GiB limit cannot
+be serialized at all: it fails only after the copies, with an empty result (docs/recipes/data_pipeline.md
+has the measurements). So `read` refuses a graph holding more than `MAX_GRAPH_BYTES`, before serializing where
 the pipeline's own objects show the arrays.
 """
 

@@ -57,10 +57,9 @@ def random_augment(x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tens
     """Random horizontal flip, translation and brightness shift of each image of a uint8 batch.
 
     It works on whole batches so that the optimized pipeline can compile it with XLA into one pass over
-    the batch: applied image by image in a tf.data map, the same work cost ~105 us of CPU per 128x128
-    image (a dozen small ops, each a copy), the fused batch version ~45 us, measured on CPU: AMD EPYC, 2
-    cores with bf16 instructions (no GPU or TPU). Everything is integer arithmetic, so XLA and plain
-    TensorFlow give identical pixels.
+    the batch: applied image by image in a tf.data map, the same work is a dozen small ops per image, each a
+    copy (docs/recipes/data_pipeline.md has the cost of both). Everything is integer arithmetic, so XLA
+    and plain TensorFlow give identical pixels.
 
     Each image is mirrored with probability 1/2, moved by up to 1/8 of its size in each direction with
     the uncovered border black (the classic pad-and-crop of the CIFAR/ResNet recipe), and brightened or

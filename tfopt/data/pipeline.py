@@ -14,13 +14,11 @@ those stages twice:
   Garden pins 32 batches for this reason).
 
 Augmentation runs on whole batches (the guide's "vectorized mapping"): after the decode is cached, the
-per-element work is what is left to compete with training for the CPU, and a per-element map pays a
-function call and a dozen small copies per image. Measured on CPU: AMD EPYC, 2 cores with bf16
-instructions (no GPU or TPU) (128x128 JPEGs, epochs after the first): ~160 us of CPU per image with
-per-element augmentation, ~65 us batched and fused. Its stateless random ops take one seed per batch from
-`tf.data.Dataset.random(rerandomize_each_iteration=True)`, zipped in at the same position in both
-pipelines: the augmentation differs per epoch, yet both pipelines yield identical elements, which is
-what lets the tests compare them element by element.
+per-element work is what is left to compete with training for the CPU, and a per-element map pays a function
+call and a dozen small copies per image (docs/recipes/data_pipeline.md measures both). Its stateless random
+ops take one seed per batch from `tf.data.Dataset.random(rerandomize_each_iteration=True)`, zipped in at the
+same position in both pipelines: the augmentation differs per epoch, yet both pipelines yield identical
+elements, which is what lets the tests compare them element by element.
 """
 
 from __future__ import annotations
@@ -111,7 +109,7 @@ def _augment_and_finish(batches, augment, finish, seed, *, optimized):
     """Maps `augment` (if any) then `finish` over batches; optimized: in parallel, fused by XLA.
 
     XLA turns the augmentation's gathers, masks and casts into one loop over the batch instead of a
-    dozen full copies (~45 vs ~105 us per 128x128 image on this project's CPU). tf.data always runs on
+    dozen full copies (docs/recipes/data_pipeline.md has the cost of both). tf.data always runs on
     the host CPU, so this is XLA:CPU on every machine, whatever accelerator trains the model.
     """
     calls = tf.data.AUTOTUNE if optimized else None

@@ -2,8 +2,8 @@
 
 `tf.data.Options` cannot do it: TF's `map_parallelization` rewrite skips every map whose function is
 stateful, and py_function, numpy_function and every `tf.random`/`tf.image.random_*` op are. So the
-usual augmentation map stays sequential (measured on an H100 host, the tf.data guide's py_function
-case: 220 elements/s after `tf.data.Options`, 2,831 with `num_parallel_calls`). This module takes the
+usual augmentation map stays sequential (docs/recipes/data_pipeline.md measures the tf.data guide's
+py_function case). This module takes the
 pipeline's graph (`DatasetToGraphV2`), turns each sequential `MapDataset` that is safe to run in
 parallel into a `ParallelMapDatasetV2` (AUTOTUNE calls, order kept) and each `BatchDatasetV2` into a
 `ParallelBatchDataset`, bounds a final `prefetch(AUTOTUNE)` like the prefetch it adds where there is

@@ -7,8 +7,8 @@ pipeline (parallel interleave and decode, cache after decode and before augmenta
 - its graph is rewritten (`tfopt.data.rewrite`): sequential maps run in parallel (AUTOTUNE, order
   kept), batches are made in parallel, and the pipeline ends with a prefetch bounded by the RAM
   budget. `tf.data.Options` alone cannot do this: TF's `map_parallelization` skips stateful maps,
-  and py_function, numpy_function and every random op are stateful (measured on an H100 host, the
-  tf.data guide's py_function case: 0.08x the guide's `num_parallel_calls` after Options alone).
+  and py_function, numpy_function and every random op are stateful (docs/recipes/data_pipeline.md
+  measures the tf.data guide's py_function case after Options alone).
   Maps with random ops and maps calling Python are parallelized by default, with an opt-out each.
 - `tf.data.Options`: autotuning within an explicit RAM budget, and (optionally) non-deterministic order.
 - a cache at the end of the pipeline, but only where that is valid: the pipeline has no random op or

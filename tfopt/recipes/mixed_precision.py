@@ -3,8 +3,8 @@
 bfloat16 keeps float32's exponent range, so it needs no loss scaling and is the choice wherever the
 hardware has it (GPUs of compute capability 8.0+, TPUs, CPUs with AVX512-BF16 or AMX). float16 needs
 loss scaling and only pays off on GPU tensor cores (compute capability 7.x). On a CPU without bf16
-instructions 16-bit compute is emulated and slower, so "auto" keeps float32 there (measured on this
-project's CPU: fp16 about 6x slower than float32, bf16 faster).
+instructions 16-bit compute is emulated and slower, so "auto" keeps float32 there
+(docs/recipes/mixed_precision.md has the measurements).
 
 Keras reads the dtype policy when a layer is created, so this recipe only records the policy in the
 plan; `build()` creates the model under it, with the output layers in float32.

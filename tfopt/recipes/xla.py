@@ -4,8 +4,8 @@ Keras' `jit_compile="auto"` turns XLA off on CPU-only machines, under any tf.dis
 when one layer has `supports_jit = False`, in each case without saying so. This recipe sets
 `jit_compile` explicitly; the build (`tfopt.builder`) then checks, on the model it creates, that every
 layer lowers to XLA (falling back with the offending layer named) and keeps batch shapes static. On
-CPU-only hardware "auto" leaves XLA off: measured on CPU: AMD EPYC, 2 cores with bf16 instructions (no
-GPU or TPU), XLA made a small CNN 0.47x to 1.08x as fast (docs/recipes/xla.md).
+CPU-only hardware "auto" leaves XLA off: there it made a small CNN slower as often as faster
+(docs/recipes/xla.md).
 """
 
 from __future__ import annotations

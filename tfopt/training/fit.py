@@ -1,6 +1,6 @@
 """`train()`: run `model.fit` on a built plan so that a killed run resumes and a diverging one stops.
 
-Used by `tfopt.apply(..., train=...)` and `tfopt-recipe run`. With a `checkpoint_dir`, the run is
+Used by `tfopt-recipe run` (`tfopt.run.training`). With a `checkpoint_dir`, the run is
 saved every `checkpoint_every_steps` steps; started again with the same directory, it restores the
 newest checkpoint and skips the batches already trained on, so it ends after exactly the steps an
 uninterrupted run takes. With or without checkpoints, a NaN or Inf loss (checked every step) or weight
@@ -16,10 +16,9 @@ Two data modes keep the position in the data exact:
   epochs, as Keras does for an infinite dataset; a resumed run starts at `stream.skip(global step)`.
 
 Either way one `fit` call reads all its epochs from one iterator. Given a finite dataset, Keras makes a
-new iterator per epoch and keeps the previous one alive into the next epoch; with tf.data's autotuning
-on (its default), about a third of such epochs ran the training step at half speed with a core idle,
-measured on CPU: AMD EPYC, 2 cores with bf16 instructions (no GPU or TPU) (TF 2.21, Keras 3.15); one
-iterator for all epochs never did.
+new iterator per epoch and keeps the previous one alive into the next epoch, and with tf.data's
+autotuning on (its default) the two iterators compete for the cores: some epochs train at a fraction of
+the speed (`benchmarks/data_pipeline.py` measures it); one iterator for all epochs does not.
 
 Resuming exactly needs a dataset whose order does not change between passes. A tf.data shuffle with
 `reshuffle_each_iteration=True` (seeded or not) draws a new order for every iterator made on it, and a

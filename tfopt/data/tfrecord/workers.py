@@ -1,15 +1,14 @@
 """Shard writers in worker processes: how `to_tfrecord` converts files on disk in parallel.
 
 Why processes and not threads: building a record is Python work that holds the GIL (read the file,
-encode the `tf.train.Example`, frame it), so threads take turns on one core. Measured on CPU: AMD EPYC,
-2 cores with bf16 instructions (no GPU or TPU), converting 3000 JPEGs (15 MB, uncompressed): 2 threads
-wrote 0.70x as fast as a plain sequential `tf.io.TFRecordWriter` loop, 2 worker processes 1.6x.
+encode the `tf.train.Example`, frame it), so threads take turns on one core and write slower than a plain
+sequential loop, where worker processes write faster (docs/recipes/tfrecord.md).
 
 Why plain `python` subprocesses running `serve()` and not `multiprocessing`: its spawn and forkserver
 start methods import the caller's `__main__` script again in every worker (measured), and a training
 script imports TensorFlow at its top, seconds per worker; fork is unsafe in a process that runs
 TensorFlow's threads. This module imports neither TensorFlow nor the caller's script, so a worker
-starts in ~50 ms.
+starts at once.
 
 Tasks and answers are JSON lines over the workers' stdin and stdout. A task describes its records (e.g.
 file paths and labels, see `task_records`) rather than carrying them, so nothing large
