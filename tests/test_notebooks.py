@@ -8,12 +8,17 @@ holds it to that.
 
 Notebooks are committed without outputs (diffs stay readable and no stale numbers are shown as if
 current). Executed copies are only kept in pytest's temporary directory.
+
+The install cell does nothing on a local kernel, so its Colab/Kaggle branch is tested apart: its code runs
+in this process with the platform faked and `subprocess.run` recorded, so no pip and no network.
 """
 
+import importlib.util
 import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
@@ -131,7 +136,7 @@ def test_quickstart(executed):
 
 
 def test_data_pipeline(executed):
-    notebook, workdir = executed("data_pipeline.ipynb")
+    notebook, _ = executed("data_pipeline.ipynb")
     text = "\n".join(text_of(notebook))
     verified = json.loads(re.search(r"verified: (\{.*\})", text).group(1).replace("'", '"'))
     assert verified["num_examples"] == 5 * 16 and verified["num_shards"] == 8 and verified["bytes"] > 0
@@ -188,7 +193,8 @@ def test_kernel_runs_this_python(tmp_path):
     notebook = nbformat.v4.new_notebook(
         cells=[
             nbformat.v4.new_code_cell(
-                "import os, sys, tfopt\nprint(sys.executable)\nprint(os.environ['TFOPT_NOTEBOOK_SMOKE'])\nprint(tfopt.__file__)"
+                "import os, sys, tfopt\nprint(sys.executable)\nprint(os.environ['TFOPT_NOTEBOOK_SMOKE'])\n"
+                "print(tfopt.__file__)"
             )
         ]
     )
@@ -196,3 +202,112 @@ def test_kernel_runs_this_python(tmp_path):
     assert os.path.realpath(lines[0]) == os.path.realpath(sys.executable)
     assert lines[1] == "1"
     assert pathlib.Path(lines[2]).resolve().is_relative_to(pathlib.Path(__file__).resolve().parents[1])
+
+
+INSTALL_HEADING = "## Install (Colab and Kaggle only)"
+PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "TFOPT_SOURCE")
+
+
+def install_cell(path):
+    """The code cell after the notebook's install heading."""
+    cells = nbformat.read(path, as_version=4).cells
+    headings = [index for index, cell in enumerate(cells) if cell.source.startswith(INSTALL_HEADING)]
+    assert len(headings) == 1, f"{path.name}: one markdown cell starting {INSTALL_HEADING!r}"
+    cell = cells[headings[0] + 1]
+    assert cell.cell_type == "code"
+    return cell.source
+
+
+def run_install_cell(monkeypatch, source=None, platform="colab", installed=False, environment_source=None):
+    """Runs quickstart's install cell here as a Colab/Kaggle/local kernel would, with pip recorded, not run.
+
+    `source` replaces the cell's `TFOPT_SOURCE = ""` line, as a user edits it; `environment_source` is the
+    TFOPT_SOURCE environment variable. Returns the commands the cell would have run.
+    """
+    code = install_cell(NOTEBOOK_DIR / "quickstart.ipynb")
+    if source is not None:
+        setting = 'TFOPT_SOURCE = ""  # @param {type:"string"}'
+        assert setting in code
+        code = code.replace(setting, f"TFOPT_SOURCE = {source!r}")
+    for name in PLATFORM_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    if platform == "colab":
+        monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20260101")
+    elif platform == "kaggle":
+        monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    if environment_source is not None:
+        monkeypatch.setenv("TFOPT_SOURCE", environment_source)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: find_spec(name, *args) if installed or name != "tfopt" else None,
+    )
+    commands = []
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: commands.append((command, kwargs)))
+    exec(compile(code, "install cell", "exec"), {"__name__": "__main__", "os": os})  # os: the parameters cell's
+    return commands
+
+
+def test_the_install_cells_are_the_same_in_every_notebook():
+    """Each notebook stands alone on Colab, so each carries the cell; the copies must not drift apart."""
+    cells = {path.name: install_cell(path) for path in NOTEBOOKS}
+    assert len(set(cells.values())) == 1, f"the install cells differ: {sorted(cells)}"
+    assert 'TFOPT_SOURCE = ""' in next(iter(cells.values())), "commit the cell with no source of your own"
+
+
+def test_the_install_cell_without_a_source_says_what_to_set(monkeypatch):
+    with pytest.raises(ValueError, match="Set TFOPT_SOURCE") as raised:
+        run_install_cell(monkeypatch, platform="colab")
+    message = str(raised.value)
+    for example in (
+        'TFOPT_SOURCE = "git+https://github.com/<owner>/tfopt"',
+        '"/content/tfopt-0.1.0-py3-none-any.whl"',
+        '"/kaggle/input/<dataset>/tfopt-0.1.0-py3-none-any.whl"',
+    ):
+        assert example in message
+    with pytest.raises(ValueError, match="Set TFOPT_SOURCE"):
+        run_install_cell(monkeypatch, platform="kaggle", environment_source="  ")
+
+
+def test_the_install_cell_installs_from_the_repository_with_the_profile_extra(monkeypatch, capsys):
+    url = "git+https://github.com/someone/tfopt@main"
+    commands = run_install_cell(monkeypatch, platform="kaggle", environment_source=url)
+    assert commands == [([sys.executable, "-m", "pip", "install", "-q", f"tfopt[profile] @ {url}"], {"check": True})]
+    assert f"kaggle: installed tfopt from {url}" in capsys.readouterr().out
+
+
+def test_the_install_cell_installs_an_uploaded_wheel(monkeypatch, tmp_path):
+    wheel = tmp_path / "tfopt-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    commands = run_install_cell(monkeypatch, source=str(wheel), platform="colab")
+    assert [command[-1] for command, _ in commands] == [f"tfopt[profile] @ {wheel.as_uri()}"]
+    # The environment variable wins over the cell's value; a wheel's URL is used as it is.
+    url = "https://example.org/releases/tfopt-0.1.0-py3-none-any.whl"
+    commands = run_install_cell(monkeypatch, source=str(wheel), environment_source=url)
+    assert [command[-1] for command, _ in commands] == [f"tfopt[profile] @ {url}"]
+
+
+def test_the_install_cell_requirements_are_what_pip_parses():
+    """pip reads each requirement as tfopt with the profile extra at that URL: never the bare name `tfopt`."""
+    requirements = pytest.importorskip("packaging.requirements")
+    for url in ("git+https://github.com/someone/tfopt@v0.1.0", "file:///content/tfopt-0.1.0-py3-none-any.whl"):
+        requirement = requirements.Requirement(f"tfopt[profile] @ {url}")
+        assert (requirement.name, requirement.extras, requirement.url) == ("tfopt", {"profile"}, url)
+
+
+def test_the_install_cell_rejects_what_pip_would_misread(monkeypatch, tmp_path):
+    missing = tmp_path / "tfopt-0.1.0-py3-none-any.whl"
+    with pytest.raises(FileNotFoundError, match=r"no such file\. Upload the wheel first"):
+        run_install_cell(monkeypatch, source=str(missing))
+    for source in ("https://github.com/someone/tfopt", "tfopt", "tfopt[profile]"):
+        with pytest.raises(ValueError, match=r"is neither a git URL nor a wheel\. .*git\+ prefix"):
+            run_install_cell(monkeypatch, source=source)
+
+
+def test_the_install_cell_installs_nothing_where_tfopt_is_there(monkeypatch, capsys):
+    assert run_install_cell(monkeypatch, platform="colab", installed=True) == []
+    assert "colab: tfopt is already installed" in capsys.readouterr().out
+    assert run_install_cell(monkeypatch, platform="local") == []  # no source needed on a local kernel
+    assert "local Jupyter: nothing installed" in capsys.readouterr().out

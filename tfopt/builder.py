@@ -18,13 +18,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import Plan
 from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 _log = logging.getLogger("tfopt")
 
@@ -42,9 +46,9 @@ class Built:
             N}`), or None; `close()` stops it, as the end of the process does.
     """
 
-    model: Any
-    dataset: Any
-    strategy: Any
+    model: keras.Model
+    dataset: tf.data.Dataset
+    strategy: tf.distribute.Strategy
     plan: Plan
     service: Any = None
 
@@ -143,7 +147,7 @@ def _offloaded(plan: Plan, offload: Any, detail: str) -> Plan:
     return plan.replace(data_service=offload, applied=kept).record("data_service", detail, skipped=offload is None)
 
 
-def _create_model(plan: Plan) -> Any:
+def _create_model(plan: Plan) -> keras.Model:
     import keras
 
     try:
@@ -166,7 +170,7 @@ def _create_model(plan: Plan) -> Any:
     return model
 
 
-def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
+def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
     """Why `model` cannot be compiled with XLA, one entry per problem; empty where it can.
 
     Checks each layer's `supports_jit` flag (which Keras silently obeys), then lowers the forward pass
@@ -202,7 +206,7 @@ def xla_blockers(model: Any, sample_inputs: Any) -> list[str]:
     return []
 
 
-def _settle_xla(model: Any, plan: Plan) -> Plan:
+def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     """The plan as it builds under XLA: without it where a layer of this model does not lower to it
     (Keras would otherwise obey a layer's `supports_jit=False` silently, or fail at the first step on an
     op without an XLA kernel), else with its batches made full and static, saying what that drops."""

@@ -10,12 +10,15 @@ both shapes and the offending value, and tied to the setting that fixes them (`s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError
 
+if TYPE_CHECKING:
+    import keras
 
-def explain(model: Any, batch: Any) -> DataError | None:
+
+def explain(model: keras.Model, batch: Any) -> DataError | None:
     """The mismatch between `batch` (the dataset's first element) and `model`, or None where none is found.
 
     Example:
@@ -30,7 +33,7 @@ def explain(model: Any, batch: Any) -> DataError | None:
     return _input_mismatch(model, inputs) or _label_mismatch(model, targets)
 
 
-def _input_mismatch(model: Any, inputs: Any) -> DataError | None:
+def _input_mismatch(model: keras.Model, inputs: Any) -> DataError | None:
     import tensorflow as tf
 
     try:
@@ -63,7 +66,7 @@ def _input_mismatch(model: Any, inputs: Any) -> DataError | None:
     return None
 
 
-def _label_mismatch(model: Any, targets: Any) -> DataError | None:
+def _label_mismatch(model: keras.Model, targets: Any) -> DataError | None:
     import numpy as np
     import tensorflow as tf
 

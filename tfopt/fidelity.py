@@ -22,11 +22,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt import data_mismatch
 from tfopt.builder import Built, build
 from tfopt.errors import IncompatibleModelError, describe_error
+
+if TYPE_CHECKING:
+    import keras
+
+    from tfopt.plan import Plan
 
 _log = logging.getLogger("tfopt")
 
@@ -82,7 +87,7 @@ class Agreement:
         )
 
 
-def outcome(model: Any, batch: Any) -> Outcome:
+def outcome(model: keras.Model, batch: Any) -> Outcome:
     """Runs `model` on one batch: predictions and loss, then one training step whose changes are put back.
 
     Raises:
@@ -92,7 +97,7 @@ def outcome(model: Any, batch: Any) -> Outcome:
         return _outcome_in_scope(model, batch)
 
 
-def _outcome_in_scope(model: Any, batch: Any) -> Outcome:
+def _outcome_in_scope(model: keras.Model, batch: Any) -> Outcome:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -156,7 +161,7 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
     )
 
 
-def reference_outcome(model: Any, batch: Any) -> Outcome:
+def reference_outcome(model: keras.Model, batch: Any) -> Outcome:
     """The user's setup on the first batch; a failure there is the model's or the data's, said as such.
 
     Raises:
@@ -201,7 +206,7 @@ def reference_outcome(model: Any, batch: Any) -> Outcome:
     return result
 
 
-def failing_layer(error: BaseException, model: Any) -> Any:
+def failing_layer(error: BaseException, model: keras.Model) -> Any:
     """The innermost layer of `model` whose code raised `error` (from the traceback, else Keras' message
     "Exception encountered when calling <Layer>.call()"), or None."""
     layers = {id(layer): layer for layer in model._flatten_layers(include_self=True, recursive=True)}
@@ -290,5 +295,5 @@ def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Bu
     )
 
 
-def _recipes(plan: Any) -> str:
+def _recipes(plan: Plan) -> str:
     return ", ".join(sorted({step.recipe for step in plan.applied if not step.skipped and step.recipe != "baseline"}))

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import keras
 
 # What `compile()` creates on a model: dropped from a copy, which is compiled afresh.
 _TRAINER_STATE = (
@@ -33,7 +36,7 @@ _TRAINER_STATE = (
 _ATOMIC = (types.FunctionType, types.MethodType, types.ModuleType, types.BuiltinFunctionType, type)
 
 
-def copy_model(model: Any) -> Any:
+def copy_model(model: keras.Model) -> keras.Model:
     """A model of the same class with the same layers, state and weight values, not compiled.
 
     Args:

@@ -12,7 +12,7 @@ import functools
 import html
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.builder import build
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
@@ -24,6 +24,12 @@ from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from tfopt.builder import Built
 
 _log = logging.getLogger("tfopt")
 
@@ -65,9 +71,9 @@ class ApplyResult:
         ['bfloat16', 'float32']
     """
 
-    model: Any
-    dataset: Any
-    strategy: Any
+    model: keras.Model
+    dataset: tf.data.Dataset
+    strategy: tf.distribute.Strategy
     plan: Plan
     baseline_plan: Plan
     before: Measurement | None
@@ -201,8 +207,8 @@ def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
 
 
 def apply(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     recipes: str | Recipe | Sequence[Any] = "default",
     *,
     model_fn: Callable[[], Any] | None = None,
@@ -405,7 +411,7 @@ def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
     return changed
 
 
-def _kept_if_faster(built: Any, without: Any, recipes: list[str], ratios: tuple[float, ...]) -> Any:
+def _kept_if_faster(built: Built, without: Any, recipes: list[str], ratios: tuple[float, ...]) -> Built:
     """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
     median, low, high = spread(ratios)
     measured = (
@@ -451,7 +457,7 @@ def _measured_side_by_side(
 
 
 def _profiled(
-    built: Any,
+    built: Built,
     side: str,
     measurement: Measurement,
     *,
@@ -478,7 +484,7 @@ def _profiled(
     return dataclasses.replace(profiled, served_bytes_per_batch=built.plan.data_service.batch_bytes)
 
 
-def _is_source(dataset: Any) -> bool:
+def _is_source(dataset: tf.data.Dataset) -> bool:
     import tensorflow as tf
 
     return not isinstance(dataset, tf.data.Dataset) and callable(getattr(dataset, "pipeline", None))

@@ -13,12 +13,16 @@ import dataclasses
 import functools
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, IncompatibleModelError
 from tfopt.hardware import Hardware
 from tfopt.model_copy import copy_model
 from tfopt.policies import model_dtype_policy, users_tf32_setting
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Plan:
     """
 
     model_fn: Callable[[], Any]
-    dataset: Any
+    dataset: tf.data.Dataset
     compile_config: Mapping[str, Any]
     hardware: Hardware
     sample_inputs: Any
@@ -142,8 +146,8 @@ class Plan:
 
 
 def make_plan(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     hardware: Hardware,
     model_fn: Callable[[], Any] | None = None,
@@ -225,7 +229,7 @@ def tf32_note(hardware: Hardware) -> str:
     )
 
 
-def _compile_objects(model: Any, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+def _compile_objects(model: keras.Model, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The compile arguments as given: `compile=` or those the model was compiled with (Keras keeps them)."""
     if compile_kwargs is not None:
         if "optimizer" not in compile_kwargs:
@@ -250,7 +254,7 @@ def _serialized(compile_objects: Mapping[str, Any]) -> dict[str, Any]:
     return {key: keras.saving.serialize_keras_object(value) for key, value in compile_objects.items()}
 
 
-def _first_inputs(dataset: Any) -> Any:
+def _first_inputs(dataset: tf.data.Dataset) -> Any:
     """The model inputs of the first element, as `fit` unpacks it: proves the dataset is not empty and
     gives a batch to build and check with. Keras takes inputs alone, (inputs,), (inputs, targets) and
     (inputs, targets, sample_weights); inputs may be a tensor, a list or a dict."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import keras
 
 
 @contextlib.contextmanager
@@ -51,7 +54,7 @@ _READS_IDS_OR_RAW_FEATURES = (
 )
 
 
-def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
+def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> list[str]:
     """Puts a model's layers on `policy` as if it had been the global policy when they were made.
 
     Layers still on the policy the model was made under (its default: float32, or the mixed policy that
@@ -107,11 +110,11 @@ def set_dtype_policy(model: Any, policy: str, sample_inputs: Any) -> list[str]:
     ]
 
 
-def _describe(layer: Any) -> str:
+def _describe(layer: keras.Layer) -> str:
     return f"{layer.name!r} ({type(layer).__name__})"
 
 
-def _holding_id_readers(model: Any) -> set[int]:
+def _holding_id_readers(model: keras.Model) -> set[int]:
     """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
     import keras
 
@@ -121,7 +124,7 @@ def _holding_id_readers(model: Any) -> set[int]:
     )
     holding: set[int] = set()
 
-    def visit(layer: Any) -> bool:
+    def visit(layer: keras.Layer) -> bool:
         inner = [visit(child) for child in layer._flatten_layers(include_self=False, recursive=False)]
         if any(inner) or isinstance(layer, readers):
             holding.add(id(layer))
@@ -132,7 +135,7 @@ def _holding_id_readers(model: Any) -> set[int]:
     return holding
 
 
-def _output_layers(model: Any, sample_inputs: Any) -> set[int]:
+def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
     """The ids of the innermost layers whose results are the model's outputs."""
     import keras
     import tensorflow as tf
@@ -153,7 +156,7 @@ def _output_layers(model: Any, sample_inputs: Any) -> set[int]:
     alive: list[Any] = []
     sublayers = model._flatten_layers(include_self=False, recursive=True)
 
-    def recording(layer: Any) -> Any:
+    def recording(layer: keras.Layer) -> Any:
         call = layer.call
 
         def record(*args: Any, **kwargs: Any) -> Any:
@@ -177,7 +180,7 @@ def _output_layers(model: Any, sample_inputs: Any) -> set[int]:
     return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
 
 
-def model_dtype_policy(model: Any) -> str:
+def model_dtype_policy(model: keras.Model) -> str:
     """The dtype policy a model was built under: "float32", or a mixed policy set globally at the time."""
     name = model.dtype_policy.name
     return name if name in ("mixed_float16", "mixed_bfloat16") else "float32"

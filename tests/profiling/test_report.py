@@ -16,7 +16,29 @@ import pytest
 
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.report import SHOWN_WHEN_MEASURED, SUMMARY_ROWS, Report, add_training, compare
+from tfopt.profiling.report import (
+    SHOWN_WHEN_MEASURED,
+    SUMMARY_ROWS,
+    ProfiledRun,
+    Report,
+    ReportedProfile,
+    add_training,
+    compare,
+)
+from tfopt.profiling.report_format import (
+    Arrow,
+    Bullets,
+    Chart,
+    Code,
+    Emphasis,
+    Footer,
+    Heading,
+    Paragraph,
+    Strong,
+    Table,
+    to_html,
+    to_markdown,
+)
 
 
 class _Tables(html.parser.HTMLParser):
@@ -299,23 +321,16 @@ def test_the_real_reports_note_and_busy_follow_the_machine(real_report):
         assert data["runs"]["before"]["busy_percent"] is not None
 
 
-def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(make_fake_profile, monkeypatch):
+def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
+    make_fake_profile, tf32_as_tensorflow_starts
+):
     """The plan's steps reach the report, the baseline's TF32 note first, via tfopt.apply's result too."""
-    import tensorflow as tf
-
-    import tfopt.plan
     from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
     from tfopt.optimize import ApplyResult
     from tfopt.plan import make_plan
     from tfopt.recipes import MixedPrecision
 
-    monkeypatch.setattr(tfopt.plan, "_users_tf32_before_build", None)
-    previous = tf.config.experimental.tensor_float_32_execution_enabled()
-    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default
-    try:
-        baseline = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["h100"])
-    finally:
-        tf.config.experimental.enable_tensor_float_32_execution(previous)
+    baseline = make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["h100"])
     plan = MixedPrecision(policy="float32")(baseline)
     before, after = make_fake_profile(gpus=1), make_fake_profile(gpus=1, input_ms=1.0)
     result = ApplyResult(
@@ -482,7 +497,7 @@ def test_compare_accepts_plans_and_names_and_checks_numbers(make_fake_profile):
     assert compare(before, after, applied=["tfrecord"]).applied == (Step("tfrecord", ""),)
     with pytest.raises(ValueError, match="price_per_hour must be a finite number >= 0; received -1"):
         compare(before, after, price_per_hour=-1)
-    with pytest.raises(ValueError, match="price_per_hour .* received nan"):
+    with pytest.raises(ValueError, match=r"price_per_hour .* received nan"):
         compare(before, after, price_per_hour=math.nan)
     with pytest.raises(ValueError, match="steps_per_epoch must be >= 1; received 0"):
         compare(before, after, steps_per_epoch=0)
@@ -521,3 +536,72 @@ def test_a_training_section_added_to_saved_reports_equals_one_rendered_with_them
     assert add_training(saved, windows[:2])["training"]["windows"][-1]["step"] == 20  # a second resume replaces it
     assert saved[1].read_text().count("## Training (tfopt.Monitor)") == 1
     assert saved[2].read_text().count('alt="training chart"') == 1
+
+
+# One of each block, with text that HTML must escape.
+BLOCKS = [
+    Heading("R&D report", level=1),
+    Paragraph(("a ", Strong("b<c"), " ", Emphasis("d"), " ", Arrow(), " ", Code("x>y"))),
+    Paragraph("headline", lead=True),
+    Bullets(("one", ("two: ", Code("t 'q'")))),
+    Table(("", "before"), (("row <1>", "2"), ("row 2", "n/a")), id="t&1"),
+    Chart("speed"),
+    Footer("v1, today"),
+]
+
+
+class _FakeFigure:
+    def savefig(self, buffer, **options):
+        buffer.write(b"png")
+
+
+def test_the_markdown_formatter_writes_each_block_and_leaves_charts_out():
+    assert to_markdown(BLOCKS) == (
+        "# R&D report\n"
+        "\n"
+        "a **b<c** _d_ -> `x>y`\n"
+        "\n"
+        "headline\n"
+        "\n"
+        "- one\n"
+        "- two: `t 'q'`\n"
+        "\n"
+        "|  | before |\n"
+        "|---|---|\n"
+        "| row <1> | 2 |\n"
+        "| row 2 | n/a |\n"
+        "\n"
+        "_v1, today_\n"
+    )
+
+
+def test_the_html_formatter_escapes_every_string_and_embeds_charts():
+    assert to_html(BLOCKS, {"speed": _FakeFigure()}) == (
+        "<h1>R&amp;D report</h1>\n"
+        "<p>a <b>b&lt;c</b> <i>d</i> &rarr; <code>x&gt;y</code></p>\n"
+        '<p class="speedup">headline</p>\n'
+        "<ul>\n<li>one</li>\n<li>two: <code>t &#x27;q&#x27;</code></li>\n</ul>\n"
+        '<table id="t&amp;1"><thead><tr><th></th><th>before</th></tr></thead>'
+        "<tbody><tr><th>row &lt;1&gt;</th><td>2</td></tr><tr><th>row 2</th><td>n/a</td></tr></tbody></table>\n"
+        f'<figure><img alt="speed chart" src="data:image/png;base64,{base64.b64encode(b"png").decode()}"></figure>\n'
+        "<footer>v1, today</footer>"
+    )
+
+
+def test_a_chart_without_its_figure_is_an_error():
+    with pytest.raises(ValueError, match=r"the chart 'speed' has no figure; figures given: other"):
+        to_html([Chart("speed")], {"other": _FakeFigure()})
+
+
+def test_both_renderings_hold_the_same_text(fake_report):
+    """Every heading of the Markdown is one of the HTML, and both end with the report's version and date."""
+    markdown, page = fake_report.to_markdown(), html.unescape(fake_report.to_html())
+    headings = [line.lstrip("# ") for line in markdown.splitlines() if line.startswith("#")]
+    assert len(headings) == 8 and all(f">{heading}</h" in page for heading in headings)
+    footer = f"tfopt report v1, {fake_report.created}"
+    assert markdown.splitlines()[-1] == f"_{footer}_" and f"<footer>{footer}</footer>" in page
+
+
+def test_a_profile_is_what_a_report_reads(make_fake_profile):
+    profile = make_fake_profile()
+    assert isinstance(profile, ReportedProfile) and isinstance(profile.capture, ProfiledRun)

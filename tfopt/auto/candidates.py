@@ -11,10 +11,13 @@ can apply them explicitly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfopt.hardware import Hardware
 from tfopt.recipes.base import Recipe
+
+if TYPE_CHECKING:
+    from tfopt.profiling.diagnose import Diagnosis
 
 INPUT_BOUND_EFFICIENCY = 0.8
 """Below this fraction of the compute-only ceiling, real training is waiting for its input."""
@@ -50,7 +53,9 @@ class Candidates:
         return {label: recipe.name for label, recipe in self.recipes.items() if names.count(recipe.name) > 1}
 
 
-def choose_candidates(hardware: Hardware, *, input_efficiency: float | None, diagnosis: Any = None) -> Candidates:
+def choose_candidates(
+    hardware: Hardware, *, input_efficiency: float | None, diagnosis: Diagnosis | None = None
+) -> Candidates:
     """Picks the recipes worth a trial on this hardware for this bottleneck.
 
     - data_pipeline, where training waits for input: the diagnosis says so, or real training reaches

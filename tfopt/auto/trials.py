@@ -22,7 +22,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -34,6 +34,9 @@ from tfopt.plan import Plan
 from tfopt.policies import put_tf32_in_force
 from tfopt.profiling.timing import StepTimes, time_training_steps, training_state_snapshot
 from tfopt.recipes.base import Recipe, chain
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @dataclasses.dataclass
@@ -170,7 +173,7 @@ class TrialRunner:
             compiled.losses, compiled.compile_seconds, compiled.stopped = self._numerics(compiled.built.model, deadline)
         compiled.reset()
 
-    def _numerics(self, model: Any, deadline: float) -> tuple[tuple[float, ...], float, bool]:
+    def _numerics(self, model: keras.Model, deadline: float) -> tuple[tuple[float, ...], float, bool]:
         recorder = _Recorder(deadline, self.clock)
         model.fit(
             self._batches, steps_per_epoch=self.numerics_steps, epochs=1, verbose=0, shuffle=False, callbacks=[recorder]
@@ -206,8 +209,8 @@ class _Recorder(keras.callbacks.Callback):
 
 
 def _timed(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     steps: int,
     warmup_steps: int,
@@ -236,14 +239,14 @@ def _timed(
     return times, False
 
 
-def _read_one_epoch(dataset: Any, deadline: float, clock: Callable[[], float]) -> bool:
+def _read_one_epoch(dataset: tf.data.Dataset, deadline: float, clock: Callable[[], float]) -> bool:
     """Reads a finite dataset once (filling any cache in it); True where the deadline stopped it."""
     if int(dataset.cardinality()) <= 0:
         return False  # infinite or unknown length: there is no epoch to read
     return any(clock() > deadline for _ in dataset)
 
 
-def _fixed_batches(dataset: Any, count: int) -> tuple[Any, list[int]]:
+def _fixed_batches(dataset: tf.data.Dataset, count: int) -> tuple[Any, list[int]]:
     """The first `count` batches, cached in memory and read once, so every numerics run sees them.
 
     Taken from the dataset itself, so the element spec (and with it the traced train step) is the one

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.auto.candidates import choose_candidates
 from tfopt.auto.decide import LOSS_TOLERANCE, NOISE_FLOOR_FRACTION
@@ -23,6 +23,12 @@ from tfopt.auto.trials import TrialRunner
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, chain
+
+if TYPE_CHECKING:
+    import keras
+
+    from tfopt.builder import Built
+    from tfopt.profiling.diagnose import Diagnosis
 
 _log = logging.getLogger("tfopt")
 
@@ -53,7 +59,7 @@ class Tuning:
     recipe: Recipe
     plan: Plan
     table: TrialsTable
-    diagnosis: Any
+    diagnosis: Diagnosis
     input_efficiency: float | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,7 +82,7 @@ def tune(
     noise_floor: float = NOISE_FLOOR_FRACTION,
     profile: bool | None = None,
     on_progress: Callable[[ProgressEvent], None] | None = None,
-    built: Any = None,
+    built: Built | None = None,
 ) -> Tuning:
     """Finds the recipes that make this model train faster on this machine, by measuring them.
 
@@ -171,7 +177,7 @@ def tune(
     return Tuning(recipe=recipe, plan=tuned, table=table, diagnosis=diagnosis, input_efficiency=input_efficiency)
 
 
-def _diagnose(model: Any, plan: Plan, *, steps: int, warmup_steps: int, profile: bool) -> tuple[Any, Any]:
+def _diagnose(model: keras.Model, plan: Plan, *, steps: int, warmup_steps: int, profile: bool) -> tuple[Any, Any]:
     """The profiler's diagnosis and the baseline's measurement, or the measurement alone."""
     from tfopt.errors import TfoptError
     from tfopt.profiling.measurement import measure

@@ -32,13 +32,17 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt._version import __version__
 from tfopt.cli import options
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt.cli.quiet_start import tensorflow_started_quietly
 from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
+
+if TYPE_CHECKING:
+    from tfopt.profiling.diagnose import Diagnosis
+    from tfopt.recipe_file.loader import RecipeFile
 
 # Errors of the machine, not of tfopt or the model: said as they are, without "this may be a bug".
 _STORAGE_ERRNOS = {
@@ -294,7 +298,7 @@ def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
         )
 
 
-def _load(args: argparse.Namespace, *, start: bool = False, dry: bool = False) -> Any:
+def _load(args: argparse.Namespace, *, start: bool = False, dry: bool = False) -> RecipeFile:
     """Loads the recipe; with `start`, first applies what must precede TensorFlow's device setup (GPU
     memory settings, joining a multi-worker cluster); with `dry`, runs and fetches nothing the file names
     (`load_recipe(..., dry=True)`)."""
@@ -394,7 +398,7 @@ def _print_outcome(outcome: Any, args: argparse.Namespace) -> None:
         print(outcome.summary())
 
 
-def _dry_run(recipe: Any, args: argparse.Namespace) -> int:
+def _dry_run(recipe: RecipeFile, args: argparse.Namespace) -> int:
     from tfopt.run import runner
 
     if recipe.model.builder is not None and recipe.data.source_object is not None:
@@ -430,7 +434,7 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unchecked(recipe: Any) -> list[str]:
+def _unchecked(recipe: RecipeFile) -> list[str]:
     """What a dry load leaves for `run` to check, in words."""
     notes = []
     if recipe.model.builder is None:
@@ -516,7 +520,7 @@ def _diagnose_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_diagnosis(diagnosis: Any) -> None:
+def _print_diagnosis(diagnosis: Diagnosis) -> None:
     """The findings, then where the time goes inside the step (the slowest input stage, the heaviest layer)."""
     if not diagnosis.findings:
         print(diagnosis.summary)

@@ -8,10 +8,13 @@ the step again), and the build says how many examples per pass that drops.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
-def rebatch_counted(dataset: Any, batch_size: int, *, drop_remainder: bool) -> tuple[Any, int | None]:
+def rebatch_counted(dataset: tf.data.Dataset, batch_size: int, *, drop_remainder: bool) -> tuple[Any, int | None]:
     """`dataset.rebatch`, keeping the length it loses, and the examples per pass in a partial last batch.
 
     `Dataset.rebatch` leaves tf.data's cardinality unknown, which breaks `len(dataset)` and the
@@ -34,7 +37,7 @@ def rebatch_counted(dataset: Any, batch_size: int, *, drop_remainder: bool) -> t
     return rebatched, None if examples is None else examples % batch_size
 
 
-def static_batches(dataset: Any, batch_size: int) -> tuple[Any, int | None]:
+def static_batches(dataset: tf.data.Dataset, batch_size: int) -> tuple[Any, int | None]:
     """The dataset with every batch full, and how many examples per pass that drops.
 
     XLA compiles a step per input shape, and Keras traces the step with the batch dimension unknown, so
@@ -76,7 +79,7 @@ def describe_dropped(dropped: int | None, batch_size: int) -> str:
     )
 
 
-def examples_per_pass(dataset: Any) -> tuple[int | None, bool]:
+def examples_per_pass(dataset: tf.data.Dataset) -> tuple[int | None, bool]:
     """The examples of one pass over a batched dataset (0 for an endless stream, which never ends a batch
     early; None where tf.data does not know), and whether the dataset is exactly one pass.
 
@@ -114,7 +117,7 @@ def _rebatched_examples_per_pass(rebatch: Any, batches: int) -> tuple[int | None
     return examples, one_pass and batches == -(-examples // int(size))
 
 
-def _batch_op(dataset: Any) -> Any:
+def _batch_op(dataset: tf.data.Dataset) -> Any:
     """The pipeline's last batch or rebatch op, found through unary datasets (map, prefetch, options, ...),
     or None."""
     node = dataset

@@ -30,11 +30,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from tfopt.errors import describe_error
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework.graph_pb2 import GraphDef
 
 PYTHON = "python"
 RANDOM = "random"
@@ -132,7 +135,7 @@ class GraphTooLarge(ValueError):
     """The pipeline's graph holds more data than tfopt reads in-process; the message says how much."""
 
 
-def read(dataset: Any) -> tuple[Any, str | None]:
+def read(dataset: tf.data.Dataset) -> tuple[Any, str | None]:
     """The dataset's `GraphDef` and None, or None and why it cannot be read. Never raises.
 
     Example:
@@ -148,7 +151,7 @@ def read(dataset: Any) -> tuple[Any, str | None]:
         return None, f"its graph cannot be serialized ({describe_error(error)})"
 
 
-def serialize(dataset: Any) -> Any:
+def serialize(dataset: tf.data.Dataset) -> GraphDef:
     """The dataset's `GraphDef`, stateful functions included, devices kept.
 
     `external_state_policy` only decides what happens when a function holds state: WARN (0) logs and
@@ -198,7 +201,7 @@ def _size(size_bytes: int) -> str:
     return f"{size_bytes / 2**20:.0f} MiB" if size_bytes >= 2**20 else f"{size_bytes / 2**10:.0f} KiB"
 
 
-def _held_bytes(dataset: Any) -> int:
+def _held_bytes(dataset: tf.data.Dataset) -> int:
     """Bytes of the numeric tensors the pipeline's Python objects hold: the arrays of `from_tensor_slices`
     and `from_tensors`, and tensors its functions capture. Known before serializing, unlike the graph's size.
 
@@ -223,14 +226,14 @@ def _held_bytes(dataset: Any) -> int:
     return total
 
 
-def _private_list(dataset: Any, method: str) -> list:
+def _private_list(dataset: tf.data.Dataset, method: str) -> list:
     try:
         return list(getattr(dataset, method)())
     except Exception:  # noqa: BLE001 - a TensorFlow without this private method: find less, never fail
         return []
 
 
-def output_chain(graph: Any) -> Iterator[Any]:
+def output_chain(graph: GraphDef) -> Iterator[Any]:
     """The top-level dataset nodes from the pipeline's output back to its source, by first inputs.
 
     Example:
@@ -247,7 +250,7 @@ def output_chain(graph: Any) -> Iterator[Any]:
         yield current
 
 
-def element_bytes(element_spec: Any, graph: Any = None) -> tuple[int | None, str | None]:
+def element_bytes(element_spec: Any, graph: GraphDef | None = None) -> tuple[int | None, str | None]:
     """Bytes of one element, from static shapes alone: (bytes, None), or (None, why they are unknown).
 
     No element is read: reading one runs the user's py_function, and it moves a reshuffling shuffle's seed
@@ -280,7 +283,7 @@ def element_bytes(element_spec: Any, graph: Any = None) -> tuple[int | None, str
     return total, None
 
 
-def _last_batch_size(graph: Any) -> int | None:
+def _last_batch_size(graph: GraphDef) -> int | None:
     """The batch size of the batch that makes the pipeline's elements, where nothing after it reshapes them."""
     nodes = {node.name: node for node in graph.node}
     for node in output_chain(graph):
@@ -294,7 +297,7 @@ def _last_batch_size(graph: Any) -> int | None:
     return None
 
 
-def drops_remainder(graph: Any) -> bool:
+def drops_remainder(graph: GraphDef) -> bool:
     """Whether a batch of the pipeline drops its last partial batch (`drop_remainder=True`), read from the
     constant that is each batch op's last input.
 
@@ -312,7 +315,7 @@ def drops_remainder(graph: Any) -> bool:
     return False
 
 
-def pipeline_ops(graph: Any) -> set[str]:
+def pipeline_ops(graph: GraphDef) -> set[str]:
     """Every op name in the graph, those inside its functions included.
 
     Example:
@@ -326,7 +329,7 @@ def pipeline_ops(graph: Any) -> set[str]:
     return ops
 
 
-def function_ops(graph: Any, name: str) -> set[str]:
+def function_ops(graph: GraphDef, name: str) -> set[str]:
     """The ops the function `name` runs, through the functions it calls, however deep.
 
     Example:

@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from tfopt.data import graph as pipeline_graph
 from tfopt.errors import describe_error
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework.graph_pb2 import GraphDef
 
 logger = logging.getLogger("tfopt")
 
@@ -101,7 +104,11 @@ _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "Assign
 
 
 def parallelize(
-    dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool = True, parallel_python_maps: bool = True
+    dataset: tf.data.Dataset,
+    *,
+    prefetch_batches: int | None,
+    parallel_random_maps: bool = True,
+    parallel_python_maps: bool = True,
 ) -> tuple[Any, list[str]]:
     """Returns the dataset with its sequential maps and batches made parallel, ending with a bounded prefetch.
 
@@ -144,7 +151,7 @@ def parallelize(
 
 
 def _rewritten(
-    dataset: Any, *, prefetch_batches: int | None, parallel_random_maps: bool, parallel_python_maps: bool
+    dataset: tf.data.Dataset, *, prefetch_batches: int | None, parallel_random_maps: bool, parallel_python_maps: bool
 ) -> tuple[Any | None, list[str]]:
     """`parallelize` through the graph: (the dataset rewritten, or None where its graph cannot be), notes."""
     graph, unreadable = pipeline_graph.read(dataset)
@@ -206,7 +213,7 @@ def _prefetch_note(prefetch_batches: int | None) -> str:
     )
 
 
-def _ends_with_prefetch(dataset: Any) -> bool:
+def _ends_with_prefetch(dataset: tf.data.Dataset) -> bool:
     """Whether the pipeline's last stage (options aside) is a prefetch, read from its Python objects."""
     node = dataset
     while type(node).__name__ == "_OptionsDataset":
@@ -214,7 +221,7 @@ def _ends_with_prefetch(dataset: Any) -> bool:
     return type(node).__name__ == "_PrefetchDataset"
 
 
-def _rewrite_maps(graph: Any, *, parallel_random_maps: bool, parallel_python_maps: bool) -> list[str]:
+def _rewrite_maps(graph: GraphDef, *, parallel_random_maps: bool, parallel_python_maps: bool) -> list[str]:
     parallel, random_maps, python_maps, kept = [], [], [], []
     maps = [node for node in graph.node if node.op == "MapDataset"]
     for number, node in enumerate(maps, start=1):
@@ -265,7 +272,7 @@ def _why_stateful(ops: set[str]) -> str:
     return ""
 
 
-def _to_parallel_map(graph: Any, node: Any) -> None:
+def _to_parallel_map(graph: GraphDef, node: Any) -> None:
     """MapDataset(input, *captured) -> ParallelMapDatasetV2(input, *captured, num_parallel_calls)."""
     _insert_input(node, position=None, name=_int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
     node.op = "ParallelMapDatasetV2"
@@ -274,7 +281,7 @@ def _to_parallel_map(graph: Any, node: Any) -> None:
     node.attr["deterministic"].s = b"default"
 
 
-def _rewrite_batches(graph: Any) -> int:
+def _rewrite_batches(graph: GraphDef) -> int:
     """BatchDatasetV2(input, batch_size, drop_remainder) -> ParallelBatchDataset(..., num_parallel_calls, ...)."""
     batches = [node for node in graph.node if node.op == "BatchDatasetV2"]
     for node in batches:
@@ -284,7 +291,7 @@ def _rewrite_batches(graph: Any) -> int:
     return len(batches)
 
 
-def _buffer_size(graph: Any, prefetch: Any) -> int | None:
+def _buffer_size(graph: GraphDef, prefetch: Any) -> int | None:
     """A PrefetchDataset's buffer size, where it is a constant (AUTOTUNE is -1)."""
     size = next((node for node in graph.node if node.name == prefetch.input[1].split(":")[0]), None)
     return int(tf.make_ndarray(size.attr["value"].tensor)) if size is not None and size.op == "Const" else None
@@ -299,7 +306,7 @@ def _insert_input(node: Any, *, position: int | None, name: str) -> None:
     node.input.extend(data + control)
 
 
-def _int64_constant(graph: Any, name: str, value: int) -> str:
+def _int64_constant(graph: GraphDef, name: str, value: int) -> str:
     """The name of an int64 scalar Const node holding `value`, added to the graph the first time."""
     if not any(node.name == name for node in graph.node):
         constant = graph.node.add(name=name, op="Const")
@@ -308,7 +315,7 @@ def _int64_constant(graph: Any, name: str, value: int) -> str:
     return name
 
 
-def _rebuild(original: Any, graph: Any) -> Any:
+def _rebuild(original: Any, graph: GraphDef) -> Any:
     """The dataset `graph` describes, or a string saying why it could not be rebuilt."""
     try:
         rebuilt = _RewrittenDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)

@@ -30,9 +30,13 @@ reads it back):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.data import graph as pipeline_graph
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    from tensorflow.core.framework.graph_pb2 import GraphDef
 
 # Sources whose splits the dispatcher hands out (TF's split providers), one element or one file each.
 SPLITTABLE_SOURCES = frozenset(
@@ -100,7 +104,7 @@ class Offload:
     batch_bytes: int | None = None
     requested_compression: str = "auto"
 
-    def planned_again(self, dataset: Any, *, batch_size: int | None) -> tuple[Offload | None, str]:
+    def planned_again(self, dataset: tf.data.Dataset, *, batch_size: int | None) -> tuple[Offload | None, str]:
         """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
         stages rebatched it, which the recipe's decision could not see."""
         return plan_offload(
@@ -125,7 +129,7 @@ class Offload:
 
 
 def plan_offload(
-    dataset: Any,
+    dataset: tf.data.Dataset,
     *,
     dispatcher: str | None = None,
     workers: int | None = None,
@@ -225,7 +229,7 @@ def _with_batch_dimension(element_spec: Any, batch_size: int) -> Any:
     return tf.nest.map_structure(full, element_spec)
 
 
-def python_blocker(graph: Any) -> str | None:
+def python_blocker(graph: GraphDef) -> str | None:
     """Why the pipeline cannot run in another process (its Python op named), or None.
 
     Example:
@@ -254,7 +258,7 @@ def python_blocker(graph: Any) -> str | None:
     return None
 
 
-def cache_files(graph: Any) -> list[str]:
+def cache_files(graph: GraphDef) -> list[str]:
     """The file name of each cache in the pipeline, "" for one in memory (or of a name only the data gives).
 
     Example:
@@ -273,7 +277,7 @@ def cache_files(graph: Any) -> list[str]:
     return files
 
 
-def dynamic_sharding(graph: Any) -> tuple[bool, str]:
+def dynamic_sharding(graph: GraphDef) -> tuple[bool, str]:
     """Whether the dispatcher may share out the source's splits, and why (or why not).
 
     Example:

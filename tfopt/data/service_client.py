@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.data.service import Offload
 from tfopt.errors import DataError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 # Batches the client holds ahead of training, beyond the requests tf.data service already keeps in flight.
 CLIENT_PREFETCH_BATCHES = 2
@@ -27,14 +30,14 @@ SHARED_DATASET_WAIT_SECONDS = 300.0
 
 
 def serve(
-    dataset: Any,
+    dataset: tf.data.Dataset,
     offload: Offload,
     target: str,
     *,
     batch_size: int,
     static: bool | None = None,
     batches_per_pass: int | None = None,
-) -> Any:
+) -> tf.data.Dataset:
     """The pipeline as read back from the service at `target`: distributed after its last batch, the batches
     cut again to `batch_size` where several workers share the splits, prefetched.
 
@@ -93,7 +96,12 @@ def serve(
 
 
 def serve_offload(
-    dataset: Any, offload: Offload, *, batch_size: int, static: bool | None = None, batches_per_pass: int | None = None
+    dataset: tf.data.Dataset,
+    offload: Offload,
+    *,
+    batch_size: int,
+    static: bool | None = None,
+    batches_per_pass: int | None = None,
 ) -> tuple[Any, Any]:
     """`serve` at the offload's dispatcher, or at a `LocalCluster` started here for its workers.
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import keras
 
 _log = logging.getLogger("tfopt")
 
@@ -33,7 +36,7 @@ class WorkerCheckpoint:
         self,
         directory: str | os.PathLike,
         *,
-        model: Any,
+        model: keras.Model,
         is_chief: bool,
         worker_index: int,
         collective_save: bool = True,

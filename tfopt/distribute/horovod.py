@@ -10,9 +10,12 @@ variable's `.value` from rank 0 before training. `HorovodStrategy` wraps exactly
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DistributionError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 INSTALL_HINT = (
     "Install Horovod built for your TensorFlow with the script in the tfopt repository: "
@@ -103,7 +106,7 @@ class HorovodStrategy:
         for variable in variables:
             variable.assign(self._hvd.broadcast(getattr(variable, "value", variable), root_rank=root_rank))
 
-    def shard(self, dataset: Any, global_batch_size: int, steps_per_epoch: int | None) -> Any:
+    def shard(self, dataset: tf.data.Dataset, global_batch_size: int, steps_per_epoch: int | None) -> tf.data.Dataset:
         """Gives this rank its disjoint 1/size of every global batch.
 
         The global batches are split into per-rank batches and dealt out round-robin, so step k of every

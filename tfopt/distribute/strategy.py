@@ -7,9 +7,12 @@ TensorFlow objects (cluster resolvers, communication options).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DistributionError, RecipeConfigError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 STRATEGY_NAMES = ("default", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 
@@ -27,7 +30,7 @@ _OPTIONS = {
 }
 
 
-def make_strategy(name: str, **options: Any) -> Any:
+def make_strategy(name: str, **options: Any) -> tf.distribute.Strategy:
     """Creates the tf.distribute strategy called `name`.
 
     Args:

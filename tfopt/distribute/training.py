@@ -14,20 +14,24 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.distribute.checkpoints import WorkerCheckpoint
 from tfopt.errors import DistributionError, RecipeConfigError
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 _log = logging.getLogger("tfopt")
 ENGINES = ("auto", "tfopt", "keras")
 
 
 def fit(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
-    strategy: Any = None,
+    strategy: tf.distribute.Strategy | None = None,
     epochs: int = 1,
     steps_per_epoch: int | None = None,
     callbacks: list[Any] | None = None,
@@ -89,7 +93,7 @@ def fit(
     return _Loop(model, dataset, strategy, steps_per_epoch).run(epochs, callbacks, checkpoint_dir, verbose)
 
 
-def worker_role(strategy: Any) -> tuple[int, bool]:
+def worker_role(strategy: tf.distribute.Strategy) -> tuple[int, bool]:
     """(worker index, is chief) of this process under `strategy`; (0, True) outside a cluster."""
     from tfopt.distribute.horovod import HorovodStrategy
 
@@ -104,7 +108,7 @@ def worker_role(strategy: Any) -> tuple[int, bool]:
     return index, task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
 
 
-def is_multi_worker(strategy: Any) -> bool:
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     """Whether `strategy` spans several processes (multi-worker collectives or Horovod)."""
     from tfopt.distribute.horovod import HorovodStrategy
 
@@ -114,7 +118,7 @@ def is_multi_worker(strategy: Any) -> bool:
     return bool(getattr(extended, "_in_multi_worker_mode", lambda: False)())
 
 
-def _choose_engine(engine: str, strategy: Any) -> str:
+def _choose_engine(engine: str, strategy: tf.distribute.Strategy) -> str:
     from tfopt.distribute.horovod import HorovodStrategy
 
     if isinstance(strategy, HorovodStrategy):
@@ -158,7 +162,13 @@ def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_di
 class _Loop:
     """tfopt's training loop: one compiled step function, run by the strategy on every replica."""
 
-    def __init__(self, model: Any, dataset: Any, strategy: Any, steps_per_epoch: int | None):
+    def __init__(
+        self,
+        model: keras.Model,
+        dataset: tf.data.Dataset,
+        strategy: tf.distribute.Strategy,
+        steps_per_epoch: int | None,
+    ):
         import tensorflow as tf
 
         from tfopt.distribute.horovod import HorovodStrategy
@@ -294,7 +304,7 @@ class _Loop:
             ) from error
 
 
-def _global_batch_size(dataset: Any) -> int:
+def _global_batch_size(dataset: tf.data.Dataset) -> int:
     import tensorflow as tf
 
     first = tf.nest.flatten(dataset.element_spec)[0]

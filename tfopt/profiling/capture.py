@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, MeasurementError
 from tfopt.hardware import Hardware
@@ -37,6 +37,10 @@ from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.timing import StepTimes, WindowTimer, training_state_restored
 from tfopt.training.peak_memory import track_peak_memory
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 _log = logging.getLogger("tfopt")
 
@@ -145,8 +149,8 @@ class Profile:
 
 
 def profile(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     steps: int = 20,
     warmup_steps: int = 5,
@@ -230,8 +234,8 @@ def profile(
 
 
 def capture(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     steps: int,
     warmup_steps: int,
@@ -369,7 +373,7 @@ def _captures(logdir: Path) -> dict[Path, int]:
     return {path: path.stat().st_mtime_ns for path in logdir.glob("plugins/profile/*/*.xplane.pb")}
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: keras.Model) -> None:
     """Step markers and step timing need Keras to call back once per step."""
     per_call = getattr(model, "steps_per_execution", 1)
     if per_call != 1:
@@ -380,7 +384,7 @@ def _check_model(model: Any) -> None:
         )
 
 
-def _check_dataset(dataset: Any) -> tuple[int | None, int]:
+def _check_dataset(dataset: tf.data.Dataset) -> tuple[int | None, int]:
     """Returns (batches per epoch where known, batch size); rejects datasets that cannot be profiled."""
     import tensorflow as tf
 

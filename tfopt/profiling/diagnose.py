@@ -38,6 +38,7 @@ from tfopt.profiling.layers import TOP_LAYER_SHARE
 
 if TYPE_CHECKING:
     from tfopt.profiling.hotspots import Hotspots
+    from tfopt.profiling.measurement import Measurement
 
 INPUT_BOUND_MODERATE_PERCENT = 5.0
 INPUT_BOUND_HIGH_PERCENT = 20.0
@@ -230,7 +231,11 @@ def diagnose_capture(
 
 
 def diagnose_breakdown(
-    breakdown: StepBreakdown, hardware: Hardware, *, peak_memory_fraction: float | None = None, measurement: Any = None
+    breakdown: StepBreakdown,
+    hardware: Hardware,
+    *,
+    peak_memory_fraction: float | None = None,
+    measurement: Measurement | None = None,
 ) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
@@ -284,7 +289,7 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Any) -> Finding | None:
+def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measurement) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
     if severity is None:
@@ -319,7 +324,7 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Any) -> Fi
     )
 
 
-def _contention(input_percent: float, hardware: Hardware, measurement: Any) -> Finding | None:
+def _contention(input_percent: float, hardware: Hardware, measurement: Measurement) -> Finding | None:
     """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores."""
     efficiency = measurement.input_efficiency if measurement is not None else None
     if efficiency is None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.hardware import Hardware
 from tfopt.profiling.layers import LayerTimes, layer_times
 from tfopt.profiling.stages import PipelineStages, pipeline_stages
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 _log = logging.getLogger("tfopt")
 
@@ -46,8 +50,8 @@ def find_hotspots(
     xplane: str | Path,
     hardware: Hardware,
     *,
-    model: Any = None,
-    dataset: Any = None,
+    model: keras.Model | None = None,
+    dataset: tf.data.Dataset | None = None,
     batch_size: int | None = None,
     step_seconds: float | None = None,
 ) -> Hotspots:

@@ -18,13 +18,16 @@ computes gradients for inputs and weights, each about as costly), both for FLOPs
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import keras
 
 _TRAIN_STEP_FACTOR = 3.0
 _RECURRENT = ("LSTM", "GRU", "SimpleRNN")
 
 
-def layer_costs(model: Any, batch_size: int) -> tuple[dict[str, tuple[float, float]], list[str]]:
+def layer_costs(model: keras.Model, batch_size: int) -> tuple[dict[str, tuple[float, float]], list[str]]:
     """Per top-level layer of `model`: (FLOPs, bytes) per training step at `batch_size`.
 
     Returns:
@@ -50,7 +53,7 @@ def layer_costs(model: Any, batch_size: int) -> tuple[dict[str, tuple[float, flo
     return costs, unknown
 
 
-def _forward_flops(layer: Any, inputs: int, outputs: int, batch_size: int) -> float:
+def _forward_flops(layer: keras.Layer, inputs: int, outputs: int, batch_size: int) -> float:
     kind = type(layer).__name__
     if kind in _RECURRENT or any(base.__name__ in _RECURRENT for base in type(layer).__mro__):
         cell = getattr(layer, "cell", layer)

@@ -22,10 +22,15 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.profiling.breakdown import STEP_MARKER
 from tfopt.profiling.trace import KERAS_STEP_EVENTS, KERNEL_16BIT, KERNEL_32BIT, load_xspace
+
+if TYPE_CHECKING:
+    import keras
+
+    from tfopt.hardware import Hardware
 
 _MATMUL_OP = re.compile(r"MatMul|Conv|Einsum|CudnnRNN|\bdot\b|gemm|convolution|cudnn", re.IGNORECASE)
 _UNIQUIFIER = re.compile(r"_\d+$")
@@ -152,9 +157,9 @@ def layer_times(
     xplane: str | Path,
     *,
     step_seconds: float | None = None,
-    model: Any = None,
+    model: keras.Model | None = None,
     batch_size: int | None = None,
-    hardware: Any = None,
+    hardware: Hardware | None = None,
 ) -> LayerTimes:
     """Groups a capture's device time (host op time without a GPU) by Keras layer and op type.
 
@@ -253,7 +258,7 @@ def layer_times(
     )
 
 
-def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) -> LayerTime:
+def _with_fix(row: LayerTime, ridge: float | None, hardware: Hardware, model: keras.Model) -> LayerTime:
     """Compute- or memory-bound, and the recipe that fits: 32-bit matmuls and convolutions on hardware with
     16-bit units -> mixed precision (faster units where compute-bound, half the traffic where memory-bound);
     layers of small elementwise ops, and memory-bound ones, -> XLA fusion unless XLA compiled them already."""
@@ -315,7 +320,7 @@ def _with_fix(row: LayerTime, ridge: float | None, hardware: Any, model: Any) ->
     )
 
 
-def _ridge_point(hardware: Any, model: Any) -> float | None:
+def _ridge_point(hardware: Hardware, model: keras.Model) -> float | None:
     """Peak FLOP/s in the model's precision over memory bandwidth; it matters only where FLOPs are known,
     which needs the model."""
     if hardware is None or model is None:
@@ -327,7 +332,7 @@ def _ridge_point(hardware: Any, model: Any) -> float | None:
     return peak / bandwidth if peak and bandwidth else None
 
 
-def _costs(model: Any, batch_size: int | None) -> tuple[dict[str, tuple[float, float]], list[str]]:
+def _costs(model: keras.Model, batch_size: int | None) -> tuple[dict[str, tuple[float, float]], list[str]]:
     if model is None or not batch_size:
         return {}, [
             (
@@ -430,7 +435,7 @@ class _Scopes:
     uniquified: bool  # every layer scope carries TensorFlow's `_N` suffix
 
 
-def _scope_names(ops: _Ops, model: Any) -> _Scopes:
+def _scope_names(ops: _Ops, model: keras.Model) -> _Scopes:
     """Finds the model's scope (the scope the backward pass runs through that holds the most time) and
     maps each layer scope under it to its layer's name."""
     backward_roots: dict[str, float] = defaultdict(float)

@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import MeasurementError
 from tfopt.hardware import Hardware
@@ -26,6 +26,10 @@ from tfopt.profiling.timing import (
     training_state_restored,
     window_layout,
 )
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +121,7 @@ class CeilingStep:
     steps_per_call: int
 
 
-def prepare_ceiling(model: Any, dataset: Any) -> CeilingStep:
+def prepare_ceiling(model: keras.Model, dataset: tf.data.Dataset) -> CeilingStep:
     """The ceiling's step and device-resident batch for `model`, running as many steps per call as the
     model's `steps_per_execution` so that only the input pipeline differs from `fit`."""
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
@@ -129,8 +133,8 @@ def prepare_ceiling(model: Any, dataset: Any) -> CeilingStep:
 
 
 def time_ceiling_steps(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     steps: int,
     warmup_steps: int,
@@ -179,7 +183,7 @@ def time_ceiling_steps(
     return StepTimes(seconds=tuple(seconds), batch_size=batch_size, window_steps=window_steps)
 
 
-def device_batch(model: Any, dataset: Any) -> Any:
+def device_batch(model: keras.Model, dataset: tf.data.Dataset) -> Any:
     """The dataset's first batch, in the memory of the devices the model trains on.
 
     Under a tf.distribute strategy the distributed dataset places each replica's share on its device
@@ -197,7 +201,7 @@ def device_batch(model: Any, dataset: Any) -> Any:
     return next(iter(strategy.experimental_distribute_dataset(first)))
 
 
-def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any], Any]:
+def train_step_function(model: keras.Model, *, steps_per_call: int = 1) -> Callable[[Any], Any]:
     """The model's train step as Keras runs it in `fit` (strategy.run inside a tf.function with the
     model's jit_compile; `steps_per_call` steps in one outer function, as `steps_per_execution` runs
     them), returning the last step's first logged value averaged over replicas."""
@@ -229,7 +233,9 @@ def train_step_function(model: Any, *, steps_per_call: int = 1) -> Callable[[Any
     return several_steps if model.run_eagerly else tf.function(several_steps)
 
 
-def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None = None) -> float | None:
+def train_step_flops(
+    model: keras.Model, dataset: tf.data.Dataset, *, prepared: CeilingStep | None = None
+) -> float | None:
     """Model FLOPs of one training step on the dataset's batch, from TensorFlow's cost analysis.
 
     The step's graph (forward, backward and optimizer update, all replicas) is traced and TensorFlow's
@@ -272,7 +278,13 @@ def train_step_flops(model: Any, dataset: Any, *, prepared: CeilingStep | None =
 
 
 def measure(
-    model: Any, dataset: Any, *, steps: int, warmup_steps: int, batch_size: int, hardware: Hardware | None = None
+    model: keras.Model,
+    dataset: tf.data.Dataset,
+    *,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    hardware: Hardware | None = None,
 ) -> Measurement:
     """Times real training and the on-device ceiling, counts the step's FLOPs, then restores the model.
 
@@ -306,8 +318,8 @@ class Side:
             (TensorFlow's TF32 switch, read when kernels run), or None.
     """
 
-    model: Any
-    dataset: Any
+    model: keras.Model
+    dataset: tf.data.Dataset
     batch_size: int
     before_round: Callable[[], None] | None = None
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.hardware import Hardware
+
+if TYPE_CHECKING:
+    from tfopt.profiling.measurement import Measurement
 
 CPU_NOTE = "CPU only: accelerator busy % and MFU do not apply"
 
@@ -44,7 +47,7 @@ class Metrics:
     measurement_problem: str | None = None
 
     @classmethod
-    def of(cls, hardware: Hardware, measurement: Any = None, breakdown: Any = None) -> Metrics:
+    def of(cls, hardware: Hardware, measurement: Measurement | None = None, breakdown: Any = None) -> Metrics:
         """The metrics of a `measurement.Measurement` and, where captured, a `StepBreakdown`."""
         efficiency = measurement.input_efficiency if measurement is not None else None
         mfu = measurement.mfu if measurement is not None else None

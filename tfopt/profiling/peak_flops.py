@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfopt.hardware import Hardware
+
+if TYPE_CHECKING:
+    import keras
 
 _TERA = 1e12
 
@@ -111,7 +114,7 @@ def accelerator_name(hardware: Hardware) -> str | None:
     return None
 
 
-def precision_in_use(model: Any, hardware: Hardware) -> str:
+def precision_in_use(model: keras.Model, hardware: Hardware) -> str:
     """The precision the model's matmuls and convolutions run in on this hardware.
 
     bfloat16 and float16 policies compute in 16 bits. float32 runs as TF32 on GPUs of compute capability

@@ -15,11 +15,14 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.profiling.alerts import INPUT_BOUND_HIGH_PERCENT
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.sampler import HOST
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # One fixed color per category, so a category has the same color in every run and every report.
 _CATEGORY_COLORS = dict(
@@ -28,7 +31,7 @@ _CATEGORY_COLORS = dict(
 _RUN_COLORS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#ff7f0e")
 
 
-def breakdown_figure(profiles: Mapping[str, Any]) -> Any:
+def breakdown_figure(profiles: Mapping[str, Any]) -> Figure:
     """A stacked bar per run: the mean step's milliseconds by category (categories that are 0 everywhere
     are left out).
 
@@ -71,7 +74,7 @@ def breakdown_figure(profiles: Mapping[str, Any]) -> Any:
     return figure
 
 
-def metrics_figure(profiles: Mapping[str, Any]) -> Any:
+def metrics_figure(profiles: Mapping[str, Any]) -> Figure:
     """The runs' metrics as grouped bars, and the hardware's readings during the profiled runs.
 
     Metrics a run did not measure (busy % and MFU on a CPU-only machine) are left out of the bars.
@@ -180,7 +183,7 @@ def hotspots_figure(profiles: Mapping[str, Any], *, rows: int = 5) -> Any | None
     return figure
 
 
-def training_figure(windows: Sequence[Mapping[str, Any]]) -> Any:
+def training_figure(windows: Sequence[Mapping[str, Any]]) -> Figure:
     """The Monitor's windows over the training steps: throughput above, input wait and MFU below.
 
     The lower axes, and the input-wait alert's threshold on them, are drawn only for what was measured
@@ -249,7 +252,7 @@ def png_base64(figure: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _figure(height: float) -> Any:
+def _figure(height: float) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError as error:

@@ -4,7 +4,8 @@ step time goes, memory, what each recipe did, the diagnosis of both runs, and wh
 One `Report` renders three ways from one dictionary, so the HTML (for people), the Markdown (for
 READMEs and notebooks) and the JSON (for CI) always show the same numbers. Numbers are rounded once,
 in `to_dict()` (4 significant digits, whole numbers kept whole), and every format prints them as they
-are there.
+are there. The text is written once too: `_blocks()` turns the dictionary into headings, paragraphs,
+tables and charts, which `report_format` writes as Markdown or HTML.
 
 Files are written atomically (a temporary file in the same directory, then `os.replace`), so a
 report from an earlier run survives a failed or interrupted one.
@@ -14,19 +15,45 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import html
 import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds
-from tfopt.profiling.plots import breakdown_figure, hotspots_figure, metrics_figure, png_base64, training_figure
+from tfopt.profiling.plots import breakdown_figure, hotspots_figure, metrics_figure, training_figure
+from tfopt.profiling.report_format import (
+    Arrow,
+    Block,
+    Bullets,
+    Chart,
+    Code,
+    Emphasis,
+    Footer,
+    Heading,
+    Paragraph,
+    Strong,
+    Table,
+    Text,
+    to_html,
+    to_markdown,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tfopt.hardware import Hardware
+    from tfopt.plan import Plan
+    from tfopt.profiling.breakdown import StepBreakdown
+    from tfopt.profiling.diagnose import Diagnosis
+    from tfopt.profiling.measurement import Measurement
+    from tfopt.profiling.sampler import Samples
+    from tfopt.profiling.timing import StepTimes
 
 REPORT_VERSION = 1
 
@@ -54,6 +81,59 @@ SUMMARY_ROWS = (
 SHOWN_WHEN_MEASURED = frozenset({"service_mib_per_second"})
 
 
+@runtime_checkable
+class ProfiledRun(Protocol):
+    """The profiled run inside a profile (`tfopt.profiling.capture.Capture`): what a report reads of it."""
+
+    @property
+    def step_times(self) -> StepTimes: ...
+
+    @property
+    def peak_memory_bytes(self) -> int | None: ...
+
+
+@runtime_checkable
+class ReportedProfile(Protocol):
+    """What a report reads from each run: `tfopt.profiling.capture.Profile` is one.
+
+    A protocol, not that class, because `capture` imports this module (a Profile shows itself in a
+    notebook as a one-run report): naming the class here would close an import cycle.
+    """
+
+    @property
+    def measurement(self) -> Measurement: ...
+
+    @property
+    def capture(self) -> ProfiledRun: ...
+
+    @property
+    def breakdown(self) -> StepBreakdown: ...
+
+    @property
+    def diagnosis(self) -> Diagnosis: ...
+
+    @property
+    def hardware(self) -> Hardware: ...
+
+    @property
+    def steps_per_epoch(self) -> int | None: ...
+
+    @property
+    def served_bytes_per_batch(self) -> int | None: ...
+
+    @property
+    def samples(self) -> Samples: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def profiling_overhead(self) -> float: ...
+
+    @property
+    def logdir(self) -> Path: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """Profiles of one or more runs, rendered side by side.
@@ -71,11 +151,12 @@ class Report:
             alternates before and after), whose range is the speedup's noise; empty where they were not.
 
     Example:
-        >>> report = tfopt.compare(before=tfopt.profile(model, slow), after=tfopt.profile(model, fast))  # doctest: +SKIP
+        >>> before, after = tfopt.profile(model, slow), tfopt.profile(model, fast)  # doctest: +SKIP
+        >>> report = tfopt.compare(before, after)  # doctest: +SKIP
         >>> report.save("report.html")  # doctest: +SKIP
     """
 
-    profiles: Mapping[str, Any]
+    profiles: Mapping[str, ReportedProfile]
     applied: tuple[Step, ...] = ()
     price_per_hour: float | None = None
     currency: str = "USD"
@@ -114,7 +195,7 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Figure]:
         """The report's matplotlib figures: "breakdown", "metrics", "hotspots" where a run has its stage or layer
         table, and "training" once there are windows."""
         figures = {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
@@ -126,51 +207,8 @@ class Report:
         return figures
 
     def to_markdown(self) -> str:
-        data = self.to_dict()
-        names = list(data["runs"])
-        lines = ["# tfopt report", "", f"{data['hardware']}", ""]
-        lines += [f"_{data['note']}._", ""] if data["note"] else []
-        if data["speedup"] is not None:
-            lines += [f"**Speedup: {_show(data['speedup'])}x** steps/s ({names[-1]} vs {names[0]}{_noise(data)}).", ""]
-        lines += [f"**{_headline(data)}**", ""] if _headline(data) else []
-        lines += _table(["", *names], _summary_rows(data))
-        lines += ["", "## Step-time breakdown (ms per step)", ""]
-        lines += _table(
-            ["", *names],
-            [
-                [label, *(_show(run["breakdown_ms"][category]) for run in data["runs"].values())]
-                for category, label in CATEGORY_LABELS.items()
-            ],
-        )
-        lines += ["", "## Recipes applied", ""]
-        lines += [f"- {_step_text(step)}" for step in data["applied"]] or ["- none"]
-        for name, run in data["runs"].items():
-            lines += ["", f"## Diagnosis: {name}", ""]
-            lines += [
-                f"- **{f['bottleneck']}** ({f['severity']}, {_show(f['percent'])}%) -> `{f['recipe']}`: {f['reason']}"
-                for f in run["diagnosis"]["findings"]
-            ]
-            lines += [] if run["diagnosis"]["findings"] else [f"- {run['diagnosis']['summary']}"]
-            lines += [f"- note: {note}" for note in run["diagnosis"]["notes"]]
-        for name, run in data["runs"].items():
-            for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
-                lines += ["", f"## {title}: {name}", "", *_table(header, rows), "", fix]
-        lines += _training_markdown(data["training"])
-        lines += [
-            "",
-            "## Cost",
-            "",
-            self._cost_text(data),
-            "",
-            "## Profiling overhead",
-            "",
-            _overhead_text(data),
-            "",
-            "## Traces",
-            "",
-        ]
-        lines += [f"- {name}: `tensorboard --logdir {run['logdir']}`" for name, run in data["runs"].items()]
-        return "\n".join(lines) + "\n"
+        """The report as Markdown (charts left out)."""
+        return to_markdown(_blocks(self.to_dict()))
 
     def to_html(self) -> str:
         """One self-contained HTML page: inline CSS, figures embedded as base64 PNG, no scripts."""
@@ -184,67 +222,7 @@ class Report:
         return f"<style>{_CSS}</style>\n{self._html_fragment()}"
 
     def _html_fragment(self) -> str:
-        data = self.to_dict()
-        names = list(data["runs"])
-        figures = "".join(_html_figure(name, figure) for name, figure in self.figures().items() if name != "training")
-        parts = ['<div class="tfopt-report">', "<h1>tfopt report</h1>", f"<p>{html.escape(data['hardware'])}</p>"]
-        parts += [f"<p><i>{html.escape(data['note'])}.</i></p>"] if data["note"] else []
-        if data["speedup"] is not None:
-            parts.append(
-                f'<p class="speedup">Speedup: <b>{_show(data["speedup"])}x</b> steps/s '
-                f"({html.escape(names[-1])} vs {html.escape(names[0])}{html.escape(_noise(data))}).</p>"
-            )
-        if _headline(data):
-            parts.append(f'<p class="speedup">{html.escape(_headline(data))}</p>')
-        parts.append(_html_table(["", *names], _summary_rows(data), table_id="summary"))
-        parts.append(figures)
-        parts.append("<h2>Step-time breakdown (ms per step)</h2>")
-        parts.append(
-            _html_table(
-                ["", *names],
-                [
-                    [label, *(_show(run["breakdown_ms"][category]) for run in data["runs"].values())]
-                    for category, label in CATEGORY_LABELS.items()
-                ],
-                table_id="breakdown",
-            )
-        )
-        parts.append("<h2>Recipes applied</h2><ul>")
-        parts += [f"<li>{html.escape(_step_text(step))}</li>" for step in data["applied"]] or ["<li>none</li>"]
-        parts.append("</ul>")
-        for name, run in data["runs"].items():
-            parts.append(f"<h2>Diagnosis: {html.escape(name)}</h2><ul>")
-            parts += [
-                f"<li><b>{html.escape(f['bottleneck'])}</b> ({html.escape(f['severity'])}, "
-                f"{_show(f['percent'])}%) &rarr; <code>{html.escape(f['recipe'])}</code>: "
-                f"{html.escape(f['reason'])}</li>"
-                for f in run["diagnosis"]["findings"]
-            ]
-            if not run["diagnosis"]["findings"]:
-                parts.append(f"<li>{html.escape(run['diagnosis']['summary'])}</li>")
-            parts += [f"<li>note: {html.escape(note)}</li>" for note in run["diagnosis"]["notes"]]
-            parts.append("</ul>")
-        for name, run in data["runs"].items():
-            for title, (header, rows, fix) in _hotspot_tables(run["diagnosis"]["hotspots"]).items():
-                parts += [
-                    f"<h2>{html.escape(title)}: {html.escape(name)}</h2>",
-                    _html_table(header, rows, table_id=f"{title.split(',')[0].lower().replace(' ', '-')}-{name}"),
-                    f"<p>{html.escape(fix)}</p>",
-                ]
-        parts += _training_html(data["training"], self.training)
-        parts += [
-            "<h2>Cost</h2>",
-            f"<p>{html.escape(self._cost_text(data))}</p>",
-            "<h2>Profiling overhead</h2>",
-            f"<p>{html.escape(_overhead_text(data))}</p>",
-            "<h2>Traces</h2><ul>",
-        ]
-        parts += [
-            f"<li>{html.escape(name)}: <code>tensorboard --logdir {html.escape(run['logdir'])}</code></li>"
-            for name, run in data["runs"].items()
-        ]
-        parts.append(f"</ul><footer>tfopt report v{REPORT_VERSION}, {html.escape(data['created'])}</footer></div>")
-        return "\n".join(parts)
+        return f'<div class="tfopt-report">\n{to_html(_blocks(self.to_dict()), self.figures())}\n</div>'
 
     def save(self, path: str | Path) -> Path:
         """Writes the report as HTML (.html), Markdown (.md) or JSON (.json), chosen by the suffix.
@@ -291,32 +269,12 @@ class Report:
             "accelerator-hours" if next(iter(self.profiles.values())).hardware.accelerator != "cpu" else "machine-hours"
         )
 
-    def _cost_text(self, data: dict[str, Any]) -> str:
-        steps = data["steps_per_epoch"]
-        unit = data["hours_unit"]
-        if steps is None:
-            return (
-                "The dataset's length is unknown (infinite or not countable by tf.data): pass "
-                "steps_per_epoch= to compare() for a cost per epoch."
-            )
-        runs = "; ".join(
-            f"{name}: {_show(run['accelerator_hours_per_epoch'])} {unit}"
-            + (f" = {_show(run['cost_per_epoch'])} {self.currency}" if run["cost_per_epoch"] is not None else "")
-            for name, run in data["runs"].items()
-        )
-        price = (
-            f" at {_show(self.price_per_hour)} {self.currency} per hour"
-            if self.price_per_hour is not None
-            else " (pass price_per_hour= to compare() for money)"
-        )
-        return f"Per epoch of {steps} steps{price}: {runs}."
-
 
 def compare(
-    before: Any,
-    after: Any,
+    before: ReportedProfile,
+    after: ReportedProfile | None,
     *,
-    applied: Iterable[Step | str] | Any = (),
+    applied: Iterable[Step | str] | Plan = (),
     price_per_hour: float | None = None,
     currency: str = "USD",
     steps_per_epoch: int | None = None,
@@ -360,6 +318,87 @@ def compare(
     )
 
 
+def _blocks(data: dict[str, Any]) -> list[Block]:
+    """What the report says, in order, from its numbers (`Report.to_dict()`): what both formats write."""
+    runs = data["runs"]
+    names = list(runs)
+    blocks: list[Block] = [Heading("tfopt report", level=1), Paragraph(data["hardware"])]
+    if data["note"]:
+        blocks.append(Paragraph((Emphasis(f"{data['note']}."),)))
+    if data["speedup"] is not None:
+        speedup = f"Speedup: {_show(data['speedup'])}x"
+        blocks.append(Paragraph((Strong(speedup), f" steps/s ({names[-1]} vs {names[0]}{_noise(data)})."), lead=True))
+    headline = _headline(data)
+    if headline:
+        blocks.append(Paragraph((Strong(headline),), lead=True))
+    blocks += [Table(("", *names), _summary_rows(data), id="summary"), Chart("breakdown"), Chart("metrics")]
+    # plots.hotspots_figure draws one where any run has hotspots, even with no rows to tabulate.
+    if any(run["diagnosis"]["hotspots"] is not None for run in runs.values()):
+        blocks.append(Chart("hotspots"))
+    breakdown = tuple(
+        (label, *(_show(run["breakdown_ms"][category]) for run in runs.values()))
+        for category, label in CATEGORY_LABELS.items()
+    )
+    blocks += [
+        Heading("Step-time breakdown (ms per step)"),
+        Table(("", *names), breakdown, id="breakdown"),
+        Heading("Recipes applied"),
+        Bullets(tuple(_step_text(step) for step in data["applied"]) or ("none",)),
+    ]
+    for name, run in runs.items():
+        blocks += [Heading(f"Diagnosis: {name}"), Bullets(_diagnosis_items(run["diagnosis"]))]
+    for name, run in runs.items():
+        blocks += _hotspot_blocks(name, run["diagnosis"]["hotspots"])
+    blocks += _training_blocks(data["training"])
+    traces = tuple((f"{name}: ", Code(f"tensorboard --logdir {run['logdir']}")) for name, run in runs.items())
+    return [
+        *blocks,
+        Heading(COST_TITLE),
+        Paragraph(_cost_text(data)),
+        Heading("Profiling overhead"),
+        Paragraph(_overhead_text(data)),
+        Heading("Traces"),
+        Bullets(traces),
+        Footer(f"tfopt report v{data['tfopt_report_version']}, {data['created']}"),
+    ]
+
+
+def _diagnosis_items(diagnosis: Mapping[str, Any]) -> tuple[Text, ...]:
+    """One run's findings (or, without any, its summary) and notes."""
+    findings = tuple(
+        (
+            Strong(finding["bottleneck"]),
+            f" ({finding['severity']}, {_show(finding['percent'])}%) ",
+            Arrow(),
+            " ",
+            Code(finding["recipe"]),
+            f": {finding['reason']}",
+        )
+        for finding in diagnosis["findings"]
+    )
+    return (findings or (diagnosis["summary"],)) + tuple(f"note: {note}" for note in diagnosis["notes"])
+
+
+def _cost_text(data: dict[str, Any]) -> str:
+    steps, unit, currency = data["steps_per_epoch"], data["hours_unit"], data["currency"]
+    if steps is None:
+        return (
+            "The dataset's length is unknown (infinite or not countable by tf.data): pass "
+            "steps_per_epoch= to compare() for a cost per epoch."
+        )
+    runs = "; ".join(
+        f"{name}: {_show(run['accelerator_hours_per_epoch'])} {unit}"
+        + (f" = {_show(run['cost_per_epoch'])} {currency}" if run["cost_per_epoch"] is not None else "")
+        for name, run in data["runs"].items()
+    )
+    price = (
+        f" at {_show(data['price_per_hour'])} {currency} per hour"
+        if data["price_per_hour"] is not None
+        else " (pass price_per_hour= to compare() for money)"
+    )
+    return f"Per epoch of {steps} steps{price}: {runs}."
+
+
 def _noise(data: Mapping[str, Any]) -> str:
     """ "; range over N rounds measured side by side: ..." where the runs were, else nothing."""
     if not data.get("speedup_rounds"):
@@ -388,28 +427,16 @@ def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
     }
 
 
-def _training_markdown(training: dict[str, Any] | None) -> list[str]:
-    """The Markdown report's Training section (none before training)."""
-    return ["", _MARKDOWN_TRAINING, "", _training_text(training)] if training else []
+TRAINING_TITLE = "Training (tfopt.Monitor)"
+# The section the Training section goes before, in reports saved earlier too (`add_training`).
+COST_TITLE = "Cost"
 
 
-def _training_html(training: dict[str, Any] | None, windows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The HTML report's Training section with its chart (none before training)."""
+def _training_blocks(training: dict[str, Any] | None) -> list[Block]:
+    """The Training section with its chart; none before training."""
     if not training:
         return []
-    return [
-        _HTML_TRAINING,
-        f"<p>{html.escape(_training_text(training))}</p>",
-        _html_figure("training", training_figure(windows)),
-    ]
-
-
-def _html_figure(name: str, figure: Any) -> str:
-    return f'<figure><img alt="{html.escape(name)} chart" src="data:image/png;base64,{png_base64(figure)}"></figure>'
-
-
-_MARKDOWN_TRAINING = "## Training (tfopt.Monitor)"
-_HTML_TRAINING = "<h2>Training (tfopt.Monitor)</h2>"
+    return [Heading(TRAINING_TITLE), Paragraph(_training_text(training)), Chart("training")]
 
 
 def add_training(paths: Sequence[str | Path], windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -422,6 +449,7 @@ def add_training(paths: Sequence[str | Path], windows: Sequence[Mapping[str, Any
         ValueError: A file is not a tfopt report (no Cost section to put the Training section before).
     """
     training = _training_dict(windows)
+    blocks = _training_blocks(training)
     data = None
     for path in map(Path, paths):
         text = path.read_text(encoding="utf-8")
@@ -430,12 +458,14 @@ def add_training(paths: Sequence[str | Path], windows: Sequence[Mapping[str, Any
             data = {**json.loads(text), "training": training}
             text = json.dumps(data, indent=2)
         elif suffix in (".md", ".markdown"):
-            section = "\n".join(_training_markdown(training)[1:]) + "\n\n" if training else ""
-            text = _with_section(text, _MARKDOWN_TRAINING, "## Cost\n", section)
-        else:
+            section = to_markdown(blocks) + "\n" if blocks else ""
             text = _with_section(
-                text, _HTML_TRAINING, "<h2>Cost</h2>", "\n".join(_training_html(training, windows)) + "\n"
+                text, to_markdown([Heading(TRAINING_TITLE)]), to_markdown([Heading(COST_TITLE)]), section
             )
+        else:
+            figures = {"training": training_figure(windows)} if blocks else {}
+            section = to_html(blocks, figures) + "\n" if blocks else ""
+            text = _with_section(text, to_html([Heading(TRAINING_TITLE)]), to_html([Heading(COST_TITLE)]), section)
         write_atomic(path, text)
     return data
 
@@ -474,7 +504,7 @@ def _headline(data: dict[str, Any]) -> str | None:
     return line[:1].upper() + line[1:]
 
 
-def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
+def _summary_rows(data: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
     """The summary table's rows, labels filled in from what was measured (GPU or host, currency)."""
     first = next(iter(data["runs"].values()))
     context = {
@@ -484,14 +514,14 @@ def _summary_rows(data: dict[str, Any]) -> list[list[str]]:
         "hours_unit": data["hours_unit"],
     }
     runs = list(data["runs"].values())
-    return [
-        [label.format(**context), *(_show(run.get(key)) for run in runs)]
+    return tuple(
+        (label.format(**context), *(_show(run.get(key)) for run in runs))
         for label, key in SUMMARY_ROWS
         if key not in SHOWN_WHEN_MEASURED or any(run.get(key) is not None for run in runs)
-    ]
+    )
 
 
-def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
+def _run_dict(profile: ReportedProfile, report: Report) -> dict[str, Any]:
     real, breakdown, samples = profile.measurement.real, profile.breakdown, profile.samples
     steps = report._steps_per_epoch()
     devices = max(len(profile.hardware.gpus), profile.hardware.tpu_cores, 1)
@@ -544,13 +574,14 @@ def _run_dict(profile: Any, report: Report) -> dict[str, Any]:
 HOTSPOT_ROWS = 8
 
 
-def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[str], list[list[str]], str]]:
-    """The report's "where the time goes" tables of one run: title -> (header, rows, the fix line)."""
-    tables: dict[str, tuple[list[str], list[list[str]], str]] = {}
+def _hotspot_blocks(name: str, hotspots: Mapping[str, Any] | None) -> list[Block]:
+    """The "where the time goes" sections of run `name`: a heading, a table and the fix line for its input
+    pipeline and for its model, each where measured."""
+    blocks: list[Block] = []
     stages = (hotspots or {}).get("stages")
     if stages:
-        rows = [
-            [
+        rows = tuple(
+            (
                 stage["label"],
                 _ms(stage["seconds_per_element"]),
                 _ms(stage["work_per_batch_seconds"]),
@@ -558,27 +589,28 @@ def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[
                 _show(stage["parallelism"]) + (" (autotuned)" if stage["autotuned"] else ""),
                 _show(stage["buffer"]),
                 _ms(stage["bound_seconds_per_batch"]),
-            ]
+            )
             for stage in stages["stages"]
             if stage["work_seconds"] > 0
-        ][:HOTSPOT_ROWS]
-        tables["Input pipeline, stage by stage"] = (
-            [
-                "stage",
-                "ms per element",
-                "work ms per batch",
-                "share of work",
-                "parallelism",
-                "buffer",
-                "least ms per batch",
-            ],
-            rows,
-            f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}",
+        )[:HOTSPOT_ROWS]
+        header = (
+            "stage",
+            "ms per element",
+            "work ms per batch",
+            "share of work",
+            "parallelism",
+            "buffer",
+            "least ms per batch",
         )
+        blocks += [
+            Heading(f"Input pipeline, stage by stage: {name}"),
+            Table(header, rows, id=f"input-pipeline-{name}"),
+            Paragraph(f"Bottleneck: {stages['bottleneck'] or 'none'}. {stages['fix']}"),
+        ]
     layers = (hotspots or {}).get("layers")
     if layers and layers["layers"]:
-        rows = [
-            [
+        rows = tuple(
+            (
                 layer["layer"] + (f" (mostly {layer['heaviest_sublayer']})" if layer["heaviest_sublayer"] else ""),
                 _ms(layer["seconds_per_step"]),
                 f"{100 * layer['share_of_device']:.0f}%",
@@ -587,26 +619,28 @@ def _hotspot_tables(hotspots: Mapping[str, Any] | None) -> dict[str, tuple[list[
                 f"{layer['intensity']:.1f}" if layer["intensity"] is not None else "n/a",
                 layer["bound"] or "n/a",
                 layer["recipe"] or "-",
-            ]
+            )
             for layer in layers["layers"][:HOTSPOT_ROWS]
-        ]
+        )
         top = next((layer for layer in layers["layers"] if layer["layer"] == layers["top"]), None)
         ridge = f" Ridge point: {layers['ridge_point']:.0f} FLOPs/byte." if layers["ridge_point"] else ""
-        tables["Model, layer by layer"] = (
-            [
-                "layer",
-                "ms per step",
-                f"share of {layers['device']} time",
-                "share of step",
-                "heaviest op types",
-                "FLOPs/byte",
-                "bound",
-                "recipe",
-            ],
-            rows,
-            (f"Heaviest layer: {top['layer']}: {top['fix']}" if top else "No Keras layer found.") + ridge,
+        header = (
+            "layer",
+            "ms per step",
+            f"share of {layers['device']} time",
+            "share of step",
+            "heaviest op types",
+            "FLOPs/byte",
+            "bound",
+            "recipe",
         )
-    return tables
+        fix = (f"Heaviest layer: {top['layer']}: {top['fix']}" if top else "No Keras layer found.") + ridge
+        blocks += [
+            Heading(f"Model, layer by layer: {name}"),
+            Table(header, rows, id=f"model-{name}"),
+            Paragraph(fix),
+        ]
+    return blocks
 
 
 def _ms(seconds: float | None) -> str:
@@ -648,21 +682,6 @@ def _overhead_text(data: dict[str, Any]) -> str:
         for name, run in data["runs"].items()
     )
     return f"{runs}. Speeds above are measured without the profiler; the breakdown comes from the profiled run."
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(row) + " |" for row in rows
-    ]
-
-
-def _html_table(header: list[str], rows: list[list[str]], *, table_id: str) -> str:
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body = "".join(
-        f"<tr><th>{html.escape(row[0])}</th>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row[1:]) + "</tr>"
-        for row in rows
-    )
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 _CSS = """

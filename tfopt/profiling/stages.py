@@ -28,9 +28,13 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.profiling.trace import load_xspace, merge_intervals
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf.xplane_pb2 import XPlane
 
 ASYNC_KINDS = frozenset(
     {
@@ -201,7 +205,7 @@ class PipelineStages:
 
 
 def pipeline_stages(
-    xplane: str | Path, *, cpu_count: int, dataset: Any = None, step_seconds: float | None = None
+    xplane: str | Path, *, cpu_count: int, dataset: tf.data.Dataset | None = None, step_seconds: float | None = None
 ) -> PipelineStages | None:
     """The stage table of the busiest input pipeline in a capture.
 
@@ -444,7 +448,7 @@ def _close(entry: tuple[int, str, list[int], int], result: _IteratorEvents) -> N
     result.self_seconds[stage] += max(0, durations[0] - sum(durations[1:])) / 1e12
 
 
-def _stats(event: Any, plane: Any, stat_names: Mapping[int, str]) -> dict[str, Any]:
+def _stats(event: Any, plane: XPlane, stat_names: Mapping[int, str]) -> dict[str, Any]:
     values = {}
     for stat in event.stats:
         field = stat.WhichOneof("value")
@@ -534,7 +538,7 @@ _KIND_WORDS = {
 }
 
 
-def _function_names(dataset: Any) -> dict[str, str]:
+def _function_names(dataset: tf.data.Dataset) -> dict[str, str]:
     """Dataset name in the trace -> the function it runs (`slow_augment`), from the pipeline's graph."""
     import tensorflow as tf
     from tensorflow.core.framework import dataset_metadata_pb2

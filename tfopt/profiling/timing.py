@@ -22,11 +22,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
 from tfopt.errors import MeasurementError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 # Steps are split into about this many windows: enough for a spread, few enough that each window holds
 # several steps whose dispatch and compute overlap.
@@ -85,7 +88,7 @@ class StepTimes:
         }
 
 
-def one_batch_repeated(dataset: Any) -> Any:
+def one_batch_repeated(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """The dataset's first batch, held in host memory and repeated forever (for benchmarks' inputs).
 
     Example:
@@ -168,8 +171,8 @@ class WindowTimer(keras.callbacks.Callback):
 
 
 def time_training_steps(
-    model: Any,
-    dataset: Any,
+    model: keras.Model,
+    dataset: tf.data.Dataset,
     *,
     steps: int,
     warmup_steps: int,
@@ -221,7 +224,7 @@ def time_training_steps(
     return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size, window_steps=window_steps)
 
 
-def training_state_snapshot(model: Any) -> Callable[[], None]:
+def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
     """Saves the model's variables (weights, seed-generator states) and the optimizer's; the returned function
     puts them back.
 
@@ -248,7 +251,7 @@ def training_state_snapshot(model: Any) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def training_state_restored(model: Any) -> Iterator[None]:
+def training_state_restored(model: keras.Model) -> Iterator[None]:
     """Puts the model's weights and optimizer variables back as they were after a block that trains it."""
     restore = training_state_snapshot(model)
     try:
@@ -257,7 +260,7 @@ def training_state_restored(model: Any) -> Iterator[None]:
         restore()
 
 
-def check_step_counts(model: Any, steps: int, warmup_steps: int) -> int:
+def check_step_counts(model: keras.Model, steps: int, warmup_steps: int) -> int:
     """Refuses too few steps to time; returns the steps one call of the model's train function runs."""
     if steps < 2 or warmup_steps < 1:
         raise MeasurementError(

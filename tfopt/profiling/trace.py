@@ -24,11 +24,14 @@ import re
 import statistics
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import MeasurementError
 from tfopt.hardware import Gpu
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
+
+if TYPE_CHECKING:
+    from tensorflow.tsl.profiler.protobuf.xplane_pb2 import XPlane, XSpace
 
 # The host events that block a training step until the input pipeline hands over a batch.
 _INPUT_WAIT_EVENTS = frozenset({"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"})
@@ -157,7 +160,7 @@ def trace_gpus(xplane: str | Path) -> tuple[Gpu, ...]:
     return tuple(gpus)
 
 
-def load_xspace(xplane: str | Path) -> Any:
+def load_xspace(xplane: str | Path) -> XSpace:
     """Parses a `.xplane.pb` file into TensorFlow's XSpace protocol buffer."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -254,7 +257,7 @@ def _share(kernels: list[tuple[Interval, bool | None, bool]], counts: Any, *, ty
     return 100.0 * sum(duration for duration, is_16bit, from_xla in inside if counts(is_16bit, from_xla)) / total
 
 
-def _stat_id(plane: Any, name: str) -> int | None:
+def _stat_id(plane: XPlane, name: str) -> int | None:
     return next((key for key, metadata in plane.stat_metadata.items() if metadata.name == name), None)
 
 

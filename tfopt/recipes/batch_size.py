@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.data.batches import rebatch_counted
 from tfopt.errors import MeasurementError, RecipeConfigError
@@ -26,6 +26,10 @@ from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 _log = logging.getLogger("tfopt")
 
@@ -118,7 +122,7 @@ def find_batch_size(
     return BatchSizeSearch(trials=tuple(trials), memory_kind=kind, memory_budget_bytes=budget)
 
 
-def rebatch(dataset: Any, batch_size: int) -> Any:
+def rebatch(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
     """Functional form: the same examples in batches of `batch_size` (remainder batches kept as before).
 
     Example:
@@ -250,7 +254,7 @@ def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
     ).record(BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
 
 
-def _trial_model(plan: Plan) -> Any:
+def _trial_model(plan: Plan) -> keras.Model:
     """One throwaway build of the plan for all trials: only the batch differs between them, and Keras
     retraces its train step for each new batch shape, so rebuilding would only add time."""
     from tfopt.builder import build
@@ -258,7 +262,7 @@ def _trial_model(plan: Plan) -> Any:
     return build(plan.replace(data_service=None)).model  # the trials read the local pipeline
 
 
-def _time_trial(model: Any, plan: Plan, batch_size: int, steps: int, warmup_steps: int) -> Any:
+def _time_trial(model: keras.Model, plan: Plan, batch_size: int, steps: int, warmup_steps: int) -> Any:
     from tfopt.profiling.timing import time_training_steps
 
     data = plan.dataset.repeat().rebatch(batch_size, drop_remainder=True)
@@ -284,7 +288,7 @@ def _examples_upper_bound(plan: Plan) -> int | None:
     return batches * plan.batch_size
 
 
-def _lives_on_gpu(model: Any) -> bool:
+def _lives_on_gpu(model: keras.Model) -> bool:
     variables = model.trainable_variables
     return bool(variables) and ":GPU:" in variables[0].value.device
 

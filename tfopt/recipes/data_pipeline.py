@@ -24,11 +24,15 @@ element fails, is tuned like any other. Where the sizes are not static, the note
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    from tensorflow.core.framework.graph_pb2 import GraphDef
 
 CACHE_CHOICES = ("auto", "memory", "none")
 # Op-name fragments that make a pipeline's output differ between epochs, or that hide what it does.
@@ -57,14 +61,14 @@ _DETERMINISTIC_STATEFUL_OPS = frozenset(
 
 
 def tune_pipeline(
-    dataset: Any,
+    dataset: tf.data.Dataset,
     *,
     cache: str = "auto",
     deterministic: bool = True,
     ram_budget_bytes: int | None = None,
     parallel_random_maps: bool = True,
     parallel_python_maps: bool = True,
-) -> Any:
+) -> tf.data.Dataset:
     """Functional form: the same elements, delivered faster.
 
     Args:
@@ -201,7 +205,7 @@ class DataPipeline(Recipe):
 
 
 def _tune(
-    dataset: Any,
+    dataset: tf.data.Dataset,
     *,
     cache: str,
     deterministic: bool,
@@ -253,7 +257,7 @@ def _tune(
 
 
 def _cache_where_valid(
-    dataset: Any, graph: Any, cache: str, ram_budget_bytes: int, element_bytes: int | None
+    dataset: tf.data.Dataset, graph: GraphDef, cache: str, ram_budget_bytes: int, element_bytes: int | None
 ) -> tuple[Any, str]:
     import tensorflow as tf
 

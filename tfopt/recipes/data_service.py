@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.errors import DataError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 COMPRESSION_CHOICES = ("auto", "none", "snappy")
 _ADDRESS = re.compile(r"^(grpc://)?[A-Za-z0-9_.\-\[\]:]+:\d+$")
@@ -129,7 +132,7 @@ class DataService(Recipe):
 
 
 def offload_pipeline(
-    dataset: Any,
+    dataset: tf.data.Dataset,
     *,
     batch_size: int,
     dispatcher: str | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.distribute.environment import ClusterEnvironment, detect_environment
 from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS
@@ -21,6 +21,9 @@ from tfopt.hardware import Hardware
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 SHARD_POLICIES = ("auto", "file", "data", "off")
@@ -68,7 +71,7 @@ def count_replicas(
     return 1
 
 
-def shard_dataset(dataset: Any, shard_by: str) -> Any:
+def shard_dataset(dataset: tf.data.Dataset, shard_by: str) -> tf.data.Dataset:
     """Sets how tf.data splits `dataset` across workers: "auto", "file", "data" or "off".
 
     "file" gives each worker whole files (cheap, needs at least as many files as workers); "data" has every

@@ -17,12 +17,15 @@ as much as a full one).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
+
+if TYPE_CHECKING:
+    import keras
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,7 +114,7 @@ class GradAccum(Recipe):
         return plan.replace(compile_config=compile_config).record(self.name, detail)
 
 
-def with_gradient_accumulation(optimizer: Any, steps: int) -> Any:
+def with_gradient_accumulation(optimizer: keras.optimizers.Optimizer, steps: int) -> keras.optimizers.Optimizer:
     """Functional form: a fresh copy of a Keras optimizer that accumulates `steps` micro-batches per update.
 
     Args:
@@ -143,7 +146,7 @@ def with_gradient_accumulation(optimizer: Any, steps: int) -> Any:
     return type(optimizer).from_config({**optimizer.get_config(), "gradient_accumulation_steps": steps})
 
 
-def _optimizer_config(optimizer: Any) -> dict[str, Any]:
+def _optimizer_config(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
     """The serialized optimizer as a mutable dict, whatever form the compile config holds it in."""
     import keras
 

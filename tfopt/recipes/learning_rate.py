@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import RecipeConfigError
+
+if TYPE_CHECKING:
+    import keras
 
 RULES = ("none", "linear", "sqrt")
 _REASONS = {
@@ -71,7 +74,9 @@ def scale_learning_rate(
     return {**compile_config, "optimizer": scaled}, detail
 
 
-def _with_scaled_rate(optimizer: Any, factor: float, warmup_steps: int, rule: str, changes: list[str]) -> dict:
+def _with_scaled_rate(
+    optimizer: keras.optimizers.Optimizer, factor: float, warmup_steps: int, rule: str, changes: list[str]
+) -> dict:
     config = dict(optimizer.get("config", {})) if isinstance(optimizer, Mapping) else {}
     if "inner_optimizer" in config:  # LossScaleOptimizer: the rate lives in the wrapped optimizer
         config["inner_optimizer"] = _with_scaled_rate(config["inner_optimizer"], factor, warmup_steps, rule, changes)
@@ -96,7 +101,7 @@ def _with_scaled_rate(optimizer: Any, factor: float, warmup_steps: int, rule: st
     return {**optimizer, "config": config}
 
 
-def _warmup(rate: Any, factor: float, warmup_steps: int, rule: str, optimizer: Any) -> dict:
+def _warmup(rate: Any, factor: float, warmup_steps: int, rule: str, optimizer: keras.optimizers.Optimizer) -> dict:
     import keras
 
     from tfopt.distribute.warmup import LinearWarmup
@@ -107,7 +112,7 @@ def _warmup(rate: Any, factor: float, warmup_steps: int, rule: str, optimizer: A
         raise _cannot_scale(rule, optimizer, f"its learning rate {rate!r} could not be recreated ({error})") from None
 
 
-def _cannot_scale(rule: str, optimizer: Any, why: str) -> RecipeConfigError:
+def _cannot_scale(rule: str, optimizer: keras.optimizers.Optimizer, why: str) -> RecipeConfigError:
     name = optimizer.get("class_name") if isinstance(optimizer, Mapping) else optimizer
     return RecipeConfigError(
         f"scale_learning_rate={rule!r}: cannot scale the learning rate of optimizer {name!r}: {why}. It must be a "

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, RecipeFileError, TfoptError
 
+if TYPE_CHECKING:
+    import keras
 
-def prepare(recipe: Any) -> Any:
+    from tfopt.recipe_file.loader import RecipeFile
+
+
+def prepare(recipe: RecipeFile) -> Any:
     """Fills in the model arguments that the data decides: `input_shape`, `classes`, `sequence_length`
     and `vocab_size`, for models that take them.
 
@@ -46,7 +51,7 @@ def prepare(recipe: Any) -> Any:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, kwargs=kwargs))
 
 
-def create_model(recipe: Any) -> Any:
+def create_model(recipe: RecipeFile) -> keras.Model:
     """Creates the recipe's model (uncompiled): the `model_fn` a run gives `tfopt.apply`, which builds it
     once per configuration (the baseline, the optimized setup) inside the right scopes.
 
@@ -77,7 +82,7 @@ def create_model(recipe: Any) -> Any:
     return model
 
 
-def build_model(recipe: Any) -> Any:
+def build_model(recipe: RecipeFile) -> keras.Model:
     """Creates and compiles the recipe's model as it is, without XLA (the baseline must be honest): the
     model `tfopt-recipe diagnose` profiles."""
     model = create_model(recipe)
@@ -85,7 +90,7 @@ def build_model(recipe: Any) -> Any:
     return model
 
 
-def compile_arguments(recipe: Any) -> dict[str, Any]:
+def compile_arguments(recipe: RecipeFile) -> dict[str, Any]:
     """The `compile()` arguments of the `train:` section: optimizer (with its learning rate), loss, metrics."""
     import keras
 

@@ -30,7 +30,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt._atomic import write_atomic
 from tfopt.errors import DataError, RecipeFileError, RunInterrupted, TfoptError
@@ -39,6 +39,11 @@ from tfopt.recipe_file import RecipeFile, save_resolved
 from tfopt.recipe_file.schema import REPORT_SUFFIXES
 from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
 from tfopt.run.model import build_model, compile_arguments, create_model, prepare
+
+if TYPE_CHECKING:
+    from tfopt.builder import Built
+    from tfopt.optimize import ApplyResult
+    from tfopt.profiling.capture import Profile
 
 _log = logging.getLogger("tfopt")
 
@@ -304,7 +309,7 @@ def _measure(recipe: RecipeFile, run_dir: pathlib.Path, progress: Progress) -> t
 
 
 @contextlib.contextmanager
-def _closed_on_failure(built: Any) -> Iterator[None]:
+def _closed_on_failure(built: Built) -> Iterator[None]:
     """Stops what `built` started for its dataset (tf.data service workers) where the block fails; a block
     that succeeds hands it on still running."""
     try:
@@ -345,12 +350,12 @@ def _save(report: Any, paths: Any) -> None:
         write_atomic(path, text)
 
 
-def _build(recipe: RecipeFile, progress: Progress) -> Any:
+def _build(recipe: RecipeFile, progress: Progress) -> Built:
     """Applies the recipes and builds, measuring nothing (in a worker, under the cluster it joined)."""
     return _built(_apply(recipe, progress, measure_speed=False))
 
 
-def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
+def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> ApplyResult:
     """`tfopt.apply` with the recipe file's model, data, recipes and tuning budget. The model is created by
     `tfopt.apply`'s build, once per configuration it measures or returns."""
     import tfopt
@@ -368,7 +373,7 @@ def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> Any:
     )
 
 
-def _built(result: Any) -> Any:
+def _built(result: Any) -> Built:
     from tfopt.builder import Built
 
     return Built(
@@ -393,7 +398,7 @@ def logdir(recipe: RecipeFile, run_dir: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(recipe.profile.logdir) if recipe.profile.logdir else run_dir / "tensorboard"
 
 
-def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Any:
+def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Profile:
     """Profiles the recipe's baseline (no recipe applied) and diagnoses it, writing nothing.
 
     Returns:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import keras
 
@@ -52,7 +51,13 @@ class TrainingCheckpoint:
     """
 
     def __init__(
-        self, directory: str | os.PathLike, model: Any, *, steps_per_epoch: int, keep: int = 3, async_write: bool = True
+        self,
+        directory: str | os.PathLike,
+        model: keras.Model,
+        *,
+        steps_per_epoch: int,
+        keep: int = 3,
+        async_write: bool = True,
     ):
         import tensorflow as tf
 

@@ -34,11 +34,16 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, NonFiniteLossError
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
 from tfopt.training.guards import NonFiniteLossGuard
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfopt.builder import Built
 
 _log = logging.getLogger("tfopt")
 
@@ -74,7 +79,7 @@ class TrainingResult:
 
 
 def train(
-    built: Any,
+    built: Built,
     *,
     epochs: int,
     steps_per_epoch: int | None = None,
@@ -178,7 +183,7 @@ def train(
     )
 
 
-def _segments(dataset: Any, start: int, total_steps: int, steps_per_epoch: int, stream: bool):
+def _segments(dataset: tf.data.Dataset, start: int, total_steps: int, steps_per_epoch: int, stream: bool):
     """The `fit()` calls that train from global step `start` to `total_steps`.
 
     A resumed run that stopped mid-epoch needs two: the rest of that epoch, then the remaining epochs.
@@ -221,14 +226,14 @@ def _check_arguments(epochs: int, steps_per_epoch: int | None, checkpoint_every_
         )
 
 
-def _as_stream(dataset: Any) -> Any:
+def _as_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
     import tensorflow as tf
 
     infinite = int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
     return dataset if infinite else dataset.repeat()
 
 
-def _one_pass(dataset: Any) -> tuple[Any, int]:
+def _one_pass(dataset: tf.data.Dataset) -> tuple[Any, int]:
     """The dataset with a known length, and that length in batches (read once where it was unknown)."""
     import tensorflow as tf
 

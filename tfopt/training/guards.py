@@ -21,7 +21,7 @@ import keras
 from tfopt.errors import NonFiniteLossError
 
 
-def loss_scale_state(optimizer: Any) -> str | None:
+def loss_scale_state(optimizer: keras.optimizers.Optimizer) -> str | None:
     """Describes a LossScaleOptimizer's dynamic scale, or None for any other optimizer.
 
     Example:
@@ -39,7 +39,7 @@ def loss_scale_state(optimizer: Any) -> str | None:
     )
 
 
-def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
+def check_finite_loss(loss: Any, *, step: int, optimizer: keras.optimizers.Optimizer | None = None) -> None:
     """Raises `NonFiniteLossError` if `loss` is NaN or Inf.
 
     Args:
@@ -66,7 +66,7 @@ def check_finite_loss(loss: Any, *, step: int, optimizer: Any = None) -> None:
     )
 
 
-def non_finite_weights(model: Any) -> list[str]:
+def non_finite_weights(model: keras.Model) -> list[str]:
     """The paths of `model`'s float variables that hold a NaN or Inf (empty when all are finite).
 
     Example:
@@ -93,7 +93,7 @@ def listed(paths: list[str], most: int = 5) -> str:
     return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
-def check_finite_weights(model: Any, *, step: int, before_training: bool = False) -> None:
+def check_finite_weights(model: keras.Model, *, step: int, before_training: bool = False) -> None:
     """Raises `NonFiniteLossError` naming the variables of `model` that hold a NaN or Inf.
 
     Args:
