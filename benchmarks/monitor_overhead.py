@@ -101,7 +101,8 @@ def overhead(name: str, model, dataset, logdir: str, *, rounds: int, steps: int)
 def capture_seconds(model, dataset, logdir: str, *, captures: int = 3) -> list[float]:
     """Seconds each profiler capture adds to a run: the steps from the one that starts it (a window's
     last) to the one that stops and analyses it, less as many median steps."""
-    from tfopt.profiling.monitor import PROFILE_STEPS, Monitor
+    from tfopt.profiling.monitor import Monitor
+    from tfopt.profiling.training_capture import PROFILE_STEPS
 
     clock, monitor = Clock(), Monitor(every_steps=50, profile_every=1, logdir=logdir)
     model.fit(

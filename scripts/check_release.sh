@@ -31,8 +31,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tfopt-release.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 started=$SECONDS
 say() { echo "check_release [$((SECONDS - started))s]: $*"; }
-# Runs a command with its output in a log that is shown only when it fails (TensorFlow's C++ start-up
-# lines cannot be silenced), and prints the log's lines that match the extended regex $1.
+# Runs a command with its output in a log that is shown only when it fails (pip's and build's chatter,
+# TensorFlow's C++ start-up lines in the plain Python checks), and prints the log's lines that match the
+# extended regex $1.
 quietly() {
   local show=$1 log
   shift

@@ -222,7 +222,7 @@ def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     return plan.replace(dataset=dataset).record("xla", describe_dropped(dropped, plan.batch_size))
 
 
-def _copy_weights(source: Any, target: Any) -> None:
+def _copy_weights(source: keras.Model, target: keras.Model) -> None:
     weights = source.get_weights()
     if not target.weights:
         raise IncompatibleModelError(

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfopt.builder import Built
+    from tfopt.profiling.report import Report
 
 _log = logging.getLogger("tfopt")
 
@@ -95,7 +96,7 @@ class ApplyResult:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Any:
+    def report(self, *, price_per_hour: float | None = None, steps_per_epoch: int | None = None) -> Report:
         """The before/after report of an `apply(..., profile=True)` run; `.save("report.html")` writes it.
 
         Raises:
@@ -411,7 +412,7 @@ def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
     return changed
 
 
-def _kept_if_faster(built: Built, without: Any, recipes: list[str], ratios: tuple[float, ...]) -> Built:
+def _kept_if_faster(built: Built, without: Built, recipes: list[str], ratios: tuple[float, ...]) -> Built:
     """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
     median, low, high = spread(ratios)
     measured = (

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from tfopt.data.source import DataSource
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -94,7 +96,7 @@ class Plan:
     batch_size: int
     weights_from: Any = None
     compile_objects: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    source: Any = None
+    source: DataSource | None = None
     dtype_policy: str = "float32"
     strategy: str = "default"
     strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -152,7 +154,7 @@ def make_plan(
     hardware: Hardware,
     model_fn: Callable[[], Any] | None = None,
     compile: Mapping[str, Any] | None = None,
-    source: Any = None,
+    source: DataSource | None = None,
 ) -> Plan:
     """Turns the user's model and dataset into the first Plan, the honest baseline.
 

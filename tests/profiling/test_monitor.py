@@ -261,17 +261,21 @@ def test_an_error_in_another_callback_ends_the_monitor_at_the_next_fit_or_at_clo
     assert not hasattr(model.train_function, "tfopt_original")
 
 
-def test_tensorboard_callback_logdir_is_used(tmp_path):
-    monitor = Monitor(every_steps=4, hardware=Hardware())
-    make_model().fit(
-        steady_dataset(),
-        epochs=1,
-        steps_per_epoch=9,
-        verbose=0,
-        callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))],
-    )
+def test_a_tensorboard_callback_given_writes_into_its_train_run(tmp_path):
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    monitor = Monitor(tensorboard=board, every_steps=4, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0, callbacks=[monitor, board])
     assert monitor.logdir == tmp_path / "train"
     assert [step for step, _ in scalars(tmp_path / "train")["tfopt/steps_per_second"]] == [5, 9]
+    assert (tmp_path / "train" / "monitor.jsonl").is_file()
+
+
+def test_a_tensorboard_callback_not_given_is_not_looked_for(tmp_path):
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0, callbacks=[monitor, board])
+    assert monitor.logdir is None and len(monitor.records_of("window")) == 2
+    assert "tfopt/steps_per_second" not in scalars(tmp_path / "train")
 
 
 def test_mfu_and_memory_on_an_accelerator(monkeypatch):
@@ -395,6 +399,8 @@ def test_the_reports_training_figure_draws_the_alert_threshold_only_where_input_
         ({"alert_windows": 0}, "alert_windows=0"),
         ({"mfu_drop_fraction": 1.5}, "mfu_drop_fraction=1.5"),
         ({"on_alert": "chat"}, "not callable"),
+        ({"tensorboard": "logs"}, "tensorboard='logs' is not a keras.callbacks.TensorBoard"),
+        ({"logdir": "a", "tensorboard": keras.callbacks.TensorBoard("b")}, "got logdir='a' and tensorboard="),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, words):

@@ -16,8 +16,6 @@ from tfopt.hardware import Hardware
 from tfopt.profiling.monitor import MIN_WINDOW_STEPS
 from tfopt.run.training import WINDOWS_PER_RUN, _monitor, train_model
 
-NO_PROGRESS = SimpleNamespace(training_callbacks=lambda **kwargs: [])
-
 
 def built(fail_from_batch=None):
     """A tiny model and a stream of 4-feature batches of 8, as `tfopt.builder.build` returns them; batch
@@ -71,7 +69,7 @@ def test_windows_are_sized_to_the_run_with_a_floor(epochs, steps_per_epoch, ever
 
 
 def test_a_run_of_many_short_epochs_gets_its_windows(tmp_path):
-    record = train_model(built(), recipe(25, 2), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard")
+    record = train_model(built(), recipe(25, 2), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
     # 50 steps in epochs of 2: windows of 3 steps span the epochs' ends, after the untimed first step.
     assert [(window["step"], window["steps"]) for window in record["monitor"]] == [(1 + 3 * n, 3) for n in range(1, 17)]
     written = windows_in(tmp_path / "tensorboard" / "train" / "monitor.jsonl")
@@ -79,8 +77,8 @@ def test_a_run_of_many_short_epochs_gets_its_windows(tmp_path):
 
 
 def test_a_resumed_run_numbers_its_windows_on(tmp_path):
-    first = train_model(built(), recipe(2, 6), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard")
-    resumed = train_model(built(), recipe(4, 6), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard")
+    first = train_model(built(), recipe(2, 6), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
+    resumed = train_model(built(), recipe(4, 6), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
     assert resumed["resumed_from_step"] == 12
     # training.json keeps both attempts' windows: steps 4, 7, 10, then from 13 (untimed) on: 16, 19, 22.
     assert [window["step"] for window in first["monitor"]] == [4, 7, 10]
@@ -92,7 +90,7 @@ def test_a_resumed_run_numbers_its_windows_on(tmp_path):
 def test_a_failed_training_says_where_its_windows_are(tmp_path):
     model_and_data = built(fail_from_batch=20)
     with pytest.raises(TfoptError, match="the disk went away") as error:
-        train_model(model_and_data, recipe(5, 10), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard")
+        train_model(model_and_data, recipe(5, 10), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
     path = tmp_path / "tensorboard" / "train" / "monitor.jsonl"
     windows = windows_in(path)
     # Step 21's batch failed: the windows to step 19 (of 3 steps, after the untimed first) were kept.
@@ -102,8 +100,6 @@ def test_a_failed_training_says_where_its_windows_are(tmp_path):
 
 
 def test_only_the_chief_writes_the_monitor_files(tmp_path):
-    record = train_model(
-        built(), recipe(2, 6), tmp_path, NO_PROGRESS, tensorboard_dir=tmp_path / "tensorboard", chief=False
-    )
+    record = train_model(built(), recipe(2, 6), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard", chief=False)
     assert [window["step"] for window in record["monitor"]] == [4, 7, 10]
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "training.json").exists()

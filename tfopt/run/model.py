@@ -16,6 +16,7 @@ from tfopt.errors import DataError, RecipeFileError, TfoptError
 if TYPE_CHECKING:
     import keras
 
+    from tfopt.data.source import DataSource
     from tfopt.recipe_file.loader import RecipeFile
 
 
@@ -98,7 +99,7 @@ def compile_arguments(recipe: RecipeFile) -> dict[str, Any]:
     return {"optimizer": optimizer, "loss": recipe.train.loss, "metrics": list(recipe.train.metrics)}
 
 
-def _from_data(source: Any, inputs_spec: Any) -> dict[str, Any]:
+def _from_data(source: DataSource, inputs_spec: Any) -> dict[str, Any]:
     """The model arguments the data implies: its input shape, class count, sequence length and vocabulary."""
     derived: dict[str, Any] = {}
     shape = getattr(inputs_spec, "shape", None)

@@ -41,9 +41,13 @@ from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_di
 from tfopt.run.model import build_model, compile_arguments, create_model, prepare
 
 if TYPE_CHECKING:
+    import keras
+
+    from tfopt.auto.search import ProgressEvent
     from tfopt.builder import Built
     from tfopt.optimize import ApplyResult
     from tfopt.profiling.capture import Profile
+    from tfopt.profiling.report import Report
 
 _log = logging.getLogger("tfopt")
 
@@ -54,11 +58,11 @@ class Progress:
     def phase(self, description: str) -> None:
         """A new phase of the run begins (reading data, measuring, training, ...)."""
 
-    def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[Any]:
+    def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[keras.callbacks.Callback]:
         """Keras callbacks that show training progress; none by default."""
         return []
 
-    def tuning(self, event: Any) -> None:
+    def tuning(self, event: ProgressEvent) -> None:
         """A `tfopt.auto.ProgressEvent` of `recipes: auto` (a trial started or finished)."""
 
 
@@ -241,8 +245,20 @@ def _run_in(
             from tfopt.run.training import train_model
 
             progress.phase(f"training {recipe.train.epochs} epoch(s)")
+            train = recipe.train
+            # Only the chief shows progress (a bar is drawn as its callback is made).
+            shown = (
+                progress.training_callbacks(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch)
+                if cluster.is_chief
+                else []
+            )
             training = train_model(
-                built, recipe, run_dir, progress, tensorboard_dir=logdir(recipe, run_dir), chief=cluster.is_chief
+                built,
+                recipe,
+                run_dir,
+                shown,
+                tensorboard_dir=logdir(recipe, run_dir),
+                chief=cluster.is_chief,
             )
             if cluster.is_chief and training.get("monitor") and report_paths:
                 report = _with_training(written, training["monitor"], report_paths) or report
@@ -319,7 +335,7 @@ def _closed_on_failure(built: Built) -> Iterator[None]:
         raise
 
 
-def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, pathlib.Path]) -> dict | None:
+def _with_training(report: Report, windows: list[dict[str, Any]], paths: dict[str, pathlib.Path]) -> dict | None:
     """Writes the report again with the training's Monitor windows (its Training section and chart) and
     returns its numbers; None, with a warning, where it cannot be rendered (the measured report stays).
 
@@ -343,7 +359,7 @@ def _with_training(report: Any, windows: list[dict[str, Any]], paths: dict[str, 
     return report.to_dict()
 
 
-def _save(report: Any, paths: Any) -> None:
+def _save(report: Report, paths: dict[str, pathlib.Path]) -> None:
     """Writes the report in every format, each rendered before any file is replaced: the files never disagree."""
     rendered = {path: report.render(path) for path in paths}
     for path, text in rendered.items():

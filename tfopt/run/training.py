@@ -22,10 +22,18 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import TfoptError
 from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
+
+if TYPE_CHECKING:
+    import keras
+
+    from tfopt.builder import Built
+    from tfopt.profiling.monitor import Monitor
+    from tfopt.recipe_file.loader import RecipeFile
+    from tfopt.recipe_file.schema import TrainSection
 
 MULTI_PROCESS_STRATEGIES = ("multi_worker", "horovod")
 # The Monitor's windows over a run of known length: a curve in the report, not one point per step.
@@ -33,15 +41,21 @@ WINDOWS_PER_RUN = 20
 
 
 def train_model(
-    built: Any, recipe: Any, run_dir: pathlib.Path, progress: Any, *, tensorboard_dir: pathlib.Path, chief: bool = True
+    built: Built,
+    recipe: RecipeFile,
+    run_dir: pathlib.Path,
+    callbacks: list[keras.callbacks.Callback],
+    *,
+    tensorboard_dir: pathlib.Path,
+    chief: bool = True,
 ) -> dict[str, Any]:
     """Trains `built` for the recipe's epochs and returns what was trained (also saved as training.json).
 
     Args:
-        built: The optimized model, dataset and strategy (a `tfopt.builder.Built`).
+        built: The optimized model, dataset and strategy.
         recipe: The resolved recipe (its `train:` section).
         run_dir: The run directory; checkpoints go to `<run_dir>/checkpoints`.
-        progress: Supplies progress callbacks (`Progress.training_callbacks`).
+        callbacks: The caller's own callbacks (progress bars), after tfopt's.
         tensorboard_dir: Where the epoch scalars go (`<dir>/train`), and the Monitor's scalars and
             `monitor.jsonl`.
         chief: Whether this process writes the run's files.
@@ -59,9 +73,7 @@ def train_model(
         (`monitor.jsonl`), when there are any.
     """
     train = recipe.train
-    callbacks = progress.training_callbacks(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch) if chief else []
-    if chief:
-        callbacks.insert(0, scalar_summaries(tensorboard_dir / "train"))
+    callbacks = [scalar_summaries(tensorboard_dir / "train"), *callbacks] if chief else list(callbacks)
     checkpoints = run_dir / CHECKPOINTS_NAME
     monitor = None
     try:
@@ -101,7 +113,7 @@ def train_model(
     return record
 
 
-def _windows(monitor: Any) -> list[dict[str, Any]]:
+def _windows(monitor: Monitor) -> list[dict[str, Any]]:
     """The Monitor's window records as training.json keeps them."""
     return [
         {key: value for key, value in window.items() if key not in ("kind", "logs")}
@@ -109,7 +121,7 @@ def _windows(monitor: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
+def _epoch_records(path: pathlib.Path, monitor: Monitor | None) -> keras.callbacks.Callback:
     """A Keras callback keeping the run's whole record: the earlier attempts' epochs and Monitor windows up
     to where this attempt starts (what came after was trained again), then this attempt's. The chief
     adds it to training, and it writes training.json at every epoch end (`"complete": false`), so a killed
@@ -157,7 +169,7 @@ def _epoch_records(path: pathlib.Path, monitor: Any) -> Any:
     return EpochRecords()
 
 
-def _monitor(built: Any, train: Any, logdir: pathlib.Path | None) -> Any:
+def _monitor(built: Built, train: TrainSection, logdir: pathlib.Path | None) -> Monitor:
     """A `tfopt.Monitor` for the run's training: about `WINDOWS_PER_RUN` windows where the run's length is
     known, never under `MIN_WINDOW_STEPS` steps each, else its 30-second windows. It writes to `logdir`
     (beside the epoch scalars), or nowhere (None: not the chief)."""
@@ -168,7 +180,7 @@ def _monitor(built: Any, train: Any, logdir: pathlib.Path | None) -> Any:
     return Monitor(logdir=logdir, every_steps=every_steps, hardware=built.plan.hardware)
 
 
-def _windows_kept(monitor: Any) -> str:
+def _windows_kept(monitor: Monitor | None) -> str:
     """A failure message's pointer to the Monitor's windows recorded before it ('' where none was written)."""
     windows = monitor.records_of("window") if monitor is not None and monitor.logdir is not None else []
     if not windows:
@@ -179,7 +191,9 @@ def _windows_kept(monitor: Any) -> str:
     )
 
 
-def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: list[Any]) -> dict[str, Any]:
+def _distributed(
+    built: Built, train: TrainSection, checkpoints: pathlib.Path, callbacks: list[keras.callbacks.Callback]
+) -> dict[str, Any]:
     from tfopt.distribute import fit
     from tfopt.training import NonFiniteLossGuard
 
@@ -208,7 +222,7 @@ def _distributed(built: Any, train: Any, checkpoints: pathlib.Path, callbacks: l
     }
 
 
-def scalar_summaries(directory: pathlib.Path) -> Any:
+def scalar_summaries(directory: pathlib.Path) -> keras.callbacks.Callback:
     """A Keras callback writing each epoch's metrics as TensorBoard scalars, with TensorFlow alone.
 
     `keras.callbacks.TensorBoard` needs the `tensorboard` package for `tf.summary.scalar`, and
