@@ -153,7 +153,7 @@ def loss_deviation(reference: Sequence[float], losses: Sequence[float]) -> float
         )
     if not all(math.isfinite(value) for value in losses):
         return math.inf
-    scale = max(*(abs(ref) for ref in reference), 1e-12)
+    scale = max([*(abs(ref) for ref in reference), 1e-12])
     return max(abs(value - ref) for ref, value in zip(reference, losses)) / scale
 
 

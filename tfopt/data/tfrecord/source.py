@@ -123,7 +123,7 @@ class TFRecordSource(DataSource):
             records = file_names.interleave(
                 lambda name: tf.data.TFRecordDataset(name, compression_type=compression),
                 cycle_length=min(len(files), _MAX_CYCLE_LENGTH),
-                block_length=1 if request.shuffle else max(1, *(shard["records"] for shard in shards)),
+                block_length=1 if request.shuffle else max([1, *(shard["records"] for shard in shards)]),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
