@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfopt.builder import Built
+    from tfopt.data.source import DataSource
     from tfopt.profiling.report import Report
 
 _log = logging.getLogger("tfopt")
@@ -209,7 +210,7 @@ def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
 
 def apply(
     model: keras.Model,
-    dataset: tf.data.Dataset,
+    dataset: tf.data.Dataset | DataSource,
     recipes: str | Recipe | Sequence[Any] = "default",
     *,
     model_fn: Callable[[], Any] | None = None,
@@ -485,7 +486,7 @@ def _profiled(
     return dataclasses.replace(profiled, served_bytes_per_batch=built.plan.data_service.batch_bytes)
 
 
-def _is_source(dataset: tf.data.Dataset) -> bool:
+def _is_source(dataset: tf.data.Dataset | DataSource) -> bool:
     import tensorflow as tf
 
     return not isinstance(dataset, tf.data.Dataset) and callable(getattr(dataset, "pipeline", None))

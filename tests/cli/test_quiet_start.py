@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import os
 import subprocess
 import sys
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tfopt.cli.quiet_start import startup_noise
+from tfopt.cli.quiet_start import forward_without_noise, startup_noise, tensorflow_started_quietly
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOG_RECORD = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages before absl")
@@ -39,6 +41,61 @@ def test_a_cpu_machines_start_up_is_all_noise():
 def test_a_failed_cuinit_where_a_driver_is_installed_is_kept():
     """The driver is there (TensorFlow did not say it found none), so a failed cuInit is the user's problem."""
     assert startup_noise(GPU_MACHINE) == [True, False, False]
+
+
+def test_level_3_drops_errors_too_and_python_lines_end_a_dropped_record():
+    lines = [
+        "I0000 00:00:1795703181.6  10864 cpu_feature_guard.cc:227] This TensorFlow binary is optimized",
+        "WARNING:tensorflow:From a Python module: a deprecation",
+        "E0000 00:00:1795703181.7  10864 some_kernel.cc:1] a real error",
+    ]
+    assert startup_noise(lines) == [True, False, False]
+    assert startup_noise(lines, min_level=3) == [True, False, True]
+
+
+def test_the_filter_passes_lines_on_as_they_come():
+    for machine, shown in ((CPU_MACHINE, []), (GPU_MACHINE, GPU_MACHINE[1:])):
+        source, sink = io.StringIO("\n".join(machine) + "\n"), io.StringIO()
+        forward_without_noise(source, sink, min_level=2)
+        assert sink.getvalue().splitlines() == shown
+
+
+STAND_IN = """
+import os
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+os.write(2, b"I0000 00:00:1.5  7 port.cc:153] oneDNN custom operations are on.\\n")
+os.write(2, b"E0000 00:00:1.6  7 kernel.cc:9] a real error\\n")
+
+
+class config:
+    @staticmethod
+    def list_physical_devices():
+        os.write(2, b"I0000 00:00:1.7  7 cudart_stub.cc:31] Could not find cuda drivers on your machine\\n")
+        os.write(2, b"E0000 00:00:1.8  7 cuda_platform.cc:52] failed call to cuInit: INTERNAL\\n")
+"""
+
+
+def test_the_first_import_runs_through_the_filter_and_leaves_its_loader_as_it_was(tmp_path, monkeypatch, capfd):
+    """A stand-in for TensorFlow that writes to descriptor 2 as TensorFlow's C++ start-up does."""
+    (tmp_path / "tfopt_stand_in.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.delitem(sys.modules, "tfopt_stand_in", raising=False)
+    with tensorflow_started_quietly("tfopt_stand_in"):
+        module = importlib.import_module("tfopt_stand_in")
+        assert not any(type(finder).__name__ == "_QuietTensorFlowFinder" for finder in sys.meta_path)
+    assert capfd.readouterr().err.splitlines() == ["E0000 00:00:1.6  7 kernel.cc:9] a real error"]
+    assert type(module.__loader__).__name__ == "SourceFileLoader" and module.__spec__.loader is module.__loader__
+
+
+def test_nothing_is_filtered_where_the_user_asks_for_tensorflows_logs(tmp_path, monkeypatch, capfd):
+    (tmp_path / "tfopt_stand_in.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    monkeypatch.delitem(sys.modules, "tfopt_stand_in", raising=False)
+    with tensorflow_started_quietly("tfopt_stand_in"):
+        importlib.import_module("tfopt_stand_in")
+    assert len(capfd.readouterr().err.splitlines()) == 3  # config was not called: only the import's lines
 
 
 def _stderr_of(command: list[str], **env: str) -> str:

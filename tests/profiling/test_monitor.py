@@ -270,6 +270,44 @@ def test_a_tensorboard_callback_given_writes_into_its_train_run(tmp_path):
     assert (tmp_path / "train" / "monitor.jsonl").is_file()
 
 
+def test_a_tensorboard_callback_that_writes_every_n_steps_does_not_gate_the_monitors_scalars(tmp_path):
+    """Keras' TensorBoard(update_freq=N) leaves record_if(step % N == 0) in force for the whole fit."""
+    board = keras.callbacks.TensorBoard(str(tmp_path), update_freq=100)
+    monitor = Monitor(tensorboard=board, every_steps=4, hardware=Hardware())
+    make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=9, verbose=0, callbacks=[monitor, board])
+    assert [step for step, _ in scalars(tmp_path / "train")["tfopt/steps_per_second"]] == [5, 9]
+
+
+WITHOUT_TENSORBOARD = """
+import sys
+sys.modules["tensorboard"] = None  # TensorFlow 2.21 does not install it: importing it fails
+import keras, numpy as np, tensorflow as tf
+from tfopt.hardware import Hardware
+from tfopt.profiling.monitor import Monitor
+
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones((64, 1), "float32"))).batch(8)
+monitor = Monitor(logdir=sys.argv[1], every_steps=3, hardware=Hardware())
+model.fit(data.repeat(), epochs=1, steps_per_epoch=7, verbose=0, callbacks=[monitor])
+print("WINDOWS", len(monitor.records_of("window")))
+"""
+
+
+@pytest.mark.slow
+def test_the_monitor_writes_its_scalars_without_the_tensorboard_package(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TENSORBOARD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "WINDOWS 2" in completed.stdout
+    assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [4, 7]
+
+
 def test_a_tensorboard_callback_not_given_is_not_looked_for(tmp_path):
     monitor = Monitor(every_steps=4, hardware=Hardware())
     board = keras.callbacks.TensorBoard(str(tmp_path))

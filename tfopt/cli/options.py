@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 
-from tfopt.cli.quiet_start import startup_noise, wants_tensorflow_logs
+from tfopt.cli.quiet_start import min_log_level, startup_noise, wants_tensorflow_logs
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -37,7 +37,7 @@ def worker_line(line: str) -> None:
     """Shows a worker's output line, except TensorFlow's INFO and WARNING lines (each worker leaves out its
     own start-up noise; these are the lines a worker's libraries log later, below tfopt's default level)."""
     text = re.sub(r"^\[worker \d+\] ", "", line)
-    if wants_tensorflow_logs() or not startup_noise([text])[0]:
+    if wants_tensorflow_logs() or not startup_noise([text], min_log_level())[0]:
         print(line, file=sys.stderr, flush=True)
 
 

@@ -185,7 +185,10 @@ def _xprof_tool(xplane: str | Path, tool: str) -> list[dict[str, Any]]:
     try:
         from xprof.convert import raw_to_tool_data
     except ImportError as error:
-        raise MeasurementError(f"xprof is not installed ({error}); pip install tfopt[profile].") from error
+        raise MeasurementError(
+            f"xprof is not installed ({error}); install tfopt's profile extra "
+            '(pip install -e ".[profile]" in a clone) or pip install xprof.'
+        ) from error
     try:
         data, _ = raw_to_tool_data.xspace_to_tool_data([str(xplane)], tool, {})
     except Exception as error:

@@ -384,7 +384,7 @@ def _check_model(model: keras.Model) -> None:
         )
 
 
-def _check_dataset(dataset: tf.data.Dataset) -> tuple[int | None, int]:
+def _check_dataset(dataset: object) -> tuple[int | None, int]:
     """Returns (batches per epoch where known, batch size); rejects datasets that cannot be profiled."""
     import tensorflow as tf
 

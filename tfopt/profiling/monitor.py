@@ -48,6 +48,7 @@ import keras
 from tfopt.errors import RecipeConfigError
 from tfopt.profiling.alerts import AlertRules
 from tfopt.profiling.metrics import CPU_NOTE
+from tfopt.profiling.scalars import write_scalars
 from tfopt.profiling.throughput import MIN_WINDOW_STEPS, Throughput
 from tfopt.profiling.timing import read_loss
 from tfopt.profiling.training_capture import ProfilerCapture
@@ -119,8 +120,6 @@ class Monitor(keras.callbacks.Callback):
             raise RecipeConfigError(f"Monitor: on_alert={on_alert!r} is not callable; pass a function taking an Alert.")
         self.logdir = _logdir(logdir, tensorboard)
         self._meter = Throughput(window_seconds=window_seconds, every_steps=every_steps, flops_per_step=flops_per_step)
-        self.window_seconds = window_seconds
-        self.every_steps = every_steps
         self.rules = AlertRules(alert_windows=alert_windows, mfu_drop_fraction=mfu_drop_fraction)
         self.on_alert = on_alert
         self.profile_every = profile_every
@@ -138,6 +137,18 @@ class Monitor(keras.callbacks.Callback):
     def flops_per_step(self) -> float | None:
         """Model FLOPs of one step: as given, else counted at the first step (accelerators only)."""
         return self._meter.flops_per_step
+
+    @flops_per_step.setter
+    def flops_per_step(self, flops: float | None) -> None:
+        self._meter.flops_per_step = flops
+
+    @property
+    def window_seconds(self) -> float:
+        return self._meter.window_seconds
+
+    @property
+    def every_steps(self) -> int | None:
+        return self._meter.every_steps
 
     # --- Keras hooks (all in the training thread) ---
 
@@ -436,17 +447,20 @@ class _RecordWriter:
         self._jsonl = (logdir / "monitor.jsonl").open("a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
-        import tensorflow as tf
-
         self._jsonl.write(json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n")
         self._jsonl.flush()
         if record["kind"] not in ("window", "profile"):
             return
         prefix = PREFIX if record["kind"] == "window" else PREFIX + "profile/"
-        with self._summaries.as_default(step=record["step"]):
-            for name, value in record.items():
-                if name not in ("step", "steps", "kind") and isinstance(value, (int, float)):
-                    tf.summary.scalar(prefix + name, value)
+        with self._summaries.as_default():
+            write_scalars(
+                {
+                    prefix + name: value
+                    for name, value in record.items()
+                    if name not in ("step", "steps", "kind") and isinstance(value, (int, float))
+                },
+                step=record["step"],
+            )
         self._summaries.flush()
 
     def close(self) -> None:

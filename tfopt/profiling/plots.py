@@ -256,5 +256,8 @@ def _figure(height: float) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError("Report figures need matplotlib: pip install tfopt[profile].") from error
+        raise ImportError(
+            "Report figures need matplotlib: install tfopt's profile extra "
+            '(pip install -e ".[profile]" in a clone) or pip install matplotlib.'
+        ) from error
     return Figure(figsize=(8.0, height))

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from tfopt.plan import Plan
     from tfopt.profiling.breakdown import StepBreakdown
     from tfopt.profiling.diagnose import Diagnosis
+    from tfopt.profiling.hotspots import Hotspots
     from tfopt.profiling.measurement import Measurement
     from tfopt.profiling.sampler import Samples
     from tfopt.profiling.timing import StepTimes
@@ -132,6 +133,9 @@ class ReportedProfile(Protocol):
 
     @property
     def logdir(self) -> Path: ...
+
+    @property
+    def hotspots(self) -> Hotspots | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

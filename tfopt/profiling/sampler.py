@@ -200,7 +200,7 @@ class DeviceSampler:
             if self.use_nvml:
                 raise ImportError(
                     "DeviceSampler(use_nvml=True) needs NVML's Python bindings: "
-                    "pip install nvidia-ml-py (or tfopt[profile])."
+                    "pip install nvidia-ml-py (or install tfopt's profile extra)."
                 ) from None
             return None
         try:

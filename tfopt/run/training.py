@@ -225,15 +225,13 @@ def _distributed(
 def scalar_summaries(directory: pathlib.Path) -> keras.callbacks.Callback:
     """A Keras callback writing each epoch's metrics as TensorBoard scalars, with TensorFlow alone.
 
-    `keras.callbacks.TensorBoard` needs the `tensorboard` package for `tf.summary.scalar`, and
-    TensorFlow 2.21 no longer installs it: training would fail with TBNotInstalledError. Core
-    `tf.summary.write` with the scalars plugin's metadata writes the same event records.
+    Not `keras.callbacks.TensorBoard`: it needs the `tensorboard` package, which TensorFlow 2.21 no longer
+    installs (`tfopt.profiling.scalars`).
     """
     import keras
     import tensorflow as tf
-    from tensorflow.core.framework import summary_pb2
 
-    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    from tfopt.profiling.scalars import write_scalars
 
     class ScalarSummaries(keras.callbacks.Callback):
         def __init__(self) -> None:
@@ -242,8 +240,7 @@ def scalar_summaries(directory: pathlib.Path) -> keras.callbacks.Callback:
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             with self.writer.as_default():
-                for name, value in (logs or {}).items():
-                    tf.summary.write(f"epoch_{name}", tf.constant(float(value)), step=epoch, metadata=metadata)
+                write_scalars({f"epoch_{name}": value for name, value in (logs or {}).items()}, step=epoch)
             self.writer.flush()
 
         def on_train_end(self, logs: dict | None = None) -> None:
