@@ -52,7 +52,9 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
         assert {first, middle, last, f"({model.optimizer.name})", "(compile_loss)"} <= set(names)
         assert not any(name.startswith("(") for name in names[:3])  # Keras layers before other scopes
         heavy, light = (next(layer for layer in table.layers if layer.layer == name) for name in (middle, last))
-        assert heavy.seconds_per_step > 5 * light.seconds_per_step and heavy.share_of_device > 0.25
+        # The light layer's time is mostly its ops' fixed cost on a CPU: far from the FLOPs' ratio, and a loaded
+        # 2-core host has read it at 4.9x.
+        assert heavy.seconds_per_step > 3 * light.seconds_per_step and heavy.share_of_device > 0.25
         assert heavy.matmul_share > 0.7 and 0.3 < heavy.backward_share < 0.95
         if device == "CPU":
             assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
