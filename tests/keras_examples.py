@@ -138,3 +138,211 @@ def lstm_forecaster(count=64, batch_size=16):
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.001), loss=my_loss)
     series = np.random.default_rng(0).random((count, 12, 5), dtype=np.float32)
     return model, tf.data.Dataset.from_tensor_slices((series, series[:, -1, :1])).batch(batch_size)
+
+
+def imbalanced_classifier(count=64, batch_size=16):
+    """keras-io imbalanced_classification and melanoma: metrics holding enums (AUC's curve and summation
+    method), confusion-matrix counters and thresholds."""
+    model = keras.Sequential(
+        [keras.Input(shape=(6,)), layers.Dense(8, activation="relu"), layers.Dropout(0.3), layers.Dense(1, "sigmoid")]
+    )
+    metrics = [
+        keras.metrics.FalseNegatives(name="fn"),
+        keras.metrics.Precision(name="precision"),
+        keras.metrics.Recall(name="recall"),
+        keras.metrics.AUC(name="auc"),
+        keras.metrics.AUC(name="prc", curve="PR"),
+    ]
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy", metrics=metrics)
+    rng = np.random.default_rng(0)
+    features = rng.random((count, 6), dtype=np.float32)
+    labels = (features[:, 0] > 0.8).astype("float32")
+    return model, tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size)
+
+
+class ConditionalGAN(keras.Model):
+    """keras-io conditional_gan: its own compile(d_optimizer, g_optimizer, loss_fn), two optimizers held as
+    attributes, a seed generator, a metrics property and a train_step that calls its parts; no call()."""
+
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = latent_dim
+        self.seed_generator = keras.random.SeedGenerator(1337)
+        self.gen_loss_tracker = keras.metrics.Mean(name="generator_loss")
+        self.disc_loss_tracker = keras.metrics.Mean(name="discriminator_loss")
+
+    @property
+    def metrics(self):
+        return [self.gen_loss_tracker, self.disc_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = loss_fn
+
+    def train_step(self, data):
+        real_images, one_hot_labels = data
+        image_labels = ops.repeat(one_hot_labels[:, None, None, :], repeats=4 * 4, axis=1)
+        image_labels = ops.reshape(image_labels, (-1, 4, 4, 2))
+        batch_size = ops.shape(real_images)[0]
+        latent = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        generated = self.generator(ops.concatenate([latent, one_hot_labels], axis=1))
+        combined = ops.concatenate(
+            [ops.concatenate([generated, image_labels], -1), ops.concatenate([real_images, image_labels], -1)], axis=0
+        )
+        labels = ops.concatenate([ops.ones((batch_size, 1)), ops.zeros((batch_size, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        latent = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            fake = self.generator(ops.concatenate([latent, one_hot_labels], axis=1))
+            g_loss = self.loss_fn(
+                ops.zeros((batch_size, 1)), self.discriminator(ops.concatenate([fake, image_labels], -1))
+            )
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.gen_loss_tracker.update_state(g_loss)
+        self.disc_loss_tracker.update_state(d_loss)
+        return {"g_loss": self.gen_loss_tracker.result(), "d_loss": self.disc_loss_tracker.result()}
+
+
+def conditional_gan(count=32, batch_size=8, latent_dim=4):
+    """Images of 4x4x1 with one-hot labels of 2 classes."""
+    discriminator = keras.Sequential(
+        [
+            keras.Input((4, 4, 3)),
+            layers.Conv2D(4, 3, padding="same"),
+            layers.LeakyReLU(0.2),
+            layers.Flatten(),
+            layers.Dense(1),
+        ],
+        name="discriminator",
+    )
+    generator = keras.Sequential(
+        [keras.Input((latent_dim + 2,)), layers.Dense(16), layers.LeakyReLU(0.2), layers.Reshape((4, 4, 1))],
+        name="generator",
+    )
+    model = ConditionalGAN(discriminator, generator, latent_dim)
+    model.compile(
+        d_optimizer=keras.optimizers.Adam(learning_rate=0.0003),
+        g_optimizer=keras.optimizers.Adam(learning_rate=0.0003),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    rng = np.random.default_rng(0)
+    images = rng.random((count, 4, 4, 1), dtype=np.float32)
+    labels = np.eye(2, dtype="float32")[rng.integers(0, 2, count)]
+    return model, tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
+
+
+class Distiller(keras.Model):
+    """keras-io knowledge_distillation: compile(optimizer, metrics, student_loss_fn, ...) and a compute_loss
+    override without the `training` argument, a teacher model held as an attribute."""
+
+    def __init__(self, student, teacher):
+        super().__init__()
+        self.teacher = teacher
+        self.student = student
+
+    def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1, temperature=3):
+        super().compile(optimizer=optimizer, metrics=metrics)
+        self.student_loss_fn = student_loss_fn
+        self.distillation_loss_fn = distillation_loss_fn
+        self.alpha = alpha
+        self.temperature = temperature
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, allow_empty=False):
+        teacher_pred = self.teacher(x, training=False)
+        student_loss = self.student_loss_fn(y, y_pred)
+        distillation_loss = self.distillation_loss_fn(
+            ops.softmax(teacher_pred / self.temperature, axis=1), ops.softmax(y_pred / self.temperature, axis=1)
+        ) * (self.temperature**2)
+        return self.alpha * student_loss + (1 - self.alpha) * distillation_loss
+
+    def call(self, x):
+        return self.student(x)
+
+
+def distiller(count=32, batch_size=8):
+    teacher = keras.Sequential(
+        [keras.Input((6,)), layers.Dense(16, activation="relu"), layers.Dense(3)], name="teacher"
+    )
+    student = keras.Sequential([keras.Input((6,)), layers.Dense(4, activation="relu"), layers.Dense(3)], name="student")
+    model = Distiller(student=student, teacher=teacher)
+    model.compile(
+        optimizer=keras.optimizers.Adam(),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        distillation_loss_fn=keras.losses.KLDivergence(),
+        alpha=0.1,
+        temperature=10,
+    )
+    rng = np.random.default_rng(0)
+    features = rng.random((count, 6), dtype=np.float32)
+    return model, tf.data.Dataset.from_tensor_slices((features, rng.integers(0, 3, count).astype("int32"))).batch(
+        batch_size
+    )
+
+
+def custom_standardization(input_data):
+    """keras-io text_classification_from_scratch: an unregistered function in TextVectorization's config."""
+    lowercase = tf.strings.lower(input_data)
+    stripped_html = tf.strings.regex_replace(lowercase, "<br />", " ")
+    return tf.strings.regex_replace(stripped_html, "[!\"#$%&'()*+,-./:;<=>?@\\[\\\\\\]^_`{|}~]", "")
+
+
+def end_to_end_text_classifier(count=32, batch_size=8):
+    """keras-io text_classification_from_scratch: a model trained on vectorized text, then an end-to-end model
+    of raw strings made by calling the adapted TextVectorization and that model."""
+    words = ["Great film!", "awful<br />plot", "A fine cast.", "dull, slow", "loved it", "not again"]
+    texts = np.array([f"{words[index % 6]} {words[(index * 5) % 6]}" for index in range(count)])
+    labels = np.array([index % 2 for index in range(count)], "float32")
+    vectorize_layer = layers.TextVectorization(
+        standardize=custom_standardization, max_tokens=40, output_mode="int", output_sequence_length=6
+    )
+    vectorize_layer.adapt(texts)
+    inputs = keras.Input(shape=(None,), dtype="int64")
+    x = layers.GlobalMaxPooling1D()(layers.Embedding(40, 4)(inputs))
+    model = keras.Model(inputs, layers.Dense(1, activation="sigmoid", name="predictions")(x))
+    model.compile(loss="binary_crossentropy", optimizer="adam", metrics=["accuracy"])
+    raw = tf.data.Dataset.from_tensor_slices((texts[:, None], labels)).batch(batch_size)
+    inputs = keras.Input(shape=(1,), dtype="string")
+    end_to_end = keras.Model(inputs, model(vectorize_layer(inputs)))
+    end_to_end.compile(loss="binary_crossentropy", optimizer="adam", metrics=["accuracy"])
+    return end_to_end, raw
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning-rate schedule of the user's own, without get_config."""
+
+    def __init__(self, peak, warmup_steps):
+        self.peak = peak
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        return self.peak * ops.minimum(1.0, (ops.cast(step, "float32") + 1.0) / self.warmup_steps)
+
+
+class ClippedSGD(keras.optimizers.SGD):
+    """An optimizer subclass with a setting of its own that its (inherited) get_config leaves out."""
+
+    def __init__(self, clip, **kwargs):
+        super().__init__(clipvalue=clip, **kwargs)
+        self.clip = clip
+
+
+def custom_optimizer_classifier(count=32, batch_size=8):
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax")(layers.Dense(8, activation="relu")(inputs)))
+    model.compile(
+        optimizer=ClippedSGD(0.5, learning_rate=WarmupSchedule(0.1, 3)), loss="sparse_categorical_crossentropy"
+    )
+    rng = np.random.default_rng(0)
+    features = rng.random((count, 6), dtype=np.float32)
+    return model, tf.data.Dataset.from_tensor_slices((features, rng.integers(0, 3, count).astype("int32"))).batch(
+        batch_size
+    )

@@ -143,18 +143,19 @@ def test_sequential_without_input_that_was_never_called(cpu_hardware):
     assert np.isfinite(built.model.fit(make_images(), epochs=1, verbose=0).history["loss"][0])
 
 
-def test_a_copy_that_fails_names_the_model_and_the_model_fn_fix(cpu_hardware, monkeypatch):
-    import tfopt.model_copy
+def test_a_copy_that_fails_names_the_model_and_the_model_fn_fix(cpu_hardware):
+    class NeedsItsUnits(keras.layers.Dense):
+        """A layer whose __new__ takes an argument: no empty instance of it can be made."""
 
-    user_model = make_cnn()
-    plan = make_plan(user_model, make_images(), hardware=cpu_hardware)
+        def __new__(cls, units, **kwargs):
+            return super().__new__(cls, units, **kwargs)
 
-    def broken(*_, **__):
-        raise TypeError("cannot copy this object")
-
-    monkeypatch.setattr(tfopt.model_copy, "_shells", broken)
+    inputs = keras.Input((12, 12, 3))
+    outputs = NeedsItsUnits(3, activation="softmax")(keras.layers.GlobalAveragePooling2D()(inputs))
+    user_model = keras.Model(inputs, outputs, name="tiny_cnn")
+    user_model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     with pytest.raises(IncompatibleModelError) as caught:
-        build(plan)
+        build(make_plan(user_model, make_images(), hardware=cpu_hardware))
     message = str(caught.value)
-    assert "could not copy your model 'tiny_cnn' (TypeError: cannot copy this object)" in message
+    assert "could not copy your model 'tiny_cnn' (TypeError: " in message and "'units'" in message
     assert "model_fn=" in message and "model_fn raised" not in message

@@ -2,6 +2,8 @@
 in 16 bits kept float32, the user's class, loss and weights, every element structure fit takes, and mixed
 precision kept only where it measured faster."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -11,9 +13,9 @@ import tfopt
 from tests import keras_examples
 from tfopt.builder import build
 from tfopt.fidelity import TOLERANCE, agreement, outcome
-from tfopt.optimize import _kept_if_faster
 from tfopt.plan import make_plan
 from tfopt.policies import set_dtype_policy
+from tfopt.verdict import candidates, decided
 
 BUILD_ONLY = dict(measure_speed=False)
 
@@ -87,22 +89,31 @@ def test_unregistered_custom_loss_is_the_users_own_and_gives_the_same_loss(cpu_h
     assert outcome(built.model, batch).loss == outcome(user, batch).loss
 
 
+def measured_as(setups, **examples_per_second):
+    """A side-by-side measurement of `setups` whose rounds read the examples/s given per setup name."""
+    from tfopt.profiling.measurement import SideBySide
+
+    rounds = tuple(tuple(examples_per_second[name.replace(" ", "_")]) for name in setups.setups)
+    return SideBySide(measurements=(None,) * len(rounds), rounds=rounds)
+
+
 def test_kept_only_where_faster_beyond_noise(cpu_hardware):
     user, data = keras_examples.lstm_forecaster()
     plan = make_plan(user, data, hardware=cpu_hardware)
     with_bf16 = build(plan.replace(dtype_policy="mixed_bfloat16").record("mixed_precision", "mixed_bfloat16"))
-    without = build(plan.record("data_pipeline", "tuned"))
-    slower = _kept_if_faster(with_bf16, without, ["mixed_precision"], (0.71, 0.65, 0.78, 0.74))
-    assert slower.model is without.model and slower.plan.dtype_policy == "float32"
-    step = slower.plan.applied[-1]
+    setups = candidates(build(plan), with_bf16, frozenset({"mixed_precision"}))
+    assert list(setups.setups) == ["before", "your numerics", "after"] and setups.numerics == ("mixed_precision",)
+    ones = (1.0, 1.0, 1.0, 1.0)
+    slower = decided(setups, measured_as(setups, before=ones, your_numerics=ones, after=(0.71, 0.65, 0.78, 0.74)))
+    assert slower.chosen == "your numerics" and slower.built.model is setups.setups["your numerics"].model
+    assert slower.built.plan.dtype_policy == "float32"
+    step = slower.built.plan.applied[-1]
     assert step.skipped and "measured 0.72x [0.65-0.78] over 4 rounds" in step.detail and step.detail.endswith("slower")
-    assert [s.recipe for s in slower.plan.applied] == ["data_pipeline", "mixed_precision"]
-    noisy = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.05, 0.97, 1.12))
-    assert noisy.model is without.model and noisy.plan.applied[-1].detail.endswith("within noise")
-    faster = _kept_if_faster(with_bf16, without, ["mixed_precision"], (1.3, 1.2, 1.4))
-    assert faster.model is with_bf16.model and "kept: measured 1.30x [1.20-1.40] over 3 rounds" in str(
-        faster.plan.applied[-1]
-    )
+    noisy = decided(setups, measured_as(setups, before=ones, your_numerics=ones, after=(1.05, 0.97, 1.12, 1.0)))
+    assert noisy.chosen == "your numerics" and noisy.built.plan.applied[-1].detail.endswith("within noise")
+    faster = decided(setups, measured_as(setups, before=ones, your_numerics=ones, after=(1.3, 1.2, 1.4, 1.3)))
+    assert faster.built.model is with_bf16.model and faster.built.plan.dtype_policy == "mixed_bfloat16"
+    assert "kept: measured 1.30x [1.20-1.40] over 4 rounds" in str(faster.built.plan.applied[-1])
 
 
 def test_summary_gives_the_spread_and_says_within_noise(cpu_hardware):
@@ -159,21 +170,25 @@ def test_nan_inputs_are_refused_before_anything_is_measured(cpu_hardware):
 
 
 def test_a_left_out_recipe_gives_back_the_measured_setup_without_it(cpu_hardware, monkeypatch):
-    """Whatever the timing says, the result is the setup that was measured: forced slower here."""
+    """Whatever the timing says, the result is the setup that was measured: bf16 forced slower here, the
+    pipeline rewrite faster."""
     import tfopt.optimize
 
-    measured = tfopt.optimize._kept_if_faster
-    monkeypatch.setattr(
-        tfopt.optimize,
-        "_kept_if_faster",
-        lambda built, without, recipes, ratios: measured(built, without, recipes, tuple(0.5 for _ in ratios)),
-    )
+    real = tfopt.optimize.decided
+
+    def timed(setups, measured):
+        rounds = [len(measured.rounds[0]) * [1.0 if name in ("before", "after") else 2.0] for name in setups.setups]
+        return real(setups, dataclasses.replace(measured, rounds=tuple(map(tuple, rounds))))
+
+    monkeypatch.setattr(tfopt.optimize, "decided", timed)
     user, data = keras_examples.lstm_forecaster()
     result = tfopt.apply(user, data, hardware=cpu_hardware, steps=6, warmup_steps=1)
     assert result.plan.dtype_policy == "float32" and not result.plan.jit_compile
     assert all(layer.compute_dtype == "float32" for layer in result.model._flatten_layers())
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert step.skipped and "measured 0.50x [0.50-0.50] over 3 rounds" in step.detail
+    pipeline = next(step for step in result.plan.applied if step.recipe == "data_pipeline")
+    assert not pipeline.skipped and "kept: measured 2.00x [2.00-2.00] over 3 rounds" in pipeline.detail
     assert len(result.speedup_rounds) == 3 and result.dataset is not data  # the tuned pipeline stays
 
 

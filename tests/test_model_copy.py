@@ -1,11 +1,15 @@
 """copy_model keeps what a config round trip loses: the class and its train_step, adapted lookups, custom
 layers without get_config, and the weights; the user's model is never touched."""
 
+import enum
+import threading
+
 import keras
 import numpy as np
 import pytest
 
 from tests import keras_examples
+from tfopt.errors import IncompatibleModelError
 from tfopt.model_copy import copy_keras_object, copy_model
 
 
@@ -17,13 +21,13 @@ def test_subclassed_model_with_its_own_train_step_keeps_its_class_weights_and_me
     user, images = keras_examples.vae()
     before = values(user)
     twin = copy_model(user)
-    assert type(twin) is keras_examples.VAE and not twin.compiled
+    assert type(twin) is keras_examples.VAE and twin.compiled  # what compile() made comes along, copied
+    assert type(twin.optimizer) is type(user.optimizer) and twin.optimizer is not user.optimizer
     assert [metric.name for metric in twin.metrics] == ["total_loss", "kl_loss"]
     assert len(twin.weights) == len(user.weights) > 0
     assert all(a is not b for a, b in zip(twin.weights, user.weights))
     for mine, theirs in zip(twin.get_weights(), before):
         np.testing.assert_array_equal(mine, theirs)
-    twin.compile(optimizer=keras.optimizers.Adam())
     history = twin.fit(images, epochs=1, verbose=0).history
     assert sorted(history) == ["kl_loss", "loss"]  # the user's train_step ran, with its own metrics
     assert any(not np.array_equal(a, b) for a, b in zip(twin.get_weights(), before))
@@ -61,3 +65,154 @@ def test_copied_metric_has_its_own_state():
     twin = copy_keras_object(metric)
     twin.update_state([9.0])
     assert float(metric.result()) == pytest.approx(3.0) and float(twin.result()) == pytest.approx(5.0)
+
+
+# The override shapes users write, and what Python's copy protocol says of the objects a model holds.
+
+
+class Scaled(keras.layers.Layer):
+    """Holds a bound method of its own and a helper object: both as users write them."""
+
+    def __init__(self, helper=None, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = keras.Variable(2.0, trainable=False)
+        self.transform = self.times_scale  # a method bound to this layer, kept as an attribute
+        self.helper = helper
+
+    def times_scale(self, inputs):
+        return inputs * self.scale
+
+    def call(self, inputs):
+        return self.transform(inputs)
+
+
+def test_a_lambda_closure_over_a_layer_calls_the_copy_of_that_layer():
+    dense = keras.layers.Dense(2)
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Lambda(lambda tensor: dense(tensor) * 2.0)(inputs)
+    user = keras.Model(inputs, outputs)
+    twin = copy_model(user)
+    held = twin.layers[1].function.__closure__[0].cell_contents
+    assert type(held) is keras.layers.Dense and held is not dense
+    x = np.ones((2, 3), "float32")
+    np.testing.assert_array_equal(twin(x), user(x))
+    held.kernel.assign(held.kernel * 0.0)  # the copy's layer moves, the user's does not
+    assert np.all(twin(x).numpy() == 0.0) and np.any(user(x).numpy() != 0.0)
+
+
+def test_a_method_bound_to_a_layer_is_bound_to_its_copy():
+    inputs = keras.Input((3,))
+    user = keras.Model(inputs, Scaled(name="scaled")(inputs))
+    twin = copy_model(user)
+    layer = twin.get_layer("scaled")
+    assert layer.transform.__self__ is layer and layer.transform.__func__ is Scaled.times_scale
+    layer.scale.assign(5.0)
+    np.testing.assert_array_equal(twin(np.ones((1, 3), "float32")), [[5.0, 5.0, 5.0]])
+    np.testing.assert_array_equal(user(np.ones((1, 3), "float32")), [[2.0, 2.0, 2.0]])
+
+
+class SharedTokenizer:
+    """A helper the user wants shared: its __deepcopy__ says so."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Mode(enum.Enum):
+    FAST = 1
+
+
+class Slotted:
+    __slots__ = ("mode", "scale")
+
+    def __init__(self):
+        self.mode = Mode.FAST
+        self.scale = [1.0, 2.0]
+
+
+def test_objects_follow_their_copy_protocol_shared_enums_and_slots():
+    inputs = keras.Input((3,))
+    helper = SharedTokenizer()
+    user = keras.Model(inputs, Scaled(helper=helper, name="scaled")(inputs))
+    user.settings = Slotted()
+    twin = copy_model(user)
+    assert twin.get_layer("scaled").helper is helper  # its __deepcopy__ returns itself
+    assert twin.settings is not user.settings and twin.settings.mode is Mode.FAST
+    assert twin.settings.scale == [1.0, 2.0] and twin.settings.scale is not user.settings.scale
+
+
+def test_what_cannot_be_copied_is_named_by_its_attribute_path():
+    inputs = keras.Input((3,))
+    user = keras.Model(inputs, Scaled(name="scaled")(inputs), name="locked")
+    user.get_layer("scaled").guards = {"writer": threading.Lock()}
+    with pytest.raises(IncompatibleModelError) as caught:
+        copy_model(user)
+    message = str(caught.value)
+    assert "model 'locked'._layers[1].guards['writer']" in message and "cannot pickle '_thread.lock'" in message
+    assert "__deepcopy__" in message and "model_fn=" in message
+
+
+def test_a_trained_optimizer_is_copied_with_its_state_and_follows_the_copied_variables():
+    user, images = keras_examples.vae()
+    user.fit(images, epochs=1, verbose=0)
+    twin = copy_model(user)
+    assert int(twin.optimizer.iterations) == int(user.optimizer.iterations) == 4
+    for mine, theirs in zip(twin.optimizer.variables, user.optimizer.variables):
+        assert mine is not theirs
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    history = twin.fit(images, epochs=1, verbose=0).history
+    assert np.isfinite(history["loss"][0]) and int(twin.optimizer.iterations) == 8
+    assert int(user.optimizer.iterations) == 4
+
+
+def test_adapted_normalization_and_seed_generators_keep_their_state_in_new_variables():
+    normalization = keras.layers.Normalization()
+    normalization.adapt(np.arange(12, dtype="float32").reshape(4, 3))
+    inputs = keras.Input((3,))
+    user = keras.Model(inputs, keras.layers.Dropout(0.5, seed=3)(normalization(inputs)))
+    twin = copy_model(user)
+    np.testing.assert_array_equal(twin.layers[1].mean, normalization.mean)  # a tensor: shared, immutable
+    assert twin.layers[1].adapt_mean is not normalization.adapt_mean  # the adapted state: a new variable
+    np.testing.assert_array_equal(twin.layers[1].adapt_mean.numpy(), normalization.adapt_mean.numpy())
+    mine, theirs = twin.layers[2].seed_generator.state, user.layers[2].seed_generator.state
+    assert mine is not theirs and np.array_equal(mine.numpy(), theirs.numpy())
+    x = np.ones((4, 3), "float32")
+    np.testing.assert_array_equal(twin(x, training=True), user(x, training=True))  # the same draws
+
+
+def test_a_stateful_rnn_keeps_its_states_in_new_variables():
+    inputs = keras.Input(batch_shape=(2, 4, 3))
+    user = keras.Model(inputs, keras.layers.LSTM(2, stateful=True)(inputs))
+    x = np.ones((2, 4, 3), "float32")
+    user(x)  # the states now hold the end of this sequence
+    twin = copy_model(user)
+    for mine, theirs in zip(twin.layers[1].states, user.layers[1].states):
+        assert mine is not theirs
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    np.testing.assert_array_equal(twin(x), user(x))
+
+
+class Doubled(keras.Model):
+    """Its own test_step and predict_step."""
+
+    def test_step(self, data):
+        logs = super().test_step(data)
+        return {**logs, "twice": logs["loss"] * 2.0}
+
+    def predict_step(self, data):
+        return super().predict_step(data) * 2.0
+
+
+def test_test_and_predict_steps_and_a_model_checkpoint_work_on_the_copy(tmp_path):
+    inputs = keras.Input((3,))
+    user = Doubled(inputs, keras.layers.Dense(1)(inputs))
+    user.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 3), "float32"), np.ones((4, 1), "float32")
+    twin = copy_model(user)
+    np.testing.assert_allclose(twin.predict(x, verbose=0), 2.0 * user(x).numpy(), rtol=1e-6)
+    logs = twin.evaluate(x, y, verbose=0, return_dict=True)
+    assert logs["twice"] == pytest.approx(2.0 * logs["loss"])
+    twin.fit(x, y, epochs=1, verbose=0, callbacks=[keras.callbacks.ModelCheckpoint(tmp_path / "best.keras")])
+    loaded = keras.saving.load_model(tmp_path / "best.keras", custom_objects={"Doubled": Doubled})
+    assert type(loaded) is Doubled
+    np.testing.assert_allclose(loaded(x), twin(x), rtol=1e-6)

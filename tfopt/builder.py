@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
-from tfopt.plan import Plan
+from tfopt.plan import Plan, serialized_setting
 from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
 
 if TYPE_CHECKING:
@@ -82,7 +82,6 @@ def build(plan: Plan) -> Built:
         >>> built.model is model
         False
     """
-    import keras
 
     from tfopt.distribute.strategy import make_strategy
 
@@ -99,15 +98,7 @@ def build(plan: Plan) -> Built:
             _copy_weights(plan.weights_from, model)
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
-        model.compile(**_compile_arguments(plan))
-        if plan.dtype_policy == "mixed_float16" and not isinstance(
-            model.optimizer, keras.optimizers.LossScaleOptimizer
-        ):
-            # Keras wraps the optimizer only when the *model's* policy is mixed_float16; a model_fn that
-            # pins its own dtype escapes that, and fp16 gradients then underflow. Wrap it ourselves.
-            model.compile(
-                **{**_compile_arguments(plan), "optimizer": keras.optimizers.LossScaleOptimizer(model.optimizer)}
-            )
+        _compile(model, plan)
     dataset, service, plan = _served(plan, unsettled)
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
@@ -240,26 +231,87 @@ def _copy_weights(source: keras.Model, target: keras.Model) -> None:
         ) from error
 
 
+def _compile(model: keras.Model, plan: Plan) -> None:
+    """Compiles the model as the plan says, never calling an overridden `compile` with arguments it does not
+    declare (a GAN's `compile(d_optimizer, g_optimizer, loss_fn)`).
+
+    A copy of the user's compiled model keeps what their compile made (optimizers with their state, loss and
+    metric objects, attributes their own `compile` set): XLA goes through Keras' `jit_compile` setter, and
+    only where a recipe changed another setting (the optimizer's learning rate, `steps_per_execution`) is
+    the copy compiled again, by `keras.Model.compile` itself, with its own objects and the changed ones.
+    A model made by `model_fn`, or given `compile=`, is compiled with the plan's arguments. Under
+    mixed_float16 the optimizer is wrapped for loss scaling; Keras wraps it only where the *model's* policy
+    is mixed_float16, and a model_fn that pins its own dtype escapes that (fp16 gradients then underflow).
+    """
+    import keras
+
+    if plan.keeps_users_compile and model.compiled:
+        changed = _changed_settings(plan)
+        if changed:
+            keras.Model.compile(
+                model, **{**model._compile_config.config, **_made_again(changed, plan), "jit_compile": plan.jit_compile}
+            )
+        else:
+            model.jit_compile = plan.jit_compile and not model.run_eagerly
+    else:
+        arguments = _compile_arguments(plan)
+        if _declares(model.compile, arguments):
+            model.compile(**arguments)
+        else:
+            keras.Model.compile(model, **arguments)
+    scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    if plan.dtype_policy == "mixed_float16" and model.optimizer is not None and not scaled:
+        model.optimizer = keras.optimizers.LossScaleOptimizer(model.optimizer)
+    elif plan.dtype_policy != "mixed_float16" and scaled:
+        model.optimizer = model.optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
+
+
+def _declares(method: Any, arguments: dict[str, Any]) -> bool:
+    """Whether a `compile` method takes every one of these keyword arguments."""
+    import inspect
+
+    parameters = inspect.signature(method).parameters.values()
+    names = {parameter.name for parameter in parameters}
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters) or set(arguments) <= names
+
+
+def _changed_settings(plan: Plan) -> dict[str, Any]:
+    """The compile settings, other than XLA, that recipes changed from the user's: name -> config."""
+    return {
+        key: config
+        for key, config in plan.compile_config.items()
+        if key != "jit_compile"
+        and (key not in plan.compile_objects or serialized_setting(plan.compile_objects[key]) != config)
+    }
+
+
 def _compile_arguments(plan: Plan) -> dict[str, Any]:
     """The compile arguments of one build: the user's own objects where the plan left a setting as it was
     (metric objects and the optimizer copied, for they hold state), else made from the plan's config with
     the user's classes and functions at hand, so nothing is looked up again by a name Keras may not know."""
     import keras
 
-    arguments, changed = {}, {}
-    for key, config in plan.compile_config.items():
-        given = plan.compile_objects.get(key)
+    changed = _changed_settings(plan)
+    arguments = {"jit_compile": plan.jit_compile}
+    for key, given in plan.compile_objects.items():
         # A trained optimizer's state belongs to the user's variables: a fresh one is made from its config.
-        fresh = isinstance(given, keras.optimizers.Optimizer) and given.built
-        if key in plan.compile_objects and not fresh and keras.saving.serialize_keras_object(given) == config:
+        if isinstance(given, keras.optimizers.Optimizer) and given.built:
+            changed[key] = plan.compile_config[key]
+        elif key not in changed:
             arguments[key] = _own_copy(given)
-        else:
-            changed[key] = config
+    arguments.update(_made_again(changed, plan))
+    return arguments
+
+
+def _made_again(changed: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """Compile arguments made from their changed configs, with the user's own classes and functions at hand."""
+    import keras
+
+    if not changed:
+        return {}
     try:
-        arguments.update(
-            keras.saving.deserialize_keras_object(
-                changed, custom_objects=_custom_objects(plan.compile_objects.values())
-            )
+        return keras.saving.deserialize_keras_object(
+            changed, custom_objects=_custom_objects(plan.compile_objects.values())
         )
     except (TypeError, ValueError) as error:
         raise IncompatibleModelError(
@@ -267,10 +319,6 @@ def _compile_arguments(plan: Plan) -> dict[str, Any]:
             f"them ({error}). Register custom optimizers and learning-rate schedules with "
             "@keras.saving.register_keras_serializable(), or leave out the recipe that changes them."
         ) from error
-    optimizer = arguments.get("optimizer")
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and plan.dtype_policy != "mixed_float16":
-        arguments["optimizer"] = optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
-    return arguments
 
 
 def _own_copy(value: Any) -> Any:

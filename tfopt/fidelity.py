@@ -13,8 +13,9 @@ plain relative error hides even ids looked up under other rows); for the loss, t
 loss. Ids looked up under other rows move predictions by about their whole spread; rounding moves an untrained
 model's little-varying outputs by a good part of it too (a bfloat16 LSTM's, in benchmarks/verification.py), so
 the bfloat16 tolerance sits between. Rounding sets the scale: bfloat16 keeps 8 bits of mantissa, float16 11,
-float32 24 (but TF32 matmuls 11 on Ampere+ GPUs and XLA reorders sums). The forward pass and the step run
-eagerly, so XLA's own compilation is not part of this check.
+float32 24 (but TF32 matmuls 11 on Ampere+ GPUs and XLA reorders sums). The forward pass runs eagerly; the
+training step is the model's own train function, traced (and compiled by XLA where the model is) as `fit`
+runs it, which `fit` then reuses.
 """
 
 from __future__ import annotations
@@ -115,16 +116,50 @@ def _outcome_in_scope(model: keras.Model, batch: Any) -> Outcome:
             [np.asarray(tf.cast(tensor, tf.float64)).ravel() for tensor in tf.nest.flatten(outputs)]
         )
         if model._compile_loss is not None or model.losses or type(model).compute_loss is not keras.Model.compute_loss:
-            loss = float(model.compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights, training=False))
+            # As Keras' own train_step calls it: Trainer._compute_loss passes `training` only to an override that
+            # takes it (the keras-io distiller's compute_loss does not).
+            loss = float(
+                model._compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights, training=False)
+            )
     with training_state_restored(model):
-        strategy = model.distribute_strategy
-        logs = strategy.run(model.train_step, args=(batch,))
+        logs = _one_training_step(model, batch)
         if loss is None:
-            values = {name: value for name, value in logs.items() if "loss" in name} if isinstance(logs, dict) else {}
+            values = [value for name, value in logs.items() if "loss" in name]
             if values:
-                loss = float(strategy.reduce(tf.distribute.ReduceOp.MEAN, next(iter(values.values())), axis=None))
+                loss = float(np.mean(values[0]))
     model.reset_metrics()
     return Outcome(predictions=predictions, loss=loss)
+
+
+def _one_training_step(model: keras.Model, batch: Any) -> dict[str, Any]:
+    """One step of the model's own train function on `batch`, as `fit` runs it: its compiled state built first,
+    traced (and under XLA where the model compiles with it; a layer can fail in a graph and not eagerly: an int32
+    constant against a bfloat16 tensor), fed from a tf.data iterator (distributed under the model's strategy).
+    The iterator holds one batch, so one step runs whatever `steps_per_execution` says, and `fit` reuses the
+    traced function."""
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # Keras' train function fails under this strategy upstream (keras-team/keras#20585): tfopt trains such a
+        # model with a step of its own (tfopt.distribute.training), which calls train_step as this does.
+        logs = strategy.run(model.train_step, args=(batch,))
+        return {
+            name: np.asarray(strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None))
+            for name, value in logs.items()
+        }
+    model._symbolic_build(data_batch=batch)  # what fit does first: metrics and losses built outside the trace
+    model.make_train_function()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # Its batch dimension unknown, as in the user's pipeline: the trace is the one fit runs, and reuses.
+    size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+    data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size).with_options(options)
+    if tf.distribute.has_strategy():
+        data = strategy.experimental_distribute_dataset(data)
+    logs = model.train_function(iter(data))
+    return {name: np.asarray(value) for name, value in logs.items()} if isinstance(logs, dict) else {}
 
 
 def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:

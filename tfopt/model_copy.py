@@ -1,74 +1,115 @@
-"""Copies of Keras models and compile objects made in process: the same classes, the same state, new variables.
+"""Copies of Keras models made in process: the same classes, the same state, new variables.
 
 Rebuilding a model from its config (`clone_model`, `from_config`) loses what public Keras code keeps
-outside the config: custom layers without `get_config` or unregistered, functions in a layer's config,
-the vocabulary of adapted lookups, and the user's class with its `train_step`, `test_step`,
-`compute_loss` and `metrics`. So tfopt copies the object graph itself: every Keras object (layers, the
-model, metrics, seed generators, the functional graph's nodes) becomes a new instance of its own class
-with its attributes copied, and every variable a new variable with the same value, created in the
-current scope (a tf.distribute strategy's scope mirrors it). TensorFlow objects other than variables
-(tensors, lookup-table resources, functions) are shared: tensors are immutable, and the tables of
-adapted lookups are not written by training. Keras' own `deepcopy` would pickle through the `.keras`
-format, which is exactly the round trip that fails.
+outside the config: custom layers without `get_config` or unregistered, functions in a layer's config
+(`TextVectorization(standardize=fn)`), the vocabulary of adapted lookups, and the user's class with its
+`train_step`, `test_step`, `compute_loss`, `compile` and `metrics`. And Keras' own `deepcopy` of a layer,
+model, metric, loss or optimizer pickles through the `.keras` format: that same round trip. So tfopt
+copies the object graph with Python's copy protocol (`copy.deepcopy`, one memo for the whole model), and
+steps in only where that protocol would go wrong:
+
+- **Keras objects become shells**: an instance of a class with a Keras class in its ancestry (layers,
+  models, metrics, losses, optimizers, learning-rate schedules, seed generators, the functional graph's
+  nodes, Keras' tracked containers; user subclasses of any of them) is made as an empty instance of its
+  own class and given copies of its attributes. Keras' `Layer.__new__` gives every instance closures
+  bound to it (`build`, `quantize`): the shell keeps its own. Keras' tracked lists are filled without
+  their tracking hooks, which the copied tracker has already recorded.
+- **Variables are new variables** with the same value, created in the current scope (a tf.distribute
+  strategy's scope mirrors them); a built optimizer's slot variables follow the model's, re-indexed.
+- **TensorFlow objects other than variables are shared**: tensors are immutable, the tables of adapted
+  lookups are not written by training, and a traced `tf.function` belongs to the model it traced (a
+  model's `train_function` and friends are made again for the copy).
+- **Functions and bound methods that reach a copied object are made again**: a method bound to a layer is
+  bound to the layer's copy, and a closure that holds a layer (a `Lambda` wrapping `lambda x: dense(x)`)
+  gets cells holding the copies. Module globals are the module's: a function reading a global layer still
+  reads that layer.
+- **Everything else follows its own copy protocol**: enums and other atoms stay themselves, classes that
+  define `__deepcopy__` or `__reduce_ex__` (a helper that returns itself from `__deepcopy__` stays
+  shared) are honoured, `__slots__` are copied. An object the protocol cannot copy (a lock, an open
+  file) is an `IncompatibleModelError` naming its attribute path from the model.
+
+The copy keeps what `compile()` made (the optimizer or optimizers with their state, loss and metric
+objects, the compile config), so a model whose own `compile` takes other arguments (a GAN's
+`compile(d_optimizer, g_optimizer, loss_fn)`) is never compiled again by tfopt with arguments it does not
+take.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import enum
 import types
+import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from tfopt.errors import IncompatibleModelError
 
 if TYPE_CHECKING:
     import keras
 
-# What `compile()` creates on a model: dropped from a copy, which is compiled afresh.
-_TRAINER_STATE = (
-    "optimizer",
-    "train_function",
-    "test_function",
-    "predict_function",
-    "_compile_loss",
-    "_compile_metrics",
-    "_loss_tracker",
-    "_compile_config",
-    "_compiled_trainable_state",
+# Functions a model compiled with tf.function for itself: traced for the original, made again on first use.
+_TRACED_FUNCTIONS = ("train_function", "test_function", "predict_function")
+# Objects `copy.deepcopy` returns as they are, and that hold nothing to walk.
+_ATOMS = (
+    type(None),
+    int,
+    float,
+    complex,
+    bool,
+    str,
+    bytes,
+    type,
+    range,
+    enum.Enum,
+    types.BuiltinFunctionType,
+    types.CodeType,
+    types.GetSetDescriptorType,
+    property,
+    weakref.ref,
 )
-_ATOMIC = (types.FunctionType, types.MethodType, types.ModuleType, types.BuiltinFunctionType, type)
 
 
 def copy_model(model: keras.Model) -> keras.Model:
-    """A model of the same class with the same layers, state and weight values, not compiled.
+    """A model of the same class with the same layers, state, compiled objects and weight values.
 
     Args:
         model: A Keras model, built or not, compiled or not. Never modified.
 
     Returns:
-        The copy, uncompiled; its variables are new (created in the current strategy scope, if any).
+        The copy; its variables are new (created in the current strategy scope, if any), and its training,
+        evaluation and prediction functions are traced again for it on first use.
+
+    Raises:
+        IncompatibleModelError: An attribute of the model cannot be copied; the message names its path.
 
     Example:
         >>> import keras, numpy as np
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="adam", loss="mse")
         >>> twin = copy_model(model)
-        >>> type(twin) is type(model), twin.layers[0] is model.layers[0]
-        (True, False)
+        >>> type(twin) is type(model), twin.layers[0] is model.layers[0], twin.optimizer is model.optimizer
+        (True, False, False)
         >>> all(np.array_equal(a, b) for a, b in zip(model.get_weights(), twin.get_weights()))
         True
     """
-    dropped = {name: model.__dict__[name] for name in _TRAINER_STATE if name in model.__dict__}
-    twin = copy_keras_object(model, leave_out=dropped)
-    twin.__dict__.update(dict.fromkeys(dropped))
-    if "compiled" in model.__dict__:
-        twin.__dict__["compiled"] = False
+    twin = copy_keras_object(model, path=f"model {model.name!r}")
+    for name in _TRACED_FUNCTIONS:
+        if name in twin.__dict__:
+            twin.__dict__[name] = None
     return twin
 
 
-def copy_keras_object(obj: Any, *, leave_out: dict[str, Any] | None = None) -> Any:
+def copy_keras_object(obj: Any, *, path: str | None = None) -> Any:
     """A copy of a Keras object (a layer, model, metric, loss or optimizer) with new variables.
 
     Args:
         obj: The object to copy. Never modified.
-        leave_out: Attributes of `obj` itself not to copy (name -> value); what only they reach is not
-            copied either.
+        path: How error messages name `obj` (its attribute paths start there); its class name by default.
+
+    Raises:
+        IncompatibleModelError: Something `obj` holds cannot be copied; the message names its attribute path.
 
     Example:
         >>> import keras
@@ -78,31 +119,252 @@ def copy_keras_object(obj: Any, *, leave_out: dict[str, Any] | None = None) -> A
         >>> float(twin.result()), twin.variables[0] is metric.variables[0]
         (4.0, False)
     """
-    memo: dict[int, Any] = {}
-    leave_out = leave_out or {}
-    for value in leave_out.values():
-        memo[id(value)] = None
-    shells = _shells(obj, memo)
-    for original, shell in shells:
-        state = original.__dict__
-        if original is obj and leave_out:
-            state = {name: value for name, value in state.items() if name not in leave_out}
-        # Keras' Layer.__new__ puts closures on the instance (`build` wrapped to name-scope and lock it) that
-        # refer to the instance they were made for: the shell keeps its own. Keras objects override
-        # __setattr__ to track attributes, so the rest goes in as it was, untracked again.
-        own = {name for name, value in shell.__dict__.items() if isinstance(value, types.FunctionType)}
-        shell.__dict__.update(copy.deepcopy({name: value for name, value in state.items() if name not in own}, memo))
-        if isinstance(original, list):
-            list.extend(shell, copy.deepcopy(list(original), memo))
-        elif isinstance(original, dict):
-            dict.update(shell, copy.deepcopy(dict(original), memo))
-        elif isinstance(original, set):
-            set.update(shell, copy.deepcopy(set(original), memo))
-    _record_current_strategy(shell for _, shell in shells)
-    return memo[id(obj)]
+    walk = _Walk(obj, path or type(obj).__name__)
+    for original, shell in walk.shells:
+        _fill(shell, original, walk)
+    for original, new in walk.functions:
+        for old_cell, new_cell in zip(original.__closure__, new.__closure__):
+            try:
+                contents = old_cell.cell_contents
+            except ValueError:  # a cell not assigned yet (a name the function defines later)
+                continue
+            new_cell.cell_contents = _copied(contents, walk, f"{walk.paths[id(original)]}.<closure>")
+    shells = [shell for _, shell in walk.shells]
+    _rekey_functional_graphs(shells, walk.memo)
+    _reindex_optimizers(shells)
+    _record_current_strategy(shells)
+    return walk.memo[id(obj)]
 
 
-def _record_current_strategy(copies: Any) -> None:
+class _Walk:
+    """The object graph under a root, walked the way `copy.deepcopy` would traverse it, breadth first (so each
+    object's path from the root is a shortest one). It leaves in `memo` what every object the copy must make
+    itself becomes: a shell per Keras object (`shells`, filled later), a new variable per variable, a new
+    function per function that reaches a copied object (`functions`, cells filled later), a rebound method,
+    and the object itself for what is shared. `copy.deepcopy` then copies the rest around them."""
+
+    def __init__(self, root: Any, name: str):
+        self.memo: dict[int, Any] = {}
+        self.paths: dict[int, str] = {id(root): name}
+        self.shells: list[tuple[Any, Any]] = []
+        self.functions: list[tuple[types.FunctionType, types.FunctionType]] = []
+        self._callables: list[Any] = []
+        # Every walked object stays referenced until the copy is done, so no id is reused meanwhile.
+        self._walked: list[Any] = []
+        queue = collections.deque([root])
+        while queue:
+            obj = queue.popleft()
+            for label, child in self._visit(obj):
+                if id(child) not in self.paths and not isinstance(child, _ATOMS):
+                    self.paths[id(child)] = f"{self.paths[id(obj)]}{label}"
+                    queue.append(child)
+        self._make_callables_again()
+
+    def _visit(self, obj: Any) -> Iterator[tuple[str, Any]]:
+        """Decides what `obj` becomes and yields its children, each with its path from `obj`."""
+        import keras
+        import tensorflow as tf
+
+        self._walked.append(obj)
+        key = id(obj)
+        if isinstance(obj, types.ModuleType):
+            self.memo[key] = obj  # a module a layer keeps at hand (Keras' backend): the one module
+        elif isinstance(obj, keras.Variable):
+            self.memo[key] = _copy_variable(obj)
+        elif isinstance(obj, tf.Variable):
+            self.memo[key] = tf.Variable(obj.read_value(), trainable=obj.trainable, name=obj.name.split(":")[0])
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            self._callables.append(obj)
+            if isinstance(obj, types.MethodType):
+                yield ".__self__", obj.__self__
+                yield ".__func__", obj.__func__
+            else:
+                for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
+                    try:
+                        yield f".<closure {name}>", cell.cell_contents
+                    except ValueError:
+                        continue
+        elif _is_keras_object(obj):
+            shell = type(obj).__new__(type(obj))
+            self.memo[key] = shell
+            self.shells.append((obj, shell))
+            yield from _contents(obj)
+            yield from ((f".{name}", value) for name, value in vars(obj).items())
+        elif isinstance(obj, (list, tuple, dict, set, frozenset)):
+            # Plain containers, named tuples and TensorFlow's tracking wrappers copy themselves; what they hold
+            # is walked. (Before the TensorFlow test below: tracking wrappers live in tensorflow's modules.)
+            yield from _contents(obj)
+            yield from ((f".{name}", value) for name, value in getattr(obj, "__dict__", {}).items())
+        elif (type(obj).__module__ or "").startswith(("tensorflow", "numpy")):
+            if not type(obj).__module__.startswith("numpy"):
+                self.memo[key] = obj  # tensors, lookup-table resources, tf.functions: shared
+        else:
+            yield from _protocol_parts(obj)
+
+    def _make_callables_again(self) -> None:
+        """Functions whose closure holds a copied object, and methods bound to one, made again for the copy
+        (until no more change: a closure may hold a method bound to a layer)."""
+        changed = True
+        while changed:
+            changed = False
+            for original in self._callables:
+                if id(original) in self.memo:
+                    continue
+                if isinstance(original, types.MethodType):
+                    target, function = original.__self__, original.__func__
+                    if id(target) in self.memo or id(function) in self.memo:
+                        self.memo[id(original)] = types.MethodType(
+                            self.memo.get(id(function), function), self.memo.get(id(target), target)
+                        )
+                        changed = True
+                    continue
+                cells = original.__closure__ or ()
+                if any(id(_contents_of(cell)) in self.memo for cell in cells):
+                    self.memo[id(original)] = self._function_again(original)
+                    changed = True
+
+    def _function_again(self, original: types.FunctionType) -> types.FunctionType:
+        new = types.FunctionType(
+            original.__code__,
+            original.__globals__,
+            original.__name__,
+            original.__defaults__,
+            tuple(types.CellType() for _ in original.__closure__),
+        )
+        new.__kwdefaults__ = original.__kwdefaults__
+        new.__qualname__ = original.__qualname__
+        new.__doc__ = original.__doc__
+        new.__module__ = original.__module__
+        new.__dict__.update(original.__dict__)
+        self.functions.append((original, new))
+        return new
+
+
+def _contents_of(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
+def _is_keras_object(obj: Any) -> bool:
+    """Whether `obj` must be copied as a shell: its class descends from a Keras class, it has attributes to
+    copy, and it does not copy itself (an enum, a named tuple, a class of the user's with `__deepcopy__`)."""
+    kind = type(obj)
+    if isinstance(obj, (enum.Enum, tuple)) or not hasattr(obj, "__dict__") or hasattr(kind, "__deepcopy__"):
+        return False
+    return any((base.__module__ or "").startswith("keras") for base in kind.__mro__[:-1])
+
+
+def _contents(obj: Any) -> Iterator[tuple[str, Any]]:
+    """What a container holds (keys too), with its place in it."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+            yield f".<key {key!r}>", key
+    elif isinstance(obj, (list, tuple)):
+        yield from ((f"[{index}]", value) for index, value in enumerate(obj))
+    elif isinstance(obj, (set, frozenset)):
+        yield from (("<item>", value) for value in obj)
+
+
+def _protocol_parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    """What `copy.deepcopy` copies of an object that is not Keras', TensorFlow's or a container: the
+    arguments and state of its `__reduce_ex__`, or, where it has its own `__deepcopy__`, its attributes."""
+    if hasattr(type(obj), "__deepcopy__"):
+        yield from ((f".{name}", value) for name, value in getattr(obj, "__dict__", {}).items())
+        return
+    try:
+        reduced = obj.__reduce_ex__(4)
+    except Exception:  # noqa: BLE001 - what cannot be reduced cannot be copied either: the copy names it
+        return
+    if isinstance(reduced, str):  # a global, copied as itself
+        return
+    args, state, items, pairs = (list(reduced) + [None] * 5)[1:5]
+    yield from ((".<argument>", value) for value in args or ())
+    if isinstance(state, tuple) and len(state) == 2:  # (__dict__, slots)
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if isinstance(state, dict):
+        yield from ((f".{name}", value) for name, value in state.items())
+    elif state is not None:
+        yield ".<state>", state
+    yield from (("[]", value) for value in items or ())
+    for key, value in pairs or ():
+        yield f"[{key!r}]", value
+
+
+def _fill(shell: Any, original: Any, walk: _Walk) -> None:
+    """Gives a shell copies of its original's attributes (and contents, for Keras' tracked containers)."""
+    # Keras' Layer.__new__ puts closures on the instance (`build` wrapped to name-scope and lock it) that
+    # refer to the instance they were made for: the shell keeps its own. Keras objects override __setattr__
+    # to track attributes, so the rest goes in as it was, untracked again.
+    own = {name for name, value in shell.__dict__.items() if isinstance(value, types.FunctionType)}
+    where = walk.paths[id(original)]
+    shell.__dict__.update(
+        {name: _copied(value, walk, f"{where}.{name}") for name, value in original.__dict__.items() if name not in own}
+    )
+    if isinstance(original, list):
+        list.extend(shell, _copied(list(original), walk, where))
+    elif isinstance(original, dict):
+        dict.update(shell, _copied(dict(original), walk, where))
+    elif isinstance(original, set):
+        set.update(shell, _copied(set(original), walk, where))
+
+
+def _copied(value: Any, walk: _Walk, path: str) -> Any:
+    try:
+        return copy.deepcopy(value, walk.memo)
+    except IncompatibleModelError:
+        raise
+    except Exception as error:
+        culprit, reason = _culprit(value, path, walk.memo, error)
+        raise IncompatibleModelError(
+            f"tfopt could not copy your model: {culprit} ({type(value).__name__ if culprit == path else 'in it'}) "
+            f"cannot be copied ({reason}). tfopt copies a model in process with Python's copy protocol: give that "
+            "object's class a __deepcopy__ (one that returns self shares it between your model and tfopt's copy), "
+            "keep it off the model, or pass model_fn=a function that creates the model."
+        ) from error
+
+
+def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> tuple[str, str]:
+    """The innermost part of `value` that cannot be copied, by its attribute path, and why. Each probe copies
+    into a throwaway memo, so nothing of the real copy is made twice."""
+    for label, child in (*_contents(value), *((f".{n}", v) for n, v in getattr(value, "__dict__", {}).items())):
+        if isinstance(child, _ATOMS):
+            continue
+        try:
+            copy.deepcopy(child, dict(memo))
+        except Exception as inner:  # noqa: BLE001 - any failure there is the one to name
+            return _culprit(child, f"{path}{label}", memo, inner)
+    return path, f"{type(error).__name__}: {error}"
+
+
+def _rekey_functional_graphs(copies: list[Any], memo: dict[int, Any]) -> None:
+    """A functional model knows its own nodes by the identity of their layers (`make_node_key`): saving it
+    looks them up. The copy's are keyed by the copied layers."""
+    from keras.src.ops.function import Function, make_node_key
+
+    for new in copies:
+        if isinstance(new, Function) and isinstance(new.__dict__.get("_nodes"), set):
+            keys = set()
+            for key in new.__dict__["_nodes"]:
+                operation, _, index = key.partition("_ib-")
+                copied = memo.get(int(operation))
+                keys.add(make_node_key(copied, int(index)) if copied is not None else key)
+            new.__dict__["_nodes"] = keys
+
+
+def _reindex_optimizers(copies: list[Any]) -> None:
+    """A built optimizer finds a variable's slots by the variable's identity: the copy's by the new ones."""
+    import keras
+
+    for new in copies:
+        if isinstance(new, keras.optimizers.Optimizer) and new.built:
+            indices = {new._var_key(variable): index for index, variable in enumerate(new._trainable_variables)}
+            new.__dict__["_trainable_variables_indices"] = indices
+
+
+def _record_current_strategy(copies: list[Any]) -> None:
     """Keras' models and optimizers record the strategy they were made under and use it later (to colocate
     slot variables, to distribute data): a copy records the scope it is made in, as a new object would."""
     import tensorflow as tf
@@ -113,52 +375,6 @@ def _record_current_strategy(copies: Any) -> None:
             new.__dict__["_distribution_strategy"] = strategy
         if "_distribute_strategy" in new.__dict__:  # models: None outside any strategy's scope
             new.__dict__["_distribute_strategy"] = strategy if tf.distribute.has_strategy() else None
-
-
-def _shells(root: Any, memo: dict[int, Any]) -> list[tuple[Any, Any]]:
-    """Walks the object graph from `root`, putting into `memo` what every object becomes: an empty instance
-    of its class for Keras objects (returned with their originals, to be filled), a new variable for each
-    variable, and the object itself for what is shared. `copy.deepcopy` then copies the rest around them."""
-    import keras
-    import tensorflow as tf
-
-    shells = []
-    stack = [root]
-    while stack:
-        obj = stack.pop()
-        key = id(obj)
-        if key in memo:
-            continue
-        if isinstance(obj, keras.Variable):
-            memo[key] = _copy_variable(obj)
-            continue
-        if isinstance(obj, tf.Variable):
-            memo[key] = tf.Variable(obj.read_value(), trainable=obj.trainable, name=obj.name.split(":")[0])
-            continue
-        if isinstance(obj, _ATOMIC):
-            memo[key] = obj
-            continue
-        module = type(obj).__module__ or ""
-        if isinstance(obj, (list, tuple, dict, set, frozenset)) and not module.startswith("keras"):
-            # Plain containers and TensorFlow's tracking wrappers copy themselves; what they hold is walked.
-            stack.extend(obj.values() if isinstance(obj, dict) else obj)
-            if isinstance(obj, dict):
-                stack.extend(obj.keys())
-            continue
-        if module.startswith("tensorflow"):
-            memo[key] = obj  # tensors, lookup-table resources, tf.functions: shared (see the module docstring)
-            continue
-        if not hasattr(obj, "__dict__") or module.startswith(("numpy", "builtins")):
-            continue  # values deepcopy copies by itself
-        shell = type(obj).__new__(type(obj))
-        memo[key] = shell
-        shells.append((obj, shell))
-        stack.extend(obj.__dict__.values())
-        if isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set)):
-            stack.extend(obj)
-    return shells
 
 
 def _copy_variable(variable: Any) -> Any:

@@ -24,6 +24,7 @@ from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
+from tfopt.verdict import candidates, decided
 
 if TYPE_CHECKING:
     import keras
@@ -286,7 +287,7 @@ def apply(
             baseline,
             recipe,
             measuring=measure_speed or profile,
-            verifying=_decided_by_hardware(recipe),
+            verifying=_left_to_tfopt(recipe),
             tune_budget_seconds=tune_budget_seconds,
             on_tune_progress=on_tune_progress,
             profile=profile,
@@ -310,9 +311,10 @@ def _applied(
     on_tune_progress: Callable[[Any], None] | None,
     **evidence: Any,
 ) -> ApplyResult:
-    """`apply` from the baseline plan on: trials, builds, the first-batch check and measurements (recipe None:
-    "auto"). The optimized setup runs the first batch before anything is measured, so a recipe that breaks
-    the model is left out (or the error raised) before minutes of measuring are spent."""
+    """`apply` from the baseline plan on, in phases each handing its result to the next: the baseline built and
+    run on the first batch, the plan (trials included; recipe None: "auto"), the optimized build checked on
+    that batch (a recipe that breaks the model is left out, or the error raised, before minutes of measuring),
+    the setups measured side by side, and the verdict on the recipes left to tfopt."""
     built_baseline = build(baseline)
     batch = next(iter(baseline.dataset.take(1)))
     reference = reference_outcome(built_baseline.model, batch)
@@ -320,48 +322,20 @@ def _applied(
         # A model from model_fn alone: every later build (trials, the optimized setup) starts from the
         # baseline's initial weights, so what is compared trains the same model. Measuring restores them.
         baseline = baseline.replace(weights_from=built_baseline.model)
-    tuning = None
-    if recipe is None:  # the chosen plan records one "auto" step per candidate: kept or rejected, and why
-        from tfopt.auto import tune
-
-        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress, built=built_baseline)
-        optimized = tuning.plan
-    else:  # timed trials (a batch-size search) run here, never in a recipe call
-        recipe, optimized = recipe.measured_and_applied(baseline)
-    for step in optimized.applied:
-        _log.info("%s", step)
+    optimized, tuning = _planned(baseline, recipe, built_baseline, tune_budget_seconds, on_tune_progress)
+    built = build(optimized)
     before = after = before_profile = after_profile = None
     rounds: tuple[float, ...] = ()
-    built = build(optimized)
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
         built = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
         if measuring:
-            numerics = _numerics_changed(built_baseline.plan, built.plan)
-            # Recipes the user set explicitly are kept as asked; the baseline's model is "without" only when
-            # every change of numerics is one to verify.
-            numerics = numerics if set(numerics) <= verifying else []
-            # The same setup without the recipes that change how the model computes: the baseline's own model on
-            # the optimized pipeline (no build), against which they must prove themselves.
-            without = None
-            if numerics:
-                # The offload as the build made it (it may have left the pipeline local), said as it said it.
-                offload_steps = tuple(step for step in built.plan.applied if step.recipe == "data_service")
-                plan = optimized.with_compile(jit_compile=built_baseline.plan.jit_compile).replace(
-                    dtype_policy=built_baseline.plan.dtype_policy,
-                    tf32=built_baseline.plan.tf32,
-                    data_service=built.plan.data_service,
-                    applied=tuple(step for step in optimized.applied if step.recipe != "data_service") + offload_steps,
-                )
-                # Offloaded, the pipeline is the one stream the service serves (one cluster, one job for both).
-                dataset = built.dataset if built.plan.data_service is not None else optimized.dataset
-                without = dataclasses.replace(built_baseline, dataset=dataset, plan=plan, service=built.service)
-            sides = [built_baseline, *([without] if without else []), built]
-            side_by_side = _measured_side_by_side(sides, **evidence)
-            if without is not None:
-                built = _kept_if_faster(built, without, numerics, side_by_side.ratios(len(sides) - 1, 1))
-            after_index = 1 if without is not None and built.model is without.model else len(sides) - 1
-            before, after = side_by_side.measurements[0], side_by_side.measurements[after_index]
-            rounds = side_by_side.ratios(after_index, 0)
+            setups = candidates(built_baseline, built, verifying)
+            side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)
+            verdict = decided(setups, side_by_side)
+            built = verdict.built
+            chosen = list(setups.setups).index(verdict.chosen)
+            before, after = side_by_side.measurements[0], side_by_side.measurements[chosen]
+            rounds = side_by_side.ratios(chosen, 0)
             if evidence["profile"]:
                 before_profile, after_profile = (
                     _profiled(side, name, measured, **evidence)
@@ -388,51 +362,43 @@ def _applied(
     )
 
 
-def _decided_by_hardware(recipe: Recipe | None) -> frozenset[str]:
-    """The recipes whose choice was left to the hardware (`policy: auto`, `jit_compile: auto`): they are kept
-    only where they measure faster. An explicit setting is the user's and is kept as asked; "auto" mode
-    (recipe None) has decided by timing already."""
-    from tfopt.recipes import MixedPrecision, Xla
+def _planned(
+    baseline: Plan,
+    recipe: Recipe | None,
+    built_baseline: Built,
+    tune_budget_seconds: float,
+    on_tune_progress: Callable[[Any], None] | None,
+) -> tuple[Plan, Any]:
+    """The optimized plan, and the tuning that chose it where recipe is None ("auto": one step per candidate,
+    kept or rejected and why). Timed trials (a batch-size search) run here, never in a recipe call."""
+    tuning = None
+    if recipe is None:
+        from tfopt.auto import tune
 
-    recipes = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
+        tuning = tune(baseline, budget_seconds=tune_budget_seconds, on_progress=on_tune_progress, built=built_baseline)
+        optimized = tuning.plan
+    else:
+        recipe, optimized = recipe.measured_and_applied(baseline)
+    for step in optimized.applied:
+        _log.info("%s", step)
+    return optimized, tuning
+
+
+def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
+    """The recipes whose choice was left to tfopt: a pipeline rewrite with its default settings (the default's,
+    or `data_pipeline` named alone), `policy: auto`, `jit_compile: auto`. They are kept only where they measure
+    faster (`tfopt.verdict`). A setting the user chose is kept as asked; "auto" mode (recipe None) has decided
+    by timing already."""
+    from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+
+    items = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
     return frozenset(
         item.name
-        for item in recipes
-        if (isinstance(item, MixedPrecision) and item.policy == "auto")
+        for item in items
+        if (isinstance(item, DataPipeline) and item == DataPipeline())
+        or (isinstance(item, MixedPrecision) and item.policy == "auto")
         or (isinstance(item, Xla) and item.jit_compile == "auto")
     )
-
-
-def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
-    """The default recipes that change how the model computes, which must measure faster to be kept."""
-    changed = []
-    if optimized.dtype_policy != baseline.dtype_policy:
-        changed.append("mixed_precision")
-    if optimized.jit_compile and not baseline.jit_compile:
-        changed.append("xla")
-    return changed
-
-
-def _kept_if_faster(built: Built, without: Built, recipes: list[str], ratios: tuple[float, ...]) -> Built:
-    """`built` where it measured faster than `without` in every round, else `without`, the plan saying which."""
-    median, low, high = spread(ratios)
-    measured = (
-        f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(ratios)} rounds against the same setup "
-        f"without {' and '.join(recipes)} on this machine ({built.plan.hardware.describe()})"
-    )
-    if low > 1.0:
-        plan = built.plan
-        for name in recipes:
-            plan = plan.amend(name, f"kept: {measured}")
-        return dataclasses.replace(built, plan=plan)
-    why = "slower" if high < 1.0 else "within noise"
-    plan = without.plan
-    kept = [step for step in plan.applied if step.recipe not in recipes]
-    plan = plan.replace(applied=tuple(kept))
-    for name in recipes:
-        plan = plan.record(name, f"left out: {measured}: {why}", skipped=True)
-        _log.info("%s: left out: %s: %s", name, measured, why)
-    return dataclasses.replace(without, plan=plan)
 
 
 def _measured_side_by_side(

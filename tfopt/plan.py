@@ -65,6 +65,10 @@ class Plan:
             objects): what `build()` compiles with where the plan left a setting as it was, so custom
             losses and metrics are the user's own and not looked up again by name.
         source: The `tfopt.data` source the dataset came from, when tfopt knows it, else None.
+        keeps_users_compile: The model built is a copy of the user's compiled model and keeps what their
+            compile made (optimizers with their state, loss and metric objects, whatever an overridden
+            `compile` set): the build changes only what recipes changed. False where `model_fn` or
+            `compile=` was given: the build compiles with `compile_objects`.
         dtype_policy: The Keras dtype policy name the model is built under.
         strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
         strategy_options: Keyword arguments for that strategy.
@@ -97,6 +101,7 @@ class Plan:
     weights_from: Any = None
     compile_objects: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source: DataSource | None = None
+    keeps_users_compile: bool = False
     dtype_policy: str = "float32"
     strategy: str = "default"
     strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -213,6 +218,7 @@ def make_plan(
         batch_size=batch_size_of(sample_inputs),
         weights_from=model if model_fn is not None and model is not None and model.weights else None,
         source=source,
+        keeps_users_compile=model_fn is None and compile is None,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
         dtype_policy=model_dtype_policy(model) if model is not None else "float32",
         tf32=tf32,
@@ -251,9 +257,40 @@ def _compile_objects(model: keras.Model, compile_kwargs: Mapping[str, Any] | Non
 
 
 def _serialized(compile_objects: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: serialized_setting(value) for key, value in compile_objects.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Unserializable:
+    """A compile setting Keras cannot serialize (an optimizer holding a schedule of the user's without
+    `get_config`): the build keeps the user's own object, and a recipe that would change it says it cannot.
+
+    Attributes:
+        kind: The setting's class name.
+        why: The error serializing it raised.
+    """
+
+    kind: str
+    why: str
+
+    def __repr__(self) -> str:
+        return f"<{self.kind}: not serializable ({self.why})>"
+
+
+def serialized_setting(value: Any) -> Any:
+    """A compile setting in `model.get_compile_config()` form, or `Unserializable` where Keras cannot say it.
+
+    Example:
+        >>> import keras
+        >>> serialized_setting("adam"), serialized_setting(keras.losses.MeanSquaredError())["class_name"]
+        ('adam', 'MeanSquaredError')
+    """
     import keras
 
-    return {key: keras.saving.serialize_keras_object(value) for key, value in compile_objects.items()}
+    try:
+        return keras.saving.serialize_keras_object(value)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        return Unserializable(type(value).__name__, f"{type(error).__name__}: {error}")
 
 
 def _first_inputs(dataset: tf.data.Dataset) -> Any:

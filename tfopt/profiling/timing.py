@@ -225,27 +225,44 @@ def time_training_steps(
 
 
 def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
-    """Saves the model's variables (weights, seed-generator states) and the optimizer's; the returned function
+    """Saves the model's variables (weights, seed-generator states) and its optimizers'; the returned function
     puts them back.
 
     Measuring trains the model for a few steps; a model handed back to the user must not carry them, and
-    every auto-mode trial must start where the others did. The optimizer is built (when it is not yet)
+    every auto-mode trial must start where the others did. `model.optimizer` is built (when it is not yet)
     inside the model's strategy scope: variables created outside it fail under any strategy but the
-    default one.
+    default one. Optimizers the model holds as attributes of its own (a GAN's `d_optimizer` and
+    `g_optimizer`) are its training state too; one not built yet cannot be built here (only the model's
+    `train_step` knows their variables), so it is put back as an unbuilt copy and the model's traced
+    functions, which hold the one that trained, are traced again on the next call.
     """
+    import keras
+
+    from tfopt.model_copy import copy_keras_object
+
     optimizer = model.optimizer
+    held = {
+        name: value
+        for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
+    }
     with model.distribute_strategy.scope():
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
+        unbuilt = {name: copy_keras_object(value) for name, value in held.items() if not value.built}
         # model.variables, not model.weights: the states of its seed generators too (dropout, a VAE's
         # sampling), so that training after a measurement draws the numbers it would have drawn.
-        state = [*model.variables, *optimizer.variables]
+        built = [value for value in (optimizer, *held.values()) if value.built]
+        state = [*model.variables, *(variable for value in built for variable in value.variables)]
         saved = [variable.numpy() for variable in state]
 
     def restore() -> None:
         with model.distribute_strategy.scope():
             for variable, value in zip(state, saved):
                 variable.assign(value)
+        for name, spare in unbuilt.items():
+            setattr(model, name, copy_keras_object(spare))
+            model.train_function = model.test_function = model.predict_function = None
 
     return restore
 

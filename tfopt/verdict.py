@@ -1,0 +1,190 @@
+"""Which recipes a measurement keeps: the setups `apply` measures side by side, and what it decides from them.
+
+A recipe whose choice was left to tfopt (the default's pipeline rewrite, `mixed_precision: {policy: auto}`,
+`xla: {jit_compile: auto}`) is kept only where the optimized setup measured faster than the same setup
+without it in every round of an interleaved measurement, else left out with its ratio and range; what
+`apply` gives back is then the setup without it, which was measured too. Two questions are asked, each
+of a pair of setups that differ in nothing else:
+
+- Do the recipes that change how the model computes (mixed precision, XLA) pay? The optimized setup
+  against the user's model on the optimized pipeline.
+- Does the pipeline rewrite pay? The model that is kept (optimized or the user's) on the rewritten
+  pipeline against the same model on the user's own pipeline.
+
+Recipes the user set explicitly are kept as asked: they are never the question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tfopt.profiling.metrics import spread
+
+if TYPE_CHECKING:
+    from tfopt.builder import Built
+    from tfopt.plan import Plan
+    from tfopt.profiling.measurement import SideBySide
+
+_log = logging.getLogger("tfopt")
+
+BEFORE, AFTER = "before", "after"
+# The optimized setup with the user's numerics (their model on the rewritten pipeline), and with the user's
+# pipeline (the optimized model on it).
+USERS_NUMERICS, USERS_PIPELINE = "your numerics", "your pipeline"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """The setups to measure side by side, by name (`BEFORE` first, `AFTER` last), and what they decide.
+
+    Attributes:
+        setups: Name -> built setup, in the order they are measured.
+        numerics: The recipes changing how the model computes that must measure faster to be kept.
+        pipeline: Whether the pipeline rewrite must measure faster to be kept.
+    """
+
+    setups: Mapping[str, Built]
+    numerics: tuple[str, ...]
+    pipeline: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the measurement kept.
+
+    Attributes:
+        chosen: The name of the setup that is given back (`AFTER` where every recipe paid).
+        built: That setup, its plan saying what was kept and left out, with the ratios.
+    """
+
+    chosen: str
+    built: Built
+
+
+def candidates(before: Built, after: Built, verifying: frozenset[str]) -> Candidates:
+    """The setups that decide the recipes in `verifying` (those left to tfopt), besides `before` and `after`.
+
+    Args:
+        before: The user's setup, as built for the baseline.
+        after: The optimized setup, checked on the first batch.
+        verifying: The names of the recipes whose choice was left to tfopt.
+
+    Example:
+        >>> from tfopt.builder import Built
+        >>> from tfopt.hardware import Hardware
+        >>> from tfopt.plan import Plan
+        >>> plan = Plan(model_fn=None, dataset=None, compile_config={}, hardware=Hardware(), sample_inputs=None,
+        ...             batch_size=8)
+        >>> user = Built(model="user's", dataset="theirs", strategy=None, plan=plan)
+        >>> tuned = Built(model="copy", dataset="rewritten", strategy=None,
+        ...               plan=plan.replace(dtype_policy="mixed_bfloat16").record("data_pipeline", "tuned"))
+        >>> list(candidates(user, tuned, frozenset({"mixed_precision", "data_pipeline"})).setups)
+        ['before', 'your numerics', 'your pipeline', 'after']
+    """
+    changed = numerics_changed(before.plan, after.plan)
+    numerics = tuple(changed) if changed and set(changed) <= verifying else ()
+    pipeline = (
+        "data_pipeline" in verifying
+        and after.plan.data_service is None
+        and any(step.recipe == "data_pipeline" and not step.skipped for step in after.plan.applied)
+    )
+    setups = {BEFORE: before}
+    if numerics:
+        setups[USERS_NUMERICS] = _with_users_numerics(before, after)
+    if pipeline and changed:
+        setups[USERS_PIPELINE] = _with_users_pipeline(before, after)
+    setups[AFTER] = after
+    return Candidates(setups=setups, numerics=numerics, pipeline=pipeline)
+
+
+def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
+    """The setup whose recipes each measured faster than the same setup without them, in every round.
+
+    Args:
+        candidates: The setups, as measured.
+        measured: Their measurement side by side, in the order of `candidates.setups`.
+    """
+    names = list(candidates.setups)
+    setups = candidates.setups
+
+    def ratios(side: str, other: str) -> tuple[float, ...]:
+        return measured.ratios(names.index(side), names.index(other))
+
+    hardware = setups[AFTER].plan.hardware.describe()
+    verdicts: list[tuple[tuple[str, ...], str, bool]] = []
+    numerics_kept = pipeline_kept = True
+    if candidates.numerics:
+        rounds = ratios(AFTER, USERS_NUMERICS)
+        numerics_kept, detail = _judged(rounds, f"without {' and '.join(candidates.numerics)}", hardware)
+        verdicts.append((candidates.numerics, detail, numerics_kept))
+    if candidates.pipeline:
+        users_pipeline = USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE
+        rounds = ratios(AFTER, users_pipeline) if numerics_kept else ratios(USERS_NUMERICS, BEFORE)
+        pipeline_kept, detail = _judged(rounds, "on your own pipeline", hardware)
+        verdicts.append((("data_pipeline",), detail, pipeline_kept))
+    chosen = {
+        (True, True): AFTER,
+        (True, False): USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE,
+        (False, True): USERS_NUMERICS,
+        (False, False): BEFORE,
+    }[numerics_kept, pipeline_kept]
+    plan = setups[chosen].plan.replace(applied=_applied_steps(setups[AFTER].plan, verdicts))
+    return Verdict(chosen=chosen, built=dataclasses.replace(setups[chosen], plan=plan))
+
+
+def numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
+    """The recipes that change how the model computes between two plans."""
+    changed = []
+    if optimized.dtype_policy != baseline.dtype_policy:
+        changed.append("mixed_precision")
+    if optimized.jit_compile and not baseline.jit_compile:
+        changed.append("xla")
+    return changed
+
+
+def _judged(rounds: tuple[float, ...], against: str, hardware: str) -> tuple[bool, str]:
+    """Whether a ratio measured round by round is faster beyond noise, and the sentence that says so."""
+    median, low, high = spread(rounds)
+    measured = (
+        f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(rounds)} rounds against the same setup "
+        f"{against} on this machine ({hardware})"
+    )
+    if low > 1.0:
+        return True, f"kept: {measured}"
+    return False, f"left out: {measured}: {'slower' if high < 1.0 else 'within noise'}"
+
+
+def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]) -> tuple[Any, ...]:
+    """The optimized plan's steps with each verdict said: a kept recipe's step amended, a left-out recipe's
+    steps replaced by one skipped step with the reason."""
+    for recipes, detail, kept in verdicts:
+        for name in recipes:
+            if kept:
+                plan = plan.amend(name, detail)
+            else:
+                plan = plan.replace(applied=tuple(step for step in plan.applied if step.recipe != name))
+                plan = plan.record(name, detail, skipped=True)
+                _log.info("%s: %s", name, detail)
+    return plan.applied
+
+
+def _with_users_numerics(before: Built, after: Built) -> Built:
+    """The user's model on the optimized pipeline (offloaded, the one stream the service serves): no build,
+    the baseline's model measured on another dataset."""
+    plan = after.plan.with_compile(jit_compile=before.plan.jit_compile).replace(
+        dtype_policy=before.plan.dtype_policy, tf32=before.plan.tf32
+    )
+    return dataclasses.replace(before, dataset=after.dataset, plan=plan, service=after.service)
+
+
+def _with_users_pipeline(before: Built, after: Built) -> Built:
+    """The optimized model on the user's own pipeline (its batches made static where XLA needs them)."""
+    from tfopt.data.batches import static_batches
+
+    dataset = before.dataset
+    if after.plan.jit_compile:
+        dataset, _ = static_batches(dataset, after.plan.batch_size)
+    return dataclasses.replace(after, dataset=dataset, plan=after.plan.replace(dataset=dataset), service=None)
