@@ -103,6 +103,23 @@ def build(plan: Plan) -> Built:
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
 
+def without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Built:
+    """The setup built again at the baseline's dtype policy, its plan saying why mixed precision was left out
+    (`tfopt.fidelity.first_batch_checked` found that it fails or disagrees). The pipeline the first build
+    serves (from tf.data service workers, if any) feeds the rebuilt model too."""
+    _log.warning("mixed_precision: left out: %s", why)
+    plan = built.plan
+    steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
+    rebuilt = build(
+        plan.replace(dtype_policy=baseline_policy, applied=steps, data_service=None).record(
+            "mixed_precision", f"left out: {why}", skipped=True
+        )
+    )
+    return dataclasses.replace(
+        rebuilt, dataset=built.dataset, service=built.service, plan=rebuilt.plan.replace(data_service=plan.data_service)
+    )
+
+
 def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
     """The pipeline as read back from the tf.data service the plan offloads it to (starting the cluster on this
     host that it asks for), and that cluster; the plan's own pipeline where it offloads nothing, or where the

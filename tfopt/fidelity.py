@@ -21,20 +21,17 @@ runs it, which `fit` then reuses.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from typing import TYPE_CHECKING, Any
 
 from tfopt import data_mismatch
-from tfopt.builder import Built, build
 from tfopt.errors import IncompatibleModelError, describe_error
 
 if TYPE_CHECKING:
     import keras
 
+    from tfopt.builder import Built
     from tfopt.plan import Plan
-
-_log = logging.getLogger("tfopt")
 
 TOLERANCE = {"mixed_bfloat16": 0.3, "mixed_float16": 0.05, "float32": 0.02}
 # A model with more layers than this failing under 16 bits is not worth keeping in mixed precision.
@@ -260,12 +257,25 @@ def failing_layer(error: BaseException, model: keras.Model) -> Any:
     return None
 
 
-def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline_policy: str) -> Built:
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What the first batch said of the optimized setup.
+
+    Attributes:
+        built: The setup, its plan naming the layers kept at float32.
+        mixed_precision_fails: Why mixed precision must be left out (the setup is rebuilt without it), or None.
+    """
+
+    built: Built
+    mixed_precision_fails: str | None = None
+
+
+def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline_policy: str) -> Checked:
     """The optimized setup once it has run the first batch and agreed with the user's model.
 
     A layer that fails under the mixed policy is kept at float32 (named in the plan) and the batch runs
-    again; mixed precision is left out, rebuilt at the baseline's policy, where no layer can be named, more
-    than a few fail, or the outcome disagrees beyond the policy's tolerance.
+    again; mixed precision must be left out where no layer can be named, more than a few fail, or the outcome
+    disagrees beyond the policy's tolerance.
 
     Args:
         built: The optimized setup.
@@ -274,7 +284,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         baseline_policy: The dtype policy of the user's setup.
 
     Returns:
-        `built`, a copy with layers kept at float32, or a rebuild without mixed precision.
+        `built` (with layers kept at float32), and why mixed precision must go where it must.
 
     Raises:
         IncompatibleModelError: The optimized setup fails on the batch for a reason other than its precision.
@@ -294,40 +304,24 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             layer = failing_layer(error, model)
             if layer is None or layer.dtype_policy.name == "float32" or len(kept) == _MOST_LAYERS_KEPT:
                 where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "the model"
-                return _without_mixed_precision(
-                    built,
-                    baseline_policy,
-                    f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give "
-                    "that layer dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out",
+                why = (
+                    f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give that layer "
+                    "dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out"
                 )
+                return Checked(built, mixed_precision_fails=why)
             layer.dtype_policy = "float32"
             kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)
         if not checked.agrees and plan.dtype_policy != baseline_policy:
-            return _without_mixed_precision(built, baseline_policy, str(checked))
+            return Checked(built, mixed_precision_fails=str(checked))
         if not checked.agrees:
             plan = plan.record(
                 "fidelity", f"{checked}: not from precision; check the recipes applied ({_recipes(plan)})"
             )
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
-        return dataclasses.replace(built, plan=plan)
-
-
-def _without_mixed_precision(built: Built, baseline_policy: str, why: str) -> Built:
-    _log.warning("mixed_precision: left out: %s", why)
-    plan = built.plan
-    steps = tuple(step for step in plan.applied if step.recipe != "mixed_precision")
-    # The pipeline the first build serves (from tf.data service workers, if any) feeds the rebuilt model too.
-    rebuilt = build(
-        plan.replace(dtype_policy=baseline_policy, applied=steps, data_service=None).record(
-            "mixed_precision", f"left out: {why}", skipped=True
-        )
-    )
-    return dataclasses.replace(
-        rebuilt, dataset=built.dataset, service=built.service, plan=rebuilt.plan.replace(data_service=plan.data_service)
-    )
+        return Checked(dataclasses.replace(built, plan=plan))
 
 
 def _recipes(plan: Plan) -> str:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfopt.builder import build
+from tfopt.builder import build, without_mixed_precision
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
 from tfopt.fidelity import first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
@@ -327,7 +327,10 @@ def _applied(
     before = after = before_profile = after_profile = None
     rounds: tuple[float, ...] = ()
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
-        built = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
+        checked = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
+        built = checked.built
+        if checked.mixed_precision_fails is not None:
+            built = without_mixed_precision(built, baseline.dtype_policy, checked.mixed_precision_fails)
         if measuring:
             setups = candidates(built_baseline, built, verifying)
             side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)

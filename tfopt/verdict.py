@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tfopt.plan import Step
 from tfopt.profiling.metrics import spread
 
 if TYPE_CHECKING:
@@ -157,18 +158,22 @@ def _judged(rounds: tuple[float, ...], against: str, hardware: str) -> tuple[boo
     return False, f"left out: {measured}: {'slower' if high < 1.0 else 'within noise'}"
 
 
-def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]) -> tuple[Any, ...]:
-    """The optimized plan's steps with each verdict said: a kept recipe's step amended, a left-out recipe's
-    steps replaced by one skipped step with the reason."""
+def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]) -> tuple[Step, ...]:
+    """The optimized plan's steps with each verdict said in its recipe's place: a kept recipe's step amended, a
+    left-out recipe's steps replaced by one skipped step with the reason."""
+    steps = list(plan.applied)
     for recipes, detail, kept in verdicts:
         for name in recipes:
             if kept:
-                plan = plan.amend(name, detail)
-            else:
-                plan = plan.replace(applied=tuple(step for step in plan.applied if step.recipe != name))
-                plan = plan.record(name, detail, skipped=True)
-                _log.info("%s: %s", name, detail)
-    return plan.applied
+                steps = list(plan.replace(applied=tuple(steps)).amend(name, detail).applied)
+                continue
+            _log.info("%s: %s", name, detail)
+            first = next((index for index, step in enumerate(steps) if step.recipe == name), len(steps))
+            steps = [step for step in steps[:first] if step.recipe != name] + [
+                Step(name, detail, skipped=True),
+                *(step for step in steps[first:] if step.recipe != name),
+            ]
+    return tuple(steps)
 
 
 def _with_users_numerics(before: Built, after: Built) -> Built:
