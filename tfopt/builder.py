@@ -3,9 +3,10 @@
 Order matters and is fixed here: the strategy is made first, then inside its scope and the dtype-policy
 scope the model is created once (an in-process copy of the user's model, or the user's `model_fn`), its
 layers are put on the plan's policy (`set_dtype_policy`), the user's weights are copied in where the model
-was made afresh, and the model is compiled once with the user's own compile objects (a copy of the
-optimizer inside the scope, XLA as the plan says). Global Keras state (the dtype policy) is only changed
-inside a scope that restores it, even when building fails.
+was made afresh, and the model is compiled as the plan says: a copy keeps what the user's compile made and
+changes only what recipes changed (`_compile`); a model from `model_fn` is compiled with the user's own
+compile objects. Global Keras state (the dtype policy) is only changed inside a scope that restores it,
+even when building fails.
 
 What XLA needs is settled here too, on the model this build creates: that every layer lowers to XLA
 (else the build compiles without it and says which layer), and full batches of one static shape (a
@@ -82,7 +83,6 @@ def build(plan: Plan) -> Built:
         >>> built.model is model
         False
     """
-
     from tfopt.distribute.strategy import make_strategy
 
     strategy = make_strategy(plan.strategy, **plan.strategy_options)
