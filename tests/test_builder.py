@@ -159,3 +159,40 @@ def test_a_copy_that_fails_names_the_model_and_the_model_fn_fix(cpu_hardware):
     message = str(caught.value)
     assert "could not copy your model 'tiny_cnn' (TypeError: " in message and "'units'" in message
     assert "model_fn=" in message and "model_fn raised" not in message
+
+
+def test_float16_leaves_a_train_step_of_the_users_own_to_scale_its_loss(cpu_hardware):
+    """Keras' train_step scales the loss for a LossScaleOptimizer; the VAE's own does not, and a wrapped optimizer
+    would divide its gradients by the scale."""
+    from tests import keras_examples
+
+    user, images = keras_examples.vae()
+    built = build(make_plan(user, images, hardware=cpu_hardware).replace(dtype_policy="mixed_float16"))
+    assert not isinstance(built.model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert "not wrapped for loss scaling: your own train_step decides" in str(built.plan.applied[-1])
+    plain = build(make_plan(make_cnn(), make_images(), hardware=cpu_hardware).replace(dtype_policy="mixed_float16"))
+    assert isinstance(plain.model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+class OwnCompile(keras.Model):
+    """A compile of its own with Keras' first three arguments, setting an attribute its train_step reads."""
+
+    def compile(self, optimizer, loss, metrics=None):
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics)
+        self.loss_scale = 0.5
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return self.loss_scale * super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+
+def test_a_model_fn_model_is_compiled_by_its_own_compile_where_it_takes_the_arguments(cpu_hardware):
+    def make():
+        inputs = keras.Input((12, 12, 3))
+        outputs = keras.layers.Dense(3, activation="softmax")(keras.layers.GlobalAveragePooling2D()(inputs))
+        return OwnCompile(inputs, outputs)
+
+    user = make()
+    user.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    built = build(make_plan(user, make_images(), hardware=cpu_hardware, model_fn=make))
+    assert built.model is not user and built.model.loss_scale == 0.5
+    assert np.isfinite(built.model.fit(make_images(), epochs=1, verbose=0).history["loss"][0])

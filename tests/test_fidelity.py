@@ -215,3 +215,14 @@ def test_training_the_result_learns_what_plain_keras_learns(make):
         np.testing.assert_allclose(tfopt_history[name], plain_history[name], rtol=1e-5, atol=1e-6)
     for mine, theirs in zip(result.model.get_weights(), user.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_too_few_rounds_keep_nothing(cpu_hardware):
+    """Two rounds show no spread: even a recipe twice as fast in both is left out, saying why."""
+    user, data = keras_examples.lstm_forecaster()
+    plan = make_plan(user, data, hardware=cpu_hardware)
+    with_bf16 = build(plan.replace(dtype_policy="mixed_bfloat16").record("mixed_precision", "mixed_bfloat16"))
+    setups = candidates(build(plan), with_bf16, frozenset({"mixed_precision"}))
+    two = decided(setups, measured_as(setups, before=(1.0, 1.0), your_numerics=(1.0, 1.0), after=(2.0, 2.0)))
+    assert two.chosen == "your numerics" and two.built.plan.dtype_policy == "float32"
+    assert two.built.plan.applied[-1].detail.endswith("too few rounds to tell from noise (measure 3 or more)")

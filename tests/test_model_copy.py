@@ -7,6 +7,7 @@ import threading
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests import keras_examples
 from tfopt.errors import IncompatibleModelError
@@ -216,3 +217,52 @@ def test_test_and_predict_steps_and_a_model_checkpoint_work_on_the_copy(tmp_path
     loaded = keras.saving.load_model(tmp_path / "best.keras", custom_objects={"Doubled": Doubled})
     assert type(loaded) is Doubled
     np.testing.assert_allclose(loaded(x), twin(x), rtol=1e-6)
+
+
+class Stepper(keras.Model):
+    """Keeps a tf.function of its own method, as users write `self.generate = tf.function(self._generate)`."""
+
+    def __init__(self, inner, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(1, kernel_initializer="ones")
+        self.inner = inner
+        self.fast_call = tf.function(self.slow_call, reduce_retracing=True)
+
+    def slow_call(self, inputs):
+        return self.dense(inputs)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+def test_traced_functions_and_tf_functions_of_methods_belong_to_the_copy():
+    x = np.ones((2, 3), "float32")
+    inner_inputs = keras.Input((3,))
+    inner = keras.Model(inner_inputs, keras.layers.Dense(1)(inner_inputs))
+    inner.predict(x, verbose=0)  # a sub-model with a traced predict function of its own
+    user = Stepper(inner)
+    user(x)
+    twin = copy_model(user)
+    assert twin.fast_call is not user.fast_call and twin.inner.predict_function is None
+    twin.dense.kernel.assign(2.0 * twin.dense.kernel)
+    np.testing.assert_array_equal(twin.fast_call(x), [[6.0], [6.0]])  # the copy's own weights
+    np.testing.assert_array_equal(user.fast_call(x), [[3.0], [3.0]])
+
+
+def test_a_closure_over_a_list_of_layers_calls_the_copies_and_trackers_know_their_copies():
+    blocks = [keras.layers.Dense(3), keras.layers.Dense(3)]
+
+    def stacked(tensor):
+        for block in blocks:
+            tensor = block(tensor)
+        return tensor
+
+    inputs = keras.Input((3,))
+    user = keras.Model(inputs, keras.layers.Lambda(stacked)(inputs))
+    twin = copy_model(user)
+    held = twin.layers[1].function.__closure__[0].cell_contents
+    assert [type(block) for block in held] == [keras.layers.Dense] * 2 and held[0] is not blocks[0]
+    stored = held[0]._tracker.stored_ids["trainable_variables"]
+    assert stored == {id(held[0].kernel), id(held[0].bias)}  # the copy's tracker knows the copy's variables
+    x = np.ones((1, 3), "float32")
+    np.testing.assert_allclose(twin(x), user(x), rtol=1e-6)

@@ -98,7 +98,9 @@ def build(plan: Plan) -> Built:
             _copy_weights(plan.weights_from, model)
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
-        _compile(model, plan)
+        loss_scaling = _compile(model, plan)
+        if loss_scaling:
+            plan = plan.amend("mixed_precision", loss_scaling)
     dataset, service, plan = _served(plan, unsettled)
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
@@ -248,39 +250,69 @@ def _copy_weights(source: keras.Model, target: keras.Model) -> None:
         ) from error
 
 
-def _compile(model: keras.Model, plan: Plan) -> None:
+def _compile(model: keras.Model, plan: Plan) -> str | None:
     """Compiles the model as the plan says, never calling an overridden `compile` with arguments it does not
-    declare (a GAN's `compile(d_optimizer, g_optimizer, loss_fn)`).
+    declare (a GAN's `compile(d_optimizer, g_optimizer, loss_fn)`); returns what the plan should say of loss
+    scaling, if anything.
 
     A copy of the user's compiled model keeps what their compile made (optimizers with their state, loss and
     metric objects, attributes their own `compile` set): XLA goes through Keras' `jit_compile` setter, and
     only where a recipe changed another setting (the optimizer's learning rate, `steps_per_execution`) is
     the copy compiled again, by `keras.Model.compile` itself, with its own objects and the changed ones.
-    A model made by `model_fn`, or given `compile=`, is compiled with the plan's arguments. Under
-    mixed_float16 the optimizer is wrapped for loss scaling; Keras wraps it only where the *model's* policy
-    is mixed_float16, and a model_fn that pins its own dtype escapes that (fp16 gradients then underflow).
+    A model made by `model_fn`, or given `compile=`, is compiled with the plan's arguments: by its own
+    `compile` where that takes them. Under mixed_float16 Keras' own `train_step` scales the loss for a
+    `LossScaleOptimizer`, which Keras wraps only where the *model's* policy is mixed_float16 (a model_fn that
+    pins its own dtype escapes that, and fp16 gradients then underflow): tfopt wraps it. A `train_step` of the
+    user's may not scale the loss, and the wrapper would then divide its gradients by the scale: not wrapped.
     """
     import keras
 
     if plan.keeps_users_compile and model.compiled:
         changed = _changed_settings(plan)
         if changed:
-            keras.Model.compile(
-                model, **{**model._compile_config.config, **_made_again(changed, plan), "jit_compile": plan.jit_compile}
-            )
-        else:
-            model.jit_compile = plan.jit_compile and not model.run_eagerly
+            optimizer = model.optimizer
+            if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                optimizer = optimizer.inner_optimizer
+            arguments = {**model._compile_config.config, "optimizer": optimizer, **_made_again(changed, plan)}
+            keras.Model.compile(model, **{**arguments, "jit_compile": plan.jit_compile})
     else:
         arguments = _compile_arguments(plan)
-        if _declares(model.compile, arguments):
-            model.compile(**arguments)
+        declared = {  # XLA is set below, through Keras' setter
+            key: value
+            for key, value in arguments.items()
+            if key != "jit_compile" and _KERAS_COMPILE_DEFAULTS.get(key, _UNSET) != value
+        }
+        if _declares(model.compile, declared):
+            model.compile(**declared)
         else:
             keras.Model.compile(model, **arguments)
+    model.jit_compile = plan.jit_compile and not model.run_eagerly
     scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    if plan.dtype_policy == "mixed_float16" and model.optimizer is not None and not scaled:
+    if plan.dtype_policy != "mixed_float16":
+        if scaled:
+            model.optimizer = model.optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
+        return None
+    if type(model).train_step is not keras.Model.train_step:
+        if scaled:
+            model.optimizer = model.optimizer.inner_optimizer
+        return (
+            "the optimizer is not wrapped for loss scaling: your own train_step decides (scale the loss with "
+            "self.optimizer.scale_loss and wrap the optimizer in keras.optimizers.LossScaleOptimizer, or use "
+            "mixed_bfloat16, which needs no scaling)"
+        )
+    if model.optimizer is not None and not scaled:
         model.optimizer = keras.optimizers.LossScaleOptimizer(model.optimizer)
-    elif plan.dtype_policy != "mixed_float16" and scaled:
-        model.optimizer = model.optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
+    return None
+
+
+# Keras' compile defaults: arguments at these values are left out of a call to a model's own `compile`.
+_UNSET = object()
+_KERAS_COMPILE_DEFAULTS = {
+    "loss_weights": None,
+    "weighted_metrics": None,
+    "run_eagerly": False,
+    "steps_per_execution": 1,
+}
 
 
 def _declares(method: Any, arguments: dict[str, Any]) -> bool:

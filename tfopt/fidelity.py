@@ -310,6 +310,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                 )
                 return Checked(built, mixed_precision_fails=why)
             layer.dtype_policy = "float32"
+            model.train_function = None  # traced with the layer in 16 bits
             kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)

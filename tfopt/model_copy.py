@@ -16,17 +16,20 @@ steps in only where that protocol would go wrong:
   their tracking hooks, which the copied tracker has already recorded.
 - **Variables are new variables** with the same value, created in the current scope (a tf.distribute
   strategy's scope mirrors them); a built optimizer's slot variables follow the model's, re-indexed.
-- **TensorFlow objects other than variables are shared**: tensors are immutable, the tables of adapted
-  lookups are not written by training, and a traced `tf.function` belongs to the model it traced (a
-  model's `train_function` and friends are made again for the copy).
-- **Functions and bound methods that reach a copied object are made again**: a method bound to a layer is
-  bound to the layer's copy, and a closure that holds a layer (a `Lambda` wrapping `lambda x: dense(x)`)
-  gets cells holding the copies. Module globals are the module's: a function reading a global layer still
-  reads that layer.
+- **TensorFlow objects other than variables are shared**: tensors are immutable, and the tables of adapted
+  lookups are not written by training. A model's own traced functions (`train_function` and friends)
+  belong to the model they traced: the copy's are made again on first use.
+- **Functions, bound methods and tf.functions from which a copied object can be reached are made again**:
+  a method bound to a layer is bound to the layer's copy, a closure that holds a layer (a `Lambda` wrapping
+  `lambda x: dense(x)`), or a list of layers, gets cells holding the copies, and a `tf.function` tracing
+  such a method wraps the new one with the same settings. Module globals are the module's: a function
+  reading a global layer still reads that layer.
 - **Everything else follows its own copy protocol**: enums and other atoms stay themselves, classes that
-  define `__deepcopy__` or `__reduce_ex__` (a helper that returns itself from `__deepcopy__` stays
-  shared) are honoured, `__slots__` are copied. An object the protocol cannot copy (a lock, an open
-  file) is an `IncompatibleModelError` naming its attribute path from the model.
+  define `__deepcopy__` or `__reduce_ex__` are honoured (a helper that returns itself from `__deepcopy__`
+  stays shared, and what it holds is not copied), `__slots__` are copied. An object the protocol cannot
+  copy (a lock, an open file) is an `IncompatibleModelError` naming its attribute path from the model.
+- **What Keras keys by identity is keyed by the copies**: a functional model's nodes, the trackers' stored
+  ids, a built optimizer's slots.
 
 The copy keeps what `compile()` made (the optimizer or optimizers with their state, loss and metric
 objects, the compile config), so a model whose own `compile` takes other arguments (a GAN's
@@ -94,11 +97,7 @@ def copy_model(model: keras.Model) -> keras.Model:
         >>> all(np.array_equal(a, b) for a, b in zip(model.get_weights(), twin.get_weights()))
         True
     """
-    twin = copy_keras_object(model, path=f"model {model.name!r}")
-    for name in _TRACED_FUNCTIONS:
-        if name in twin.__dict__:
-            twin.__dict__[name] = None
-    return twin
+    return copy_keras_object(model, path=f"model {model.name!r}")
 
 
 def copy_keras_object(obj: Any, *, path: str | None = None) -> Any:
@@ -130,8 +129,7 @@ def copy_keras_object(obj: Any, *, path: str | None = None) -> Any:
                 continue
             new_cell.cell_contents = _copied(contents, walk, f"{walk.paths[id(original)]}.<closure>")
     shells = [shell for _, shell in walk.shells]
-    _rekey_functional_graphs(shells, walk.memo)
-    _reindex_optimizers(shells)
+    _rekey_by_identity(shells, walk.memo)
     _record_current_strategy(shells)
     return walk.memo[id(obj)]
 
@@ -149,13 +147,18 @@ class _Walk:
         self.shells: list[tuple[Any, Any]] = []
         self.functions: list[tuple[types.FunctionType, types.FunctionType]] = []
         self._callables: list[Any] = []
+        self._made: set[int] = set()  # ids of what the copy makes anew: shells and variables
+        self._parents: dict[int, list[int]] = collections.defaultdict(list)
         # Every walked object stays referenced until the copy is done, so no id is reused meanwhile.
         self._walked: list[Any] = []
         queue = collections.deque([root])
         while queue:
             obj = queue.popleft()
             for label, child in self._visit(obj):
-                if id(child) not in self.paths and not isinstance(child, _ATOMS):
+                if isinstance(child, _ATOMS):
+                    continue
+                self._parents[id(child)].append(id(obj))
+                if id(child) not in self.paths:
                     self.paths[id(child)] = f"{self.paths[id(obj)]}{label}"
                     queue.append(child)
         self._make_callables_again()
@@ -170,23 +173,36 @@ class _Walk:
         if isinstance(obj, types.ModuleType):
             self.memo[key] = obj  # a module a layer keeps at hand (Keras' backend): the one module
         elif isinstance(obj, keras.Variable):
-            self.memo[key] = _copy_variable(obj)
+            twin = _copy_variable(obj)
+            self.memo[key], self.memo[id(obj._value)] = twin, twin._value  # the TF variable behind it too
+            self._made.add(key)
         elif isinstance(obj, tf.Variable):
-            self.memo[key] = tf.Variable(obj.read_value(), trainable=obj.trainable, name=obj.name.split(":")[0])
-        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            self.memo[key] = tf.Variable(
+                obj.read_value(),
+                trainable=obj.trainable,
+                name=obj.name.split(":")[0],
+                aggregation=obj.aggregation,
+                synchronization=obj.synchronization,
+                shape=obj.shape,
+            )
+            self._made.add(key)
+        elif isinstance(obj, (types.FunctionType, types.MethodType, tf.types.experimental.PolymorphicFunction)):
             self._callables.append(obj)
             if isinstance(obj, types.MethodType):
                 yield ".__self__", obj.__self__
                 yield ".__func__", obj.__func__
-            else:
+            elif isinstance(obj, types.FunctionType):
                 for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
                     try:
                         yield f".<closure {name}>", cell.cell_contents
                     except ValueError:
                         continue
+            else:  # a tf.function: what it traces
+                yield ".python_function", obj.python_function
         elif _is_keras_object(obj):
             shell = type(obj).__new__(type(obj))
             self.memo[key] = shell
+            self._made.add(key)
             self.shells.append((obj, shell))
             yield from _contents(obj)
             yield from ((f".{name}", value) for name, value in vars(obj).items())
@@ -197,33 +213,41 @@ class _Walk:
             yield from ((f".{name}", value) for name, value in getattr(obj, "__dict__", {}).items())
         elif (type(obj).__module__ or "").startswith(("tensorflow", "numpy")):
             if not type(obj).__module__.startswith("numpy"):
-                self.memo[key] = obj  # tensors, lookup-table resources, tf.functions: shared
+                self.memo[key] = obj  # tensors, lookup-table resources: shared
         else:
             yield from _protocol_parts(obj)
 
     def _make_callables_again(self) -> None:
-        """Functions whose closure holds a copied object, and methods bound to one, made again for the copy
-        (until no more change: a closure may hold a method bound to a layer)."""
-        changed = True
-        while changed:
-            changed = False
-            for original in self._callables:
-                if id(original) in self.memo:
-                    continue
-                if isinstance(original, types.MethodType):
-                    target, function = original.__self__, original.__func__
-                    if id(target) in self.memo or id(function) in self.memo:
-                        self.memo[id(original)] = types.MethodType(
-                            self.memo.get(id(function), function), self.memo.get(id(target), target)
-                        )
-                        changed = True
-                    continue
-                cells = original.__closure__ or ()
-                if any(id(_contents_of(cell)) in self.memo for cell in cells):
-                    self.memo[id(original)] = self._function_again(original)
-                    changed = True
+        """Every function, method and tf.function from which a copied object can be reached (a closure over a
+        layer, or over a list of layers; a method bound to one; a tf.function tracing such a method) made
+        again for the copy; the others are shared."""
+        import tensorflow as tf
+
+        reaching, stack = set(), list(self._made)
+        while stack:
+            for parent in self._parents.get(stack.pop(), ()):
+                if parent not in reaching:
+                    reaching.add(parent)
+                    stack.append(parent)
+        remade = [original for original in self._callables if id(original) in reaching]
+        for original in remade:  # functions first: a method or a tf.function may be made of one
+            if isinstance(original, types.FunctionType):
+                self.memo[id(original)] = self._function_again(original)
+        for original in remade:
+            if isinstance(original, types.MethodType):
+                function = self.memo.get(id(original.__func__), original.__func__)
+                self.memo[id(original)] = types.MethodType(function, self.memo.get(id(original.__self__)))
+        for original in remade:
+            if isinstance(original, tf.types.experimental.PolymorphicFunction):
+                self.memo[id(original)] = tf.function(
+                    self.memo[id(original.python_function)],
+                    input_signature=original.input_signature,
+                    jit_compile=getattr(original, "_jit_compile", None),
+                    reduce_retracing=getattr(original, "_reduce_retracing", False),
+                )
 
     def _function_again(self, original: types.FunctionType) -> types.FunctionType:
+        """A function like `original` with empty cells of its own, filled once the objects they hold are copied."""
         new = types.FunctionType(
             original.__code__,
             original.__globals__,
@@ -238,13 +262,6 @@ class _Walk:
         new.__dict__.update(original.__dict__)
         self.functions.append((original, new))
         return new
-
-
-def _contents_of(cell: types.CellType) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return None
 
 
 def _is_keras_object(obj: Any) -> bool:
@@ -270,9 +287,8 @@ def _contents(obj: Any) -> Iterator[tuple[str, Any]]:
 
 def _protocol_parts(obj: Any) -> Iterator[tuple[str, Any]]:
     """What `copy.deepcopy` copies of an object that is not Keras', TensorFlow's or a container: the
-    arguments and state of its `__reduce_ex__`, or, where it has its own `__deepcopy__`, its attributes."""
-    if hasattr(type(obj), "__deepcopy__"):
-        yield from ((f".{name}", value) for name, value in getattr(obj, "__dict__", {}).items())
+    arguments and state of its `__reduce_ex__`; nothing of one with its own `__deepcopy__`."""
+    if hasattr(type(obj), "__deepcopy__"):  # it copies itself (a helper returning itself stays shared)
         return
     try:
         reduced = obj.__reduce_ex__(4)
@@ -312,6 +328,7 @@ def _fill(shell: Any, original: Any, walk: _Walk) -> None:
 
 
 def _copied(value: Any, walk: _Walk, path: str) -> Any:
+    """`value` deep-copied around what the walk made, or an error naming the path of what cannot be copied."""
     try:
         return copy.deepcopy(value, walk.memo)
     except IncompatibleModelError:
@@ -339,10 +356,14 @@ def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> t
     return path, f"{type(error).__name__}: {error}"
 
 
-def _rekey_functional_graphs(copies: list[Any], memo: dict[int, Any]) -> None:
-    """A functional model knows its own nodes by the identity of their layers (`make_node_key`): saving it
-    looks them up. The copy's are keyed by the copied layers."""
+def _rekey_by_identity(copies: list[Any], memo: dict[int, Any]) -> None:
+    """What Keras keys by object identity, keyed by the copies: a functional model's nodes (`make_node_key`,
+    read when it is saved), a tracker's stored ids (read when an attribute is assigned or deleted), a built
+    optimizer's slots (found by the identity of their variable). The traced functions of a model belong to
+    the original: made again on first use."""
+    import keras
     from keras.src.ops.function import Function, make_node_key
+    from keras.src.utils.tracking import Tracker
 
     for new in copies:
         if isinstance(new, Function) and isinstance(new.__dict__.get("_nodes"), set):
@@ -352,16 +373,17 @@ def _rekey_functional_graphs(copies: list[Any], memo: dict[int, Any]) -> None:
                 copied = memo.get(int(operation))
                 keys.add(make_node_key(copied, int(index)) if copied is not None else key)
             new.__dict__["_nodes"] = keys
-
-
-def _reindex_optimizers(copies: list[Any]) -> None:
-    """A built optimizer finds a variable's slots by the variable's identity: the copy's by the new ones."""
-    import keras
-
-    for new in copies:
+        if isinstance(new, Tracker):
+            new.__dict__["stored_ids"] = {
+                name: {id(value) for value in store} for name, (_, store) in new.config.items()
+            }
         if isinstance(new, keras.optimizers.Optimizer) and new.built:
             indices = {new._var_key(variable): index for index, variable in enumerate(new._trainable_variables)}
             new.__dict__["_trainable_variables_indices"] = indices
+        if isinstance(new, keras.Model):
+            for name in _TRACED_FUNCTIONS:
+                if name in new.__dict__:
+                    new.__dict__[name] = None
 
 
 def _record_current_strategy(copies: list[Any]) -> None:

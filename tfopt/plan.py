@@ -65,9 +65,9 @@ class Plan:
             objects): what `build()` compiles with where the plan left a setting as it was, so custom
             losses and metrics are the user's own and not looked up again by name.
         source: The `tfopt.data` source the dataset came from, when tfopt knows it, else None.
-        keeps_users_compile: The model built is a copy of the user's compiled model and keeps what their
-            compile made (optimizers with their state, loss and metric objects, whatever an overridden
-            `compile` set): the build changes only what recipes changed. False where `model_fn` or
+        keeps_users_compile: A model built compiled (a copy of the user's compiled model, or a model_fn's that
+            compiles) keeps what its compile made (optimizers with their state, loss and metric objects,
+            whatever an overridden `compile` set): the build changes only what recipes changed. False where
             `compile=` was given: the build compiles with `compile_objects`.
         dtype_policy: The Keras dtype policy name the model is built under.
         strategy: The tf.distribute strategy name that `tfopt.distribute.make_strategy` understands.
@@ -218,7 +218,7 @@ def make_plan(
         batch_size=batch_size_of(sample_inputs),
         weights_from=model if model_fn is not None and model is not None and model.weights else None,
         source=source,
-        keeps_users_compile=model_fn is None and compile is None,
+        keeps_users_compile=compile is None,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
         dtype_policy=model_dtype_policy(model) if model is not None else "float32",
         tf32=tf32,

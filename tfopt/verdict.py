@@ -35,6 +35,8 @@ BEFORE, AFTER = "before", "after"
 # The optimized setup with the user's numerics (their model on the rewritten pipeline), and with the user's
 # pipeline (the optimized model on it).
 USERS_NUMERICS, USERS_PIPELINE = "your numerics", "your pipeline"
+# The fewest rounds whose spread can show a ratio beyond noise.
+MIN_ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +75,11 @@ def candidates(before: Built, after: Built, verifying: frozenset[str]) -> Candid
         after: The optimized setup, checked on the first batch.
         verifying: The names of the recipes whose choice was left to tfopt.
 
+    Returns:
+        The setups by name, `BEFORE` first and `AFTER` last. The pipeline rewrite is a question only where the
+        rest trains the same examples per step under the same strategy (a batch_size, distribution or
+        data_service recipe reshapes the data around it: then it stays as planned).
+
     Example:
         >>> from tfopt.builder import Built
         >>> from tfopt.hardware import Hardware
@@ -85,17 +92,18 @@ def candidates(before: Built, after: Built, verifying: frozenset[str]) -> Candid
         >>> list(candidates(user, tuned, frozenset({"mixed_precision", "data_pipeline"})).setups)
         ['before', 'your numerics', 'your pipeline', 'after']
     """
-    changed = numerics_changed(before.plan, after.plan)
+    changed = _numerics_changed(before.plan, after.plan)
     numerics = tuple(changed) if changed and set(changed) <= verifying else ()
     pipeline = (
         "data_pipeline" in verifying
         and after.plan.data_service is None
+        and (after.plan.batch_size, after.plan.strategy) == (before.plan.batch_size, before.plan.strategy)
         and any(step.recipe == "data_pipeline" and not step.skipped for step in after.plan.applied)
     )
     setups = {BEFORE: before}
     if numerics:
         setups[USERS_NUMERICS] = _with_users_numerics(before, after)
-    if pipeline and changed:
+    if pipeline and (changed or _compiled_otherwise(before.plan, after.plan)):
         setups[USERS_PIPELINE] = _with_users_pipeline(before, after)
     setups[AFTER] = after
     return Candidates(setups=setups, numerics=numerics, pipeline=pipeline)
@@ -107,6 +115,9 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
     Args:
         candidates: The setups, as measured.
         measured: Their measurement side by side, in the order of `candidates.setups`.
+
+    Returns:
+        The setup given back, by name, its plan's steps saying each verdict with its ratio and range.
     """
     names = list(candidates.setups)
     setups = candidates.setups
@@ -136,7 +147,7 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
     return Verdict(chosen=chosen, built=dataclasses.replace(setups[chosen], plan=plan))
 
 
-def numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
+def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
     """The recipes that change how the model computes between two plans."""
     changed = []
     if optimized.dtype_policy != baseline.dtype_policy:
@@ -147,12 +158,15 @@ def numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
 
 
 def _judged(rounds: tuple[float, ...], against: str, hardware: str) -> tuple[bool, str]:
-    """Whether a ratio measured round by round is faster beyond noise, and the sentence that says so."""
+    """Whether a ratio measured round by round is faster beyond noise, and the sentence that says so. Fewer than
+    `MIN_ROUNDS` rounds show no noise to be beyond: a recipe measured so is left out, saying so."""
     median, low, high = spread(rounds)
     measured = (
         f"measured {median:.2f}x [{low:.2f}-{high:.2f}] over {len(rounds)} rounds against the same setup "
         f"{against} on this machine ({hardware})"
     )
+    if len(rounds) < MIN_ROUNDS:
+        return False, f"left out: {measured}: too few rounds to tell from noise (measure {MIN_ROUNDS} or more)"
     if low > 1.0:
         return True, f"kept: {measured}"
     return False, f"left out: {measured}: {'slower' if high < 1.0 else 'within noise'}"
@@ -176,13 +190,28 @@ def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]
     return tuple(steps)
 
 
+def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
+    """Whether recipes changed a compile setting other than XLA, or the examples per step, or the strategy."""
+
+    def training(plan: Plan) -> tuple[dict, int, str]:
+        settings = {key: value for key, value in plan.compile_config.items() if key != "jit_compile"}
+        return settings, plan.batch_size, plan.strategy
+
+    return training(baseline) != training(optimized)
+
+
 def _with_users_numerics(before: Built, after: Built) -> Built:
-    """The user's model on the optimized pipeline (offloaded, the one stream the service serves): no build,
-    the baseline's model measured on another dataset."""
+    """The optimized setup with the user's numerics (dtype policy, XLA, TF32) on its pipeline (offloaded, the one
+    stream the service serves): the baseline's model itself where nothing else differs, else built anew."""
+    from tfopt.builder import build
+
     plan = after.plan.with_compile(jit_compile=before.plan.jit_compile).replace(
         dtype_policy=before.plan.dtype_policy, tf32=before.plan.tf32
     )
-    return dataclasses.replace(before, dataset=after.dataset, plan=plan, service=after.service)
+    model = before
+    if _compiled_otherwise(before.plan, after.plan):  # a learning rate or steps per execution of its own
+        model = build(plan.replace(data_service=None))
+    return dataclasses.replace(model, dataset=after.dataset, plan=plan, service=after.service)
 
 
 def _with_users_pipeline(before: Built, after: Built) -> Built:

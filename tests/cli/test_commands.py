@@ -907,3 +907,17 @@ def test_diagnose_trace_says_what_is_wrong_with_the_path(capsys, tmp_path):
     ):
         exit_code, out, err = run_cli(capsys, "diagnose", "--trace", path, "--quiet")
         assert exit_code == 1 and out == "" and words in err, err
+
+
+def test_a_run_written_to_a_pipe_prints_one_plain_line_per_epoch(tmp_path):
+    """As in a Kubernetes pod, a Slurm job, CI or nohup: no bar redrawn with escape codes, Keras' one line an epoch."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(GOOD + "train: {epochs: 2, steps_per_epoch: 2}\nprofile: {steps: 2, warmup_steps: 1}\n")
+    argv = ["run", str(recipe), "--steps", "2", "--out", str(tmp_path / "run")]
+    process = _subprocess("import sys", "from tfopt.cli import main", f"sys.exit(main({argv!r}))")
+    assert process.returncode == 0, process.stderr
+    assert "\x1b" not in process.stderr and "\r" not in process.stderr
+    epochs = [line for line in process.stderr.splitlines() if line.startswith("Epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["Epoch 1/2", "Epoch 2/2"]
+    assert all(": 2 steps, " in line and ", loss: " in line for line in epochs), epochs
+    assert "tfopt-recipe: training 2 epoch(s)" in process.stderr.splitlines()  # tfopt's phases: a line each

@@ -260,9 +260,9 @@ def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
         with model.distribute_strategy.scope():
             for variable, value in zip(state, saved):
                 variable.assign(value)
-        for name, spare in unbuilt.items():
-            setattr(model, name, copy_keras_object(spare))
-            model.train_function = model.test_function = model.predict_function = None
+            for name, spare in unbuilt.items():  # its variables made in the model's strategy scope
+                setattr(model, name, copy_keras_object(spare))
+                model.train_function = model.test_function = model.predict_function = None
 
     return restore
 

@@ -20,7 +20,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.errors import RecipeConfigError
-from tfopt.plan import Plan
+from tfopt.plan import Plan, Unserializable
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 
@@ -152,6 +152,12 @@ def _optimizer_config(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
 
     if isinstance(optimizer, str):
         optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
+    if isinstance(optimizer, Unserializable):
+        raise RecipeConfigError(
+            f"grad_accum: cannot set gradient_accumulation_steps on optimizer {optimizer.kind!r}: Keras cannot "
+            f"serialize it ({optimizer.why}), so tfopt cannot make it again with the setting. Give its learning-"
+            "rate schedule (or the optimizer) a get_config(), or accumulate gradients in your own train_step."
+        )
     if not isinstance(optimizer, dict) or "config" not in optimizer:
         raise RecipeConfigError(
             f"grad_accum: cannot read the optimizer from the compile config ({optimizer!r}). "

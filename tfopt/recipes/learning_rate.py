@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import RecipeConfigError
+from tfopt.plan import Unserializable
 
 if TYPE_CHECKING:
     import keras
@@ -81,6 +82,8 @@ def _with_scaled_rate(
     if "inner_optimizer" in config:  # LossScaleOptimizer: the rate lives in the wrapped optimizer
         config["inner_optimizer"] = _with_scaled_rate(config["inner_optimizer"], factor, warmup_steps, rule, changes)
         return {**optimizer, "config": config}
+    if isinstance(optimizer, Unserializable):
+        raise _cannot_scale(rule, optimizer.kind, f"Keras cannot serialize it ({optimizer.why})")
     if "learning_rate" not in config:
         raise _cannot_scale(rule, optimizer, "it has no learning_rate in its config")
     rate = config["learning_rate"]
