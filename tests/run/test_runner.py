@@ -159,7 +159,7 @@ def test_a_diverging_run_stops_with_the_step_and_keeps_its_report(tmp_path):
     assert message.startswith(
         (
             f"Training stopped at step {error.value.step}: the loss is ",
-            f"Training stopped at step {error.value.step}: the model's weights contain NaN",
+            f"Training stopped at step {error.value.step}: the model's weights hold NaN or Inf",
         )
     )
     assert f"The partial outputs of this run are in {tmp_path / 'run'}." in message
