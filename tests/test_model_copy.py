@@ -227,6 +227,7 @@ class Stepper(keras.Model):
         self.dense = keras.layers.Dense(1, kernel_initializer="ones")
         self.inner = inner
         self.fast_call = tf.function(self.slow_call, reduce_retracing=True)
+        self.doubled = tf.function(lambda tensor: 2.0 * tensor)  # reaches no layer: shared
 
     def slow_call(self, inputs):
         return self.dense(inputs)
@@ -244,6 +245,7 @@ def test_traced_functions_and_tf_functions_of_methods_belong_to_the_copy():
     user(x)
     twin = copy_model(user)
     assert twin.fast_call is not user.fast_call and twin.inner.predict_function is None
+    assert twin.doubled is user.doubled
     twin.dense.kernel.assign(2.0 * twin.dense.kernel)
     np.testing.assert_array_equal(twin.fast_call(x), [[6.0], [6.0]])  # the copy's own weights
     np.testing.assert_array_equal(user.fast_call(x), [[3.0], [3.0]])

@@ -218,9 +218,9 @@ class _Walk:
             yield from _protocol_parts(obj)
 
     def _make_callables_again(self) -> None:
-        """Every function, method and tf.function from which a copied object can be reached (a closure over a
-        layer, or over a list of layers; a method bound to one; a tf.function tracing such a method) made
-        again for the copy; the others are shared."""
+        """Every function and tf.function from which a copied object can be reached (a closure over a layer, or
+        over a list of layers; a tf.function tracing a method of a layer) made again for the copy; the others
+        are shared."""
         import tensorflow as tf
 
         reaching, stack = set(), list(self._made)
@@ -229,21 +229,27 @@ class _Walk:
                 if parent not in reaching:
                     reaching.add(parent)
                     stack.append(parent)
-        remade = [original for original in self._callables if id(original) in reaching]
-        for original in remade:  # functions first: a method or a tf.function may be made of one
-            if isinstance(original, types.FunctionType):
+        # Functions first: a tf.function may be made of one. A bound method needs nothing here: deepcopy binds
+        # its function to the copy of its object (the shell, for a Keras object).
+        for original in self._callables:
+            if isinstance(original, types.FunctionType) and id(original) in reaching:
                 self.memo[id(original)] = self._function_again(original)
-        for original in remade:
-            if isinstance(original, types.MethodType):
-                function = self.memo.get(id(original.__func__), original.__func__)
-                self.memo[id(original)] = types.MethodType(function, self.memo.get(id(original.__self__)))
-        for original in remade:
+        for original in self._callables:
             if isinstance(original, tf.types.experimental.PolymorphicFunction):
-                self.memo[id(original)] = tf.function(
-                    self.memo[id(original.python_function)],
-                    input_signature=original.input_signature,
-                    jit_compile=getattr(original, "_jit_compile", None),
-                    reduce_retracing=getattr(original, "_reduce_retracing", False),
+                traced = self.memo.get(id(original.python_function))
+                if isinstance(original.python_function, types.MethodType):  # tf.function(self.step): the copy's
+                    method = original.python_function
+                    owner = self.memo.get(id(method.__self__))
+                    traced = types.MethodType(method.__func__, owner) if owner is not None else None
+                self.memo[id(original)] = (
+                    original
+                    if traced is None
+                    else tf.function(
+                        traced,
+                        input_signature=original.input_signature,
+                        jit_compile=getattr(original, "_jit_compile", None),
+                        reduce_retracing=getattr(original, "_reduce_retracing", False),
+                    )
                 )
 
     def _function_again(self, original: types.FunctionType) -> types.FunctionType:
