@@ -226,3 +226,20 @@ def test_too_few_rounds_keep_nothing(cpu_hardware):
     two = decided(setups, measured_as(setups, before=(1.0, 1.0), your_numerics=(1.0, 1.0), after=(2.0, 2.0)))
     assert two.chosen == "your numerics" and two.built.plan.dtype_policy == "float32"
     assert two.built.plan.applied[-1].detail.endswith("too few rounds to tell from noise (measure 3 or more)")
+
+
+def test_the_pipeline_is_judged_with_xla_batches_and_not_where_another_recipe_rebatches(cpu_hardware):
+    """Recipes that meet the pipeline rewrite: under XLA, "your pipeline" is the user's with static batches;
+    where batch_size changes the examples per step, the rewrite is no question of its own."""
+    from tests.conftest import make_cnn, make_images
+
+    data = make_images()
+    plan = make_plan(make_cnn(), data, hardware=cpu_hardware)
+    tuned = plan.record("data_pipeline", "tuned")
+    before, xla = build(plan), build(tuned.with_compile(jit_compile=True))
+    setups = candidates(before, xla, frozenset({"data_pipeline", "xla"}))
+    assert list(setups.setups) == ["before", "your numerics", "your pipeline", "after"] and setups.pipeline
+    users = setups.setups["your pipeline"]
+    assert users.model is xla.model and users.dataset.element_spec[0].shape[0] == 8  # XLA's static batches
+    rebatched = build(tuned.replace(batch_size=16, dataset=data.unbatch().batch(16)))
+    assert not candidates(before, rebatched, frozenset({"data_pipeline"})).pipeline

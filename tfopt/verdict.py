@@ -126,6 +126,7 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
         return measured.ratios(names.index(side), names.index(other))
 
     hardware = setups[AFTER].plan.hardware.describe()
+    users_pipeline = USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE
     verdicts: list[tuple[tuple[str, ...], str, bool]] = []
     numerics_kept = pipeline_kept = True
     if candidates.numerics:
@@ -133,13 +134,12 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
         numerics_kept, detail = _judged(rounds, f"without {' and '.join(candidates.numerics)}", hardware)
         verdicts.append((candidates.numerics, detail, numerics_kept))
     if candidates.pipeline:
-        users_pipeline = USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE
         rounds = ratios(AFTER, users_pipeline) if numerics_kept else ratios(USERS_NUMERICS, BEFORE)
         pipeline_kept, detail = _judged(rounds, "on your own pipeline", hardware)
         verdicts.append((("data_pipeline",), detail, pipeline_kept))
     chosen = {
         (True, True): AFTER,
-        (True, False): USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE,
+        (True, False): users_pipeline,
         (False, True): USERS_NUMERICS,
         (False, False): BEFORE,
     }[numerics_kept, pipeline_kept]
@@ -175,19 +175,17 @@ def _judged(rounds: tuple[float, ...], against: str, hardware: str) -> tuple[boo
 def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]) -> tuple[Step, ...]:
     """The optimized plan's steps with each verdict said in its recipe's place: a kept recipe's step amended, a
     left-out recipe's steps replaced by one skipped step with the reason."""
-    steps = list(plan.applied)
     for recipes, detail, kept in verdicts:
         for name in recipes:
             if kept:
-                steps = list(plan.replace(applied=tuple(steps)).amend(name, detail).applied)
+                plan = plan.amend(name, detail)
                 continue
             _log.info("%s: %s", name, detail)
+            steps = plan.applied
             first = next((index for index, step in enumerate(steps) if step.recipe == name), len(steps))
-            steps = [step for step in steps[:first] if step.recipe != name] + [
-                Step(name, detail, skipped=True),
-                *(step for step in steps[first:] if step.recipe != name),
-            ]
-    return tuple(steps)
+            rest = (step for step in steps[first:] if step.recipe != name)
+            plan = plan.replace(applied=(*steps[:first], Step(name, detail, skipped=True), *rest))
+    return plan.applied
 
 
 def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
@@ -208,10 +206,10 @@ def _with_users_numerics(before: Built, after: Built) -> Built:
     plan = after.plan.with_compile(jit_compile=before.plan.jit_compile).replace(
         dtype_policy=before.plan.dtype_policy, tf32=before.plan.tf32
     )
-    model = before
+    users = before
     if _compiled_otherwise(before.plan, after.plan):  # a learning rate or steps per execution of its own
-        model = build(plan.replace(data_service=None))
-    return dataclasses.replace(model, dataset=after.dataset, plan=plan, service=after.service)
+        users = build(plan.replace(data_service=None))
+    return dataclasses.replace(users, dataset=after.dataset, plan=plan, service=after.service)
 
 
 def _with_users_pipeline(before: Built, after: Built) -> Built:
