@@ -9,6 +9,15 @@ import signal
 import subprocess
 import time
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def child_environment(**overrides: str) -> dict[str, str]:
+    """This process' environment for a child Python, with this checkout first on PYTHONPATH and what was
+    there kept (on the GPU machine TensorFlow itself comes through PYTHONPATH)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
 
 def alive(pid: int) -> bool:
     """Whether the process runs (a zombie waiting for its parent to reap it counts as gone)."""

@@ -58,3 +58,24 @@ def test_a_model_of_two_inputs_names_the_one_that_does_not_fit(cpu_hardware):
     data = tf.data.Dataset.from_tensor_slices(((X[:, :4], X[:, :3]), Y)).batch(8)
     with pytest.raises(DataError, match=r"the model's input 'amounts' takes \(None, 2\)"):
         tfopt.apply(model, data, recipes=[], hardware=cpu_hardware)
+
+
+def test_labels_beyond_classes_are_named_where_the_loss_is_nan_instead_of_an_error(cpu_hardware, monkeypatch):
+    """A GPU's sparse cross-entropy kernel gives NaN for a label beyond the classes where a CPU's raises: faked
+    here by the same kernel with the GPU's answer, so the CPU suite proves the GPU path."""
+    kernel = tf.nn.sparse_softmax_cross_entropy_with_logits
+
+    def as_on_a_gpu(labels, logits, name=None):
+        classes = tf.shape(logits, out_type=labels.dtype)[-1]
+        inside = (labels >= 0) & (labels < classes)
+        losses = kernel(labels=tf.where(inside, labels, tf.zeros_like(labels)), logits=logits)
+        return tf.where(inside, losses, tf.constant(float("nan"), losses.dtype))
+
+    monkeypatch.setattr(tf.nn, "sparse_softmax_cross_entropy_with_logits", as_on_a_gpu)
+    labels = np.arange(64) % 7
+    with pytest.raises(DataError) as caught:
+        tfopt.apply(
+            _classifier(), tf.data.Dataset.from_tensor_slices((X, labels)).batch(8), recipes=[], hardware=cpu_hardware
+        )
+    assert str(caught.value).startswith("The labels of the first batch hold 3, outside the model's 3 classes")
+    assert caught.value.setting == "classes"

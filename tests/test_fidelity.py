@@ -202,19 +202,14 @@ def test_training_the_result_learns_what_plain_keras_learns(make):
     the weights two epochs of plain Keras reach from the same start: the same train_step, loss, optimizer
     settings, data and order."""
     from tests.conftest import FAKE_HARDWARE
+    from tests.same_training import assert_same_training
 
     user, data = make()
     # Measured too: the first-batch check and the timed steps both train the model, and must put back all of
     # it (weights, optimizer, the seed generators' state).
     result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1)
     assert result.plan.dtype_policy == "float32"
-    tfopt_history = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
-    plain_history = user.fit(data, epochs=2, verbose=0, shuffle=False).history
-    assert sorted(tfopt_history) == sorted(plain_history)
-    for name in plain_history:
-        np.testing.assert_allclose(tfopt_history[name], plain_history[name], rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(result.model.get_weights(), user.get_weights()):
-        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert_same_training(result, user, data)
 
 
 def test_too_few_rounds_keep_nothing(cpu_hardware):

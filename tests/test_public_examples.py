@@ -13,6 +13,7 @@ import pytest
 import tfopt
 from tests import keras_examples
 from tests.conftest import FAKE_HARDWARE
+from tests.same_training import assert_same_training
 
 FORCED = [{"mixed_precision": {"policy": "mixed_bfloat16"}}, {"xla": {"jit_compile": True}}]
 MODES = {"defaults": "default", "bf16_xla_forced": FORCED}
@@ -25,17 +26,6 @@ def recipes(request):
 
 def weights_of(model):
     return [weight.copy() for weight in model.get_weights()]
-
-
-def assert_same_training(result, user, data, epochs=2):
-    """Training tfopt's model and the user's from the same start ends at the same weights and history."""
-    mine = result.model.fit(result.dataset, epochs=epochs, verbose=0, shuffle=False).history
-    theirs = user.fit(data, epochs=epochs, verbose=0, shuffle=False).history
-    assert sorted(mine) == sorted(theirs)
-    for name in theirs:
-        np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-5, atol=1e-6)
-    for a, b in zip(result.model.get_weights(), user.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_auc_metrics_holding_enums_are_copied_with_their_settings(recipes, cpu_hardware):

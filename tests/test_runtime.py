@@ -9,9 +9,12 @@ from tfopt.runtime import configure_gpu_memory, gpu_memory_in_force
 
 
 class FakeGpuConfig:
-    """Stands in for tf.config on a machine with two GPUs, refusing changes once 'initialised'."""
+    """Stands in for tf.config on a machine with two GPUs, refusing changes once 'initialised'. The
+    environment's TF_FORCE_GPU_ALLOW_GROWTH (set where the suite runs on a real GPU) is taken away: it would
+    answer for the code under test."""
 
     def __init__(self, monkeypatch, initialised=False):
+        monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
         self.gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
         self.growth, self.limits, self.initialised = {}, {}, initialised
         monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: self.gpus if kind == "GPU" else [])
@@ -45,7 +48,6 @@ def test_limit_becomes_a_logical_device_in_mib(monkeypatch):
 
 def test_too_late_says_to_call_it_first(monkeypatch):
     FakeGpuConfig(monkeypatch, initialised=True)
-    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     with pytest.raises(RecipeConfigError, match="before TensorFlow initialises the GPUs") as error:
         configure_gpu_memory(growth=True)
     message = str(error.value)
@@ -55,7 +57,6 @@ def test_too_late_says_to_call_it_first(monkeypatch):
 
 def test_a_notebook_cell_run_again_after_the_gpus_started_works(monkeypatch):
     fake = FakeGpuConfig(monkeypatch)
-    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     configure_gpu_memory(growth=True)
     fake.initialised = True  # the next cells trained a model
     assert configure_gpu_memory(growth=True) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
@@ -79,7 +80,6 @@ def test_tf_force_gpu_allow_growth_decides_growth(monkeypatch, forced, in_force)
 
 def test_in_force_reads_what_was_set(monkeypatch):
     fake = FakeGpuConfig(monkeypatch)
-    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     assert not gpu_memory_in_force(growth=True, limit_bytes=None)
     configure_gpu_memory(growth=True)
     assert gpu_memory_in_force(growth=True, limit_bytes=None)

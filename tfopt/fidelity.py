@@ -229,8 +229,12 @@ def reference_outcome(model: keras.Model, batch: Any) -> Outcome:
         if values is not None and not np.all(np.isfinite(values))
     ]
     if broken:
+        mismatch = data_mismatch.explain(model, batch)  # a GPU's sparse cross-entropy gives NaN for a label
+        if mismatch is not None:  # beyond the classes where a CPU's raises
+            raise mismatch
         raise IncompatibleModelError(
-            f"Your model's {' and '.join(broken)} on the first batch of your data are not finite (NaN or inf), "
+            f"Your model's {' and '.join(broken)} on the first batch of your data {'are' if len(broken) > 1 else 'is'} "
+            "not finite (NaN or inf), "
             "before any recipe: its weights or that batch hold NaN or infinite values. Check "
             "np.isfinite(w).all() for w in model.get_weights() and the data; a speedup of a training that "
             "computes NaN means nothing."

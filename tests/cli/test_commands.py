@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.processes import alive, kill_all, processes_with
+from tests.processes import alive, child_environment, kill_all, processes_with
 from tfopt.cli import main
 from tfopt.data import generate_shapes
 from tfopt.hardware import detect
@@ -381,11 +381,7 @@ def test_no_command_prints_usage_and_exits_2(capsys):
 
 
 def _subprocess(*code_lines: str) -> subprocess.CompletedProcess:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
+    environment = child_environment(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run(
         [sys.executable, "-c", "\n".join(code_lines)],
         capture_output=True,
@@ -509,14 +505,16 @@ def test_a_damaged_file_met_while_running_is_named(tmp_path, capsys, damage):
 
 @pytest.fixture(scope="module")
 def starved_recipe(tmp_path_factory):
-    """A recipe whose input is the bottleneck: 512x512 JPEGs decoded and resized to 16x16 one at a time,
-    for a CNN with 4 filters."""
+    """A recipe whose input is the bottleneck: 512x512 JPEGs decoded and resized to 16x16, for a CNN with 4
+    filters. tf.data runs the decoding map on every core (its map_parallelization), so the batch grows with
+    the cores: 8 images on 2 cores, 64 on the 16 of a GPU host, where the step is also shorter."""
     directory = tmp_path_factory.mktemp("starved")
-    images = generate_shapes(directory / "shapes", images_per_class=8, image_size=512)
+    batch_size = 4 * max(2, detect().cpu_count)
+    images = generate_shapes(directory / "shapes", images_per_class=max(8, batch_size // 3 + 1), image_size=512)
     path = directory / "starved.yaml"
     path.write_text(
         f"model: {{name: small_cnn, filters: [4]}}\n"
-        f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: 8}}\n"
+        f"data: {{source: image_folder, path: {images}, image_size: [16, 16], batch_size: {batch_size}}}\n"
         "profile: {steps: 4, warmup_steps: 1}\n"
     )
     return path
@@ -684,11 +682,7 @@ def test_a_run_killed_while_training_resumes_and_finishes_all_steps(tmp_path, ca
 
 
 def _subprocess_script(script: pathlib.Path, *arguments) -> subprocess.CompletedProcess:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
+    environment = child_environment(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run(
         [sys.executable, str(script), *map(str, arguments)],
         capture_output=True,
@@ -750,7 +744,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_its_lock_keeps_out_a_sec
         "profile: {steps: 2, warmup_steps: 1}\n"
     )
     run_dir = tmp_path / "run"
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    environment = child_environment()
     launcher = subprocess.Popen(
         [
             sys.executable,

@@ -3,6 +3,8 @@
 import collections
 import contextlib
 import gc
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.processes import child_environment
 from tfopt.data import graph as pipeline_graph
 from tfopt.data.graph import pipeline_ops, serialize
 from tfopt.data.rewrite import KNOWN_DATASET_OPS, parallelize
@@ -386,8 +389,10 @@ def test_without_a_size_the_final_prefetch_is_autotuned_within_the_budget():
 
 
 def keras_augmented():
-    """Keras augmentation in a map, as the Keras guides show it; a new seeded layer per pipeline."""
-    flip = keras.layers.RandomFlip("horizontal", seed=1)
+    """Keras augmentation in a map, as the Keras guides show it; a new seeded layer per pipeline. Made on the
+    CPU, as tfopt's note says to on a GPU host (test_a_layer_whose_seed_lives_on_another_device_is_named)."""
+    with tf.device("/cpu:0"):
+        flip = keras.layers.RandomFlip("horizontal", seed=1)
     images = np.arange(16 * 4 * 4 * 3, dtype=np.float32).reshape(16, 4, 4, 3)
     return tf.data.Dataset.from_tensor_slices(images).map(lambda x: flip(x, training=True)).batch(4)
 
@@ -404,6 +409,39 @@ def test_a_keras_random_layer_map_stays_sequential_with_the_reason():
     images = np.arange(16 * 4 * 4 * 3, dtype=np.float32).reshape(16, 4, 4, 3)
     flipped = np.concatenate([batch.numpy() for batch in rewritten])
     assert 0 < sum(np.array_equal(image, np.flip(original, axis=1)) for image, original in zip(flipped, images)) < 16
+
+
+ON_ANOTHER_DEVICE = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np
+from tfopt.data.rewrite import parallelize
+with tf.device("/cpu:1"):  # where a GPU host puts it: on GPU:0
+    flip = keras.layers.RandomFlip("horizontal", seed=1)
+images = np.arange(4 * 4 * 4 * 3, dtype=np.float32).reshape(4, 4, 4, 3)
+dataset = tf.data.Dataset.from_tensor_slices(images).map(lambda x: flip(x, training=True)).batch(2)
+result, notes = parallelize(dataset, prefetch_batches=2)
+print(sum(int(batch.shape[0]) for batch in result))
+print(notes[0])
+"""
+
+
+def test_a_layer_whose_seed_lives_on_another_device_is_named():
+    """On a GPU host a Keras layer made outside tf.data keeps its seed generator on GPU:0, and tf.data cannot
+    serialize a graph using it (seen on an H100): faked here by a second logical CPU, in a fresh process."""
+    completed = subprocess.run(
+        [sys.executable, "-c", ON_ANOTHER_DEVICE], capture_output=True, text=True, timeout=120, env=child_environment()
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    examples, note = completed.stdout.strip().splitlines()[-2:]
+    assert examples == "4"  # the pipeline as it was, with a prefetch after it
+    assert note == (
+        "maps and batches left as they were: its graph cannot be serialized: a function of it uses "
+        "seed_generator/seed_generator_state/0 on CPU:1, and tf.data writes graphs on the CPU (a Keras "
+        "preprocessing layer made on a GPU host keeps its seed generator there); make it under "
+        "`with tf.device('/cpu:0'):`"
+    )
 
 
 def test_a_generator_is_called_one_element_at_a_time_while_the_maps_after_it_run_in_parallel():

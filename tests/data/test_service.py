@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.processes import alive, kill_all, wait_gone
+from tests.processes import alive, child_environment, kill_all, wait_gone
 from tfopt.data import graph as pipeline_graph
 from tfopt.data.rewrite import parallelize
 from tfopt.data.service import COMPRESS_FROM_BYTES, dynamic_sharding, plan_offload, python_blocker
@@ -408,11 +408,7 @@ def processes_marked(marker: str) -> list[int]:
 
 
 def start_command(*arguments, marker: str) -> subprocess.Popen:
-    environment = {
-        **os.environ,
-        "TFOPT_TEST_MARKER": marker,
-        "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")]),
-    }
+    environment = child_environment(TFOPT_TEST_MARKER=marker)
     return subprocess.Popen(
         [sys.executable, "-m", "tfopt.cli", *map(str, arguments)],
         stdout=subprocess.PIPE,

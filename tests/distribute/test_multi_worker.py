@@ -93,9 +93,11 @@ def test_restarted_cluster_resumes_from_last_checkpoint(dead_worker_run, tmp_pat
     assert first["iterations"] == 12  # 4 steps x 3 epochs: the restored optimizer counted epoch 1 too
     assert first["weights"] == second["weights"]
     expected_loss, expected_weights = reference(3)
-    np.testing.assert_allclose(first["loss"], expected_loss[1:], rtol=1e-5)
+    # Two replicas' gradients of 8 examples summed round differently from one of 16: over 12 momentum steps
+    # that reached 4e-5 on a 16-core host. A restart that lost the optimizer's state is 0.7 away.
+    np.testing.assert_allclose(first["loss"], expected_loss[1:], rtol=1e-4)
     for got, want in zip(first["weights"], expected_weights):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(got, want, atol=1e-4)
     assert not any(path.name.startswith(".tfopt_worker") for path in checkpoints.iterdir())
 
 

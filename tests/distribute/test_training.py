@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.processes import child_environment
 from tfopt.distribute import fit
 from tfopt.errors import RecipeConfigError
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
 
 
 def make_model():
@@ -119,7 +119,7 @@ def test_mirrored_two_cpus_matches_single_device():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_environment(),
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]

@@ -1,7 +1,8 @@
 """Run in a fresh process by test_monitor.py: TensorFlow must see two logical CPUs before it starts.
 
 Trains the same model from the same weights under MirroredStrategy over two CPUs, with and without
-`tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights.
+`tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights. The host is
+described as an H100's, with a GPU TensorFlow sees, as on a GPU machine: the replicas are CPUs all the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tfopt.hardware import Gpu, Hardware  # noqa: E402
+from tfopt.profiling import monitor as monitor_module  # noqa: E402
 from tfopt.profiling.monitor import Monitor  # noqa: E402
+
+H100_HOST = Hardware(gpus=(Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30),), cpu_count=16)
+if not tf.config.list_logical_devices("GPU"):
+    monitor_module._visible_gpus = lambda: ["GPU:0"]
 
 rng = np.random.default_rng(0)
 features = rng.normal(size=(128, 4)).astype("float32")
@@ -33,7 +40,7 @@ def train(callbacks):
     return model
 
 
-monitor = Monitor(every_steps=4)
+monitor = Monitor(every_steps=4, hardware=H100_HOST)
 monitored = train([monitor])
 plain = train([])
 print(

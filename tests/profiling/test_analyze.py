@@ -10,7 +10,7 @@ import pytest
 from tfopt.errors import MeasurementError
 from tfopt.profiling import analyze as analyze_module
 from tfopt.profiling.analyze import CATEGORY_LABELS, StepBreakdown, analyze, find_xplane, xprof_breakdown
-from tfopt.profiling.trace import trace_breakdown
+from tfopt.profiling.trace import trace_breakdown, trace_steps
 
 H100_CAPTURES = Path(__file__).parents[1] / "fixtures" / "gpu-h100"
 
@@ -61,8 +61,9 @@ def test_xprof_and_trace_read_a_real_capture(starved_profile):
         assert xprof.input_percent == pytest.approx(trace.input_percent, abs=0.5)
     else:
         _assert_xprof_reads_only_device_steps_on_a_gpu(xprof, trace, len(capture.step_numbers))
-        # Starved: the wall steps wait for input most of the time, every one longer than any device step.
-        assert trace.input_percent > 50.0 and max(xprof.step_seconds) < min(trace.step_seconds)
+        # Starved: the wall steps wait for input most of the time. (xprof's steps on a GPU can span most of the
+        # wall step, as on the H100 running this test, or the device work alone, as in the fixture below.)
+        assert trace.input_percent > 50.0
 
 
 def test_the_gpu_reading_holds_on_an_h100_capture(tmp_path):
@@ -76,6 +77,24 @@ def test_the_gpu_reading_holds_on_an_h100_capture(tmp_path):
     _assert_xprof_reads_only_device_steps_on_a_gpu(xprof, trace, len(trace.step_seconds))
     assert trace.input_percent > 50.0 and max(xprof.step_seconds) < min(trace.step_seconds)
     assert xprof.input_percent == 0.0  # what xprof alone would have said of a GPU waiting 99% of each step
+
+
+def test_xprof_reads_a_gpu_captures_measured_steps_by_their_place_in_the_trace(tmp_path):
+    """On a GPU xprof numbers the device steps 1, 2, ... whatever tfopt's markers say (2 to 9 in this H100
+    capture, of which 3 to 8 were measured): each marked step is found by its place in the trace, as the
+    device time xprof gives it shows."""
+    with tarfile.open(H100_CAPTURES / "resnet_bf16_xla.tar.xz", "r:xz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    xplane = find_xplane(tmp_path / "resnet_bf16_xla")
+    every = xprof_breakdown(xplane)
+    assert len(every.step_seconds) == 6
+    assert xprof_breakdown(xplane, step_numbers=range(3, 9)).step_seconds == every.step_seconds
+    for marked in trace_steps(xplane, step_numbers=range(3, 9)):
+        one = xprof_breakdown(xplane, step_numbers=[marked["step"]])
+        assert one.device_compute_seconds == pytest.approx(marked["device_busy_seconds"], rel=1e-3)
+    assert analyze(xplane, step_numbers=range(3, 9)).source == "trace+xprof"
+    with pytest.raises(MeasurementError, match=r"xprof found no steps among \[1000\]"):
+        xprof_breakdown(xplane, step_numbers={1000})
 
 
 def test_real_capture_analysis_adds_xprofs_details_to_the_trace(starved_profile):

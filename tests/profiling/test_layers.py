@@ -16,15 +16,21 @@ from tfopt.profiling.layer_cost import layer_costs
 from tfopt.profiling.layers import layer_times
 from tfopt.profiling.trace import trace_breakdown, trace_gpus
 
+# On a GPU the kernels of a 512-wide Dense take about a launch's time, as the light layer's do: there the
+# heavy layers are made wide enough for their FLOPs to show.
+ON_GPU = bool(tf.config.list_physical_devices("GPU"))
+WIDTH = 8192 if ON_GPU else 512
+
 
 def heavy_middle_model() -> keras.Model:
-    """Three auto-named Dense layers; the middle one does ~97% of the FLOPs."""
+    """Three auto-named Dense layers; the middle one does most of the FLOPs. Without XLA, whose fusions span
+    layers (the GPU captures of test_gpu_fixtures.py read those): each op runs in its layer's scope."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((32,))
-    hidden = keras.layers.Dense(512, activation="relu")(inputs)
-    hidden = keras.layers.Dense(512, activation="relu")(hidden)
+    hidden = keras.layers.Dense(WIDTH, activation="relu")(inputs)
+    hidden = keras.layers.Dense(WIDTH, activation="relu")(hidden)
     model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
-    model.compile("sgd", "mse")
+    model.compile("sgd", "mse", jit_compile=False)
     return model
 
 
@@ -43,7 +49,7 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
     model, xplane = heavy_capture
     # auto-named in creation order (`dense_4`, `dense_5`, ... where other models came first in the process)
     first, middle, last = (layer.name for layer in model.layers[1:])
-    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    device = "GPU" if ON_GPU else "CPU"
     for given in (model, None):  # the scopes resolve to the same names with or without the model
         table = layer_times(xplane, model=given, batch_size=64)
         assert table.device == device and table.steps == 4  # profile_batch=(3, 6)
@@ -60,7 +66,7 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
             assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
         assert sum(layer.share_of_device for layer in table.layers) == pytest.approx(1.0)
     with_model = layer_times(xplane, model=model, batch_size=64)
-    assert with_model.top.flops_per_step == pytest.approx(3 * 2 * 64 * 512 * 512)
+    assert with_model.top.flops_per_step == pytest.approx(3 * 2 * 64 * WIDTH * WIDTH)
     assert with_model.top.intensity > 10 and with_model.top.bound is None  # no hardware given: no ridge point
     assert layer_times(xplane).top.flops_per_step is None
 
@@ -146,14 +152,19 @@ def test_ridge_point_from_the_same_table_as_peak_flops():
 @pytest.mark.slow
 def test_a_nested_models_heavy_layer_is_named_inside_it(tmp_path):
     keras.utils.set_random_seed(0)
+    features = WIDTH // 32
     backbone = keras.Sequential(
-        [keras.Input((16,)), keras.layers.Dense(2048, name="deep_big"), keras.layers.Dense(16, name="deep_small")],
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(4 * WIDTH, name="deep_big"),
+            keras.layers.Dense(16, name="deep_small"),
+        ],
         name="backbone",
     )
-    inputs = keras.Input((16,))
+    inputs = keras.Input((features,))
     model = keras.Model(inputs, keras.layers.Dense(1, name="out")(backbone(inputs)))
-    model.compile("sgd", "mse")
-    data = tf.data.Dataset.from_tensor_slices((np.ones((256, 16), np.float32), np.ones((256, 1), np.float32)))
+    model.compile("sgd", "mse", jit_compile=False)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((256, features), np.float32), np.ones((256, 1), np.float32)))
     callback = keras.callbacks.TensorBoard(log_dir=str(tmp_path), profile_batch=(3, 5), write_graph=False)
     model.fit(data.batch(64).cache().repeat(), steps_per_epoch=6, epochs=1, verbose=0, callbacks=[callback])
     table = layer_times(find_xplane(tmp_path))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import FAKE_HARDWARE
+from tests.processes import child_environment
 from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.profiling import monitor as monitor_module
@@ -301,7 +301,7 @@ def test_the_monitor_writes_its_scalars_without_the_tensorboard_package(tmp_path
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+        env=child_environment(),
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "WINDOWS 2" in completed.stdout
@@ -461,7 +461,10 @@ def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     assert [record["top_layer"] for record in written if record["kind"] == "profile"] == [
         record["top_layer"] for record in profiles
     ]
-    assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
+    if tf.config.list_logical_devices("GPU"):  # the model trains on the GPU, whose kernels the trace holds
+        assert 0 < profiles[0]["busy_percent"] < 100
+    else:
+        assert profiles[0]["busy_percent"] is None  # CPU: no accelerator activity in the trace
     assert 0 <= profiles[0]["input_wait_percent"] < 100 and profiles[0]["diagnosis"]
     # The captured steps (5 after each window) are in no window: their profiler overhead is not timed.
     steps = [(w["step"] - w["steps"] + 1, w["step"]) for w in monitor.records_of("window")]
@@ -489,12 +492,15 @@ def test_mirrored_strategy_on_two_cpus():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+        env=child_environment(),
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT ") :])
     assert result["start"]["replicas"] == 2
+    # On a host with a GPU, replicas on CPUs are measured as CPUs: no MFU against the GPU's peak, no GPU memory.
+    assert result["start"]["accelerator"] == "cpu"
+    assert {"mfu_percent", "device_memory_peak_bytes"} <= set(result["start"]["not_applicable"])
     windows = result["windows"]
     assert [window["step"] for window in windows] == [5, 9, 13]
     for window in windows:  # the global batch of 16, split over the two replicas, counts once

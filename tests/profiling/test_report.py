@@ -93,7 +93,13 @@ def _r(value: float) -> float:
 
 
 def _value(cell: str):
-    return None if cell == "n/a" else float(cell)
+    """A cell as the JSON has it: None, a number, or a word (the precision on an accelerator: "tf32")."""
+    if cell == "n/a":
+        return None
+    try:
+        return float(cell)
+    except ValueError:
+        return cell
 
 
 def _assert_table_matches(rows, data, keys):

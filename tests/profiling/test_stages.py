@@ -47,13 +47,24 @@ def planted_pipeline() -> tf.data.Dataset:
     return dataset.map(cheap_flip, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
 
 
-def keras_capture(dataset: tf.data.Dataset, logdir: Path) -> Path:
-    """Trains a tiny model with Keras' TensorBoard callback profiling batches 3 to 5, as users do."""
+class _Pauses(keras.callbacks.Callback):
+    def __init__(self, seconds_after_batch: dict[int, float]):
+        super().__init__()
+        self.seconds_after_batch = seconds_after_batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds_after_batch.get(batch, 0.0))
+
+
+def keras_capture(dataset: tf.data.Dataset, logdir: Path, *, pauses: dict[int, float] | None = None) -> Path:
+    """Trains a tiny model with Keras' TensorBoard callback profiling batches 3 to 5, as users do, pausing
+    after the batches `pauses` names (the capture's profiler starts before batch 3)."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     callback = keras.callbacks.TensorBoard(log_dir=str(logdir), profile_batch=(3, 5), write_graph=False)
-    model.fit(dataset.repeat(), steps_per_epoch=7, epochs=1, verbose=0, callbacks=[callback])
+    callbacks = [_Pauses(pauses or {}), callback]
+    model.fit(dataset.repeat(), steps_per_epoch=7, epochs=1, verbose=0, callbacks=callbacks)
     return find_xplane(logdir)
 
 
@@ -80,6 +91,22 @@ def test_the_planted_slow_map_is_named_first_with_its_time_and_parallelism(plant
     cheap = next(stage for stage in table.stages if stage.label == "parallel map to_float")
     assert cheap.autotuned is True and cheap.parallelism >= 1 and cheap.function_calls > 0
     assert cheap.seconds_per_element < SLEEP_SECONDS / 5
+
+
+def test_work_per_batch_holds_where_the_buffer_filled_before_the_capture(tmp_path):
+    """On a GPU the profiler starts slowly and the buffers fill meanwhile: the root hands on batches made
+    before the capture, and the slow map works in it for later ones. Its work per batch is its work per
+    element times the batch, whatever share of its batches the capture holds."""
+    dataset = planted_pipeline().prefetch(4)
+    # The buffer fills before the capture; in it, the map makes two batches' elements while training pauses.
+    pauses = {1: 6 * BATCH * SLEEP_SECONDS, 4: 2 * BATCH * SLEEP_SECONDS}
+    xplane = keras_capture(dataset, tmp_path, pauses=pauses)
+    table = pipeline_stages(xplane, cpu_count=2, dataset=dataset)
+    slow = table.bottleneck
+    assert slow.label == "map slow_augment"
+    assert slow.calls < 3 * BATCH  # the capture holds fewer of its elements than of the batches handed on
+    assert slow.work_per_batch_seconds == pytest.approx(slow.seconds_per_element * BATCH)
+    assert slow.work_per_batch_seconds >= BATCH * SLEEP_SECONDS
 
 
 @pytest.mark.slow

@@ -199,6 +199,8 @@ def test_the_policy_for_this_gpu_runs_its_convolutions_in_16_bits():
     hlo_dtype = {"mixed_bfloat16": "bf16", "mixed_float16": "f16"}.get(policy)
     if hlo_dtype is None:
         pytest.skip(f"{hardware.describe()}: no 16-bit tensor cores, float32 kept")
-    # cuDNN runs the convolutions: forward and both backward ones, all on 16-bit operands (tensor cores).
+    # cuDNN runs the convolutions, forward and both backward ones (fused with bias and activation where XLA
+    # can), each giving a 16-bit result: the optimized HLO names operands without their types.
     convolutions = [line for line in compiled_step_hlo(model, "optimized_hlo").splitlines() if "__cudnn$conv" in line]
-    assert convolutions and all(f"{hlo_dtype}[" in line.split("custom-call(", 1)[1] for line in convolutions)
+    results = [line.split("=", 1)[1].split("custom-call(", 1)[0].strip().lstrip("(") for line in convolutions]
+    assert results and all(result.startswith(f"{hlo_dtype}[") for result in results), convolutions

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import pathlib
 import subprocess
 import sys
 import textwrap
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.processes import child_environment
+
 RECIPE = (
     "runtime: {gpu_memory_growth: false, gpu_memory_limit_bytes: 1073741824}\n"
     "model: {name: small_cnn, filters: [4]}\n"
@@ -38,10 +37,8 @@ CHILD = textwrap.dedent("""
 def test_gpu_memory_is_configured_before_tensorflow_initialises_and_one_process_joins_no_cluster(tmp_path):
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     (tmp_path / "child.py").write_text(CHILD)
-    environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    environment.update(
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2"
-    )
+    environment = child_environment(TF_CPP_MIN_LOG_LEVEL="2")
+    environment.pop("TF_CONFIG", None)
     process = subprocess.run(
         [sys.executable, str(tmp_path / "child.py"), str(tmp_path / "recipe.yaml")],
         capture_output=True,

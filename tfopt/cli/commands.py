@@ -21,9 +21,9 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import pathlib
@@ -31,11 +31,12 @@ import shutil
 import signal
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfopt._version import __version__
 from tfopt.cli import options
+from tfopt.cli.interrupt import signals_interrupt
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt.cli.quiet_start import tensorflow_started_quietly
 from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
@@ -77,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        with _signals_interrupt(), tensorflow_started_quietly():
+        farewell = functools.partial(_report_signal, args=args)
+        with signals_interrupt(farewell), tensorflow_started_quietly():
             return args.handler(args)
     except (RecipeFileError, _UsageError) as error:
         return _report_error(error, 2, args)
@@ -115,21 +117,9 @@ def _storage_problem(error: OSError) -> str:
     )
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop a command as Ctrl-C does (a `RunInterrupted` raised in the main thread), so
-    its cleanup runs: workers are stopped, locks released, nothing half-written is kept. Python's default
-    for SIGTERM ends the process at once, leaving the workers of `run --workers N` training on."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise RunInterrupted(signal.Signals(signum).name)
-
-    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def _report_signal(name: str, *, args: argparse.Namespace) -> int:
+    """An interruption the command could not wait for, in the words of one it handled."""
+    return _report_interrupt(RunInterrupted(name, getattr(args, "run_dir", None)), args)
 
 
 def _report_interrupt(interrupt: KeyboardInterrupt, args: argparse.Namespace) -> int:

@@ -33,6 +33,9 @@ def terminal_progress(args: argparse.Namespace) -> Iterator[Any]:
             if enabled:
                 _write(f"{PROGRAM}: {description}")
 
+        def run_directory(self, path: Any) -> None:
+            args.run_dir = str(path)  # for the message of an interruption the command cannot wait for
+
         def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[Any]:
             if not enabled:
                 return []

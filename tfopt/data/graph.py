@@ -135,6 +135,11 @@ class GraphTooLarge(ValueError):
     """The pipeline's graph holds more data than tfopt reads in-process; the message says how much."""
 
 
+_RESOURCE_ELSEWHERE = re.compile(
+    r"Trying to access resource (?P<resource>\S+) located in device \S*device:(?P<device>\w+:\d+) from device"
+)
+
+
 def read(dataset: tf.data.Dataset) -> tuple[Any, str | None]:
     """The dataset's `GraphDef` and None, or None and why it cannot be read. Never raises.
 
@@ -148,6 +153,13 @@ def read(dataset: tf.data.Dataset) -> tuple[Any, str | None]:
     except GraphTooLarge as error:
         return None, str(error)
     except Exception as error:  # noqa: BLE001 - an OpError, a protobuf DecodeError: the caller leaves the pipeline as it is
+        elsewhere = _RESOURCE_ELSEWHERE.search(str(error))
+        if elsewhere:
+            return None, (
+                f"its graph cannot be serialized: a function of it uses {elsewhere['resource']} on "
+                f"{elsewhere['device']}, and tf.data writes graphs on the CPU (a Keras preprocessing layer made "
+                "on a GPU host keeps its seed generator there); make it under `with tf.device('/cpu:0'):`"
+            )
         return None, f"its graph cannot be serialized ({describe_error(error)})"
 
 

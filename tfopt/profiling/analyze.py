@@ -27,7 +27,7 @@ from typing import Any
 
 from tfopt.errors import MeasurementError
 from tfopt.profiling.breakdown import CATEGORY_LABELS, StepBreakdown
-from tfopt.profiling.trace import trace_breakdown
+from tfopt.profiling.trace import step_markers, trace_breakdown
 
 _log = logging.getLogger("tfopt")
 
@@ -152,11 +152,16 @@ def xprof_breakdown(xplane: str | Path, *, step_numbers: Collection[int] | None 
     if table is None:
         raise MeasurementError("xprof's input_pipeline_analyzer returned no step table.")
     column_ids = [column["id"] for column in table["cols"]]
+    steps = [dict(zip(column_ids, (cell.get("v") for cell in row["c"]))) for row in table.get("rows", [])]
+    wanted = step_numbers
+    if step_numbers is not None and steps and all(str(step.get("stepnum")).isdigit() for step in steps):
+        # xprof labels a GPU's steps by ordinal, not by tfopt's markers as a CPU's: 1 is the second marked
+        # step, as it leaves out the first (and last) of a capture as cut off.
+        wanted = {ordinal for ordinal, marker in enumerate(step_markers(xplane)) if marker in step_numbers}
     rows = {}
-    for row in table.get("rows", []):
-        values = dict(zip(column_ids, (cell.get("v") for cell in row["c"])))
+    for values in steps:
         number = _step_number(values.get("stepnum"))
-        if number is not None and (step_numbers is None or number in step_numbers):
+        if number is not None and (wanted is None or number in wanted):
             rows[number] = values
     if not rows:
         raise MeasurementError(
@@ -223,7 +228,7 @@ def _input_split(sections: Iterable[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def _step_number(label: Any) -> int | None:
-    """xprof labels steps "<marker name> <step_num>"; the number is what tfopt marked."""
+    """xprof labels a CPU's steps "<marker name> <step_num>" (the number tfopt marked), a GPU's by ordinal."""
     try:
         return int(str(label).rsplit(" ", 1)[-1])
     except ValueError:

@@ -165,7 +165,9 @@ class Monitor(keras.callbacks.Callback):
         if self.logdir is not None:
             self._writer = _RecordWriter(self.logdir)
         replicas = self.model.distribute_strategy.num_replicas_in_sync
-        accelerator = self.hardware.accelerator
+        devices = _replica_devices(self.model.distribute_strategy)
+        # A strategy over CPUs on a GPU host (logical CPUs in a test, say) trains on CPUs.
+        accelerator = self.hardware.accelerator if any(not name.startswith("CPU") for name in devices) else "cpu"
         self._fetch = int(getattr(self.model, "steps_per_execution", 1) or 1) == 1
         meter = self._meter
         meter.discard()
@@ -176,7 +178,7 @@ class Monitor(keras.callbacks.Callback):
             if accelerator != "cpu"
             else None
         )
-        self._gpus = _visible_gpus() if accelerator == "gpu" else []
+        self._gpus = [name for name in devices if name.startswith("GPU")] if accelerator == "gpu" else []
         self._fetch_floor = 0.0
         self._counted = False
         self._step = self._fit_start_step = int(self.model.optimizer.iterations.numpy())
@@ -476,6 +478,15 @@ def _drop(metric: str, error: BaseException) -> None:
         type(error).__name__,
         error,
     )
+
+
+def _replica_devices(strategy: Any) -> list[str]:
+    """The devices the model trains on ("GPU:0", "CPU:1", ...): a strategy's replicas, else the GPUs
+    TensorFlow uses, else the CPU."""
+    try:
+        return [name.rsplit("device:", 1)[-1] for name in strategy.extended.worker_devices]
+    except RuntimeError:  # the default strategy has no replica devices of its own
+        return _visible_gpus() or ["CPU:0"]
 
 
 def _visible_gpus() -> list[str]:

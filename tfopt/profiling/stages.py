@@ -12,6 +12,10 @@ iterators: one per epoch, one per interleaved file) make one stage. Per stage:
   waits on its buffer: its work is the run time of the functions it launched (each
   `InstantiatedCapturedFunction::RunAsync` joined by its `id` to the executor events of that run), a launch
   belonging to the stage whose input the launching thread read just before it.
+- work per batch: its work per element (per function run for a buffered map) times the elements of one
+  batch at its place (the batch sizes of the batching stages it feeds), not its work over the batches the
+  root handed on: the capture's edges cut batches, and on a GPU the profiler's slow start lets the buffers
+  fill with batches made before it. A pipeline with no batch size in the trace divides by the root's calls.
 - bound: the stage's work per batch over the elements it works on at once (its parallelism, at most the
   host's cores) is the least time it needs per batch; the stage with the longest bound limits the
   pipeline's throughput, and the ratio to the next one says by how much.
@@ -227,6 +231,7 @@ def pipeline_stages(
     root = max(roots, key=lambda name: events.calls[name])
     members = _descendants(root, events.parents)
     batches = events.calls[root]
+    sized = any("batch_size" in events.parameters[name] for name in members)
     functions = _function_names(dataset) if dataset is not None else {}
     stages = []
     for name in members:
@@ -239,7 +244,8 @@ def pipeline_stages(
         # At most the cores for work that needs a core; more where the trace shows more ran at once (a
         # function that sleeps or waits on I/O).
         at_once = max(min(parallelism or 1, max(cpu_count, 1)), min(concurrency or 0.0, parallelism or 1))
-        per_batch = work / batches
+        runs = events.function_calls[name] or events.calls[name]
+        per_batch = work / runs * _runs_per_batch(name, events, root) if sized and runs else work / batches
         stages.append(
             Stage(
                 name=name,
@@ -471,6 +477,21 @@ def _descendants(root: str, parents: Mapping[str, str]) -> list[str]:
             found.append(stage)
             todo.extend(children[stage])
     return found
+
+
+def _runs_per_batch(stage: str, events: _IteratorEvents, root: str) -> int:
+    """How many of the stage's elements (or function runs, for a stage that runs one per element) make one
+    batch handed to training: the batch sizes of the batching stages from it to the root, multiplied. A
+    batching stage's own size counts where its work is per element (`MapAndBatch`), not per batch."""
+    runs, current = 1, stage
+    for _ in range(64):
+        size = events.parameters[current].get("batch_size")
+        if size is not None and (current != stage or events.function_calls[stage]):
+            runs *= max(1, int(size))
+        if current == root or current not in events.parents:
+            break
+        current = events.parents[current]
+    return runs
 
 
 def _depth(stage: str, parents: Mapping[str, str], root: str) -> int:

@@ -128,6 +128,11 @@ def trace_steps(xplane: str | Path, *, step_numbers: Collection[int] | None = No
     ]
 
 
+def step_markers(xplane: str | Path) -> list[int]:
+    """The numbers of tfopt's step markers in the trace, in order."""
+    return sorted(_read_events(xplane).markers)
+
+
 def _busy_picoseconds(events: _Events, start: int, end: int) -> float:
     """How long the accelerators were busy between `start` and `end`: each device's union of activity,
     averaged over the devices (a union over all of them would read two GPUs busy in turn as one busy GPU)."""

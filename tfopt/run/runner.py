@@ -58,6 +58,9 @@ class Progress:
     def phase(self, description: str) -> None:
         """A new phase of the run begins (reading data, measuring, training, ...)."""
 
+    def run_directory(self, path: pathlib.Path) -> None:
+        """The run's outputs go to `path` from now on (what an interruption's message points at)."""
+
     def training_callbacks(self, *, epochs: int, steps_per_epoch: int | None) -> list[keras.callbacks.Callback]:
         """Keras callbacks that show training progress; none by default."""
         return []
@@ -171,6 +174,7 @@ def run(
         run_dir = new_run_dir(recipe.name, out_dir, runs_root)
     else:  # the chief makes the directory; a worker only needs its name (for temporary checkpoint copies)
         run_dir = pathlib.Path(out_dir or ".")
+    progress.run_directory(run_dir)
     with run_dir_lock(run_dir) if cluster.is_chief else contextlib.nullcontext():
         if cluster.is_chief and not resume:
             save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)

@@ -194,6 +194,26 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.every_steps = every_steps
         self._epoch_base = steps_done
         self._step = steps_done
+        self._steps_done = steps_done
+        self._iterations_at_start: int | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
+        self._iterations_at_start = None if iterations is None else int(iterations.numpy())
+
+    def save_where_stopped(self) -> bool:
+        """Saves the steps trained when training was interrupted (a signal raised between two Python lines
+        of Keras' loop), where the step the weights are at is known: the optimizer counted the steps since
+        `fit` began as this callback did, or one more whose end it did not see yet. Returns whether it saved.
+        """
+        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
+        if iterations is None or self._iterations_at_start is None:
+            return False
+        step = self._steps_done + int(iterations.numpy()) - self._iterations_at_start
+        if step not in (self._step, self._step + 1):  # an optimizer that is not the training's own (a GAN's)
+            return False
+        self.checkpoint.save(step)
+        return True
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         previous, self._step = self._step, self._epoch_base + batch + 1

@@ -150,13 +150,13 @@ def train(
 
     history: dict[str, list[float]] = {}
     done = start
+    saver = None
     try:
         for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
             run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
             if checkpoint is not None:
-                run_callbacks.append(
-                    CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
-                )
+                saver = CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
+                run_callbacks.append(saver)
             # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
             fitted = model.fit(
                 callbacks=run_callbacks, validation_data=validation_data, verbose=verbose, shuffle=False, **fit_kwargs
@@ -169,6 +169,10 @@ def train(
             raise
         checkpoint.sync()
         raise error.with_checkpoint(checkpoint.latest_path) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler: the steps trained so far are kept
+        if saver is not None and saver.save_where_stopped():
+            _log.info("Interrupted: the steps trained so far are in %s.", checkpoint.latest_path)
+        raise
     finally:
         if checkpoint is not None:
             checkpoint.sync()

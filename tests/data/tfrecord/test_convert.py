@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfopt.data
+from tests.processes import child_environment
 from tfopt.data.arrays import NumpySource
 from tfopt.data.image_folder import ImageFolderSource
 from tfopt.data.synthetic import SyntheticSource
@@ -169,8 +169,7 @@ to_tfrecord((x, np.arange(4000) % 7), sys.argv[1], records_per_shard=50, num_wor
 
 def test_conversion_killed_with_sigkill_is_resumed_to_a_complete_verified_output(tmp_path):
     out = tmp_path / "out"
-    repository = pathlib.Path(tfopt.data.__file__).resolve().parents[2]
-    environment = dict(os.environ, PYTHONPATH=str(repository), TF_CPP_MIN_LOG_LEVEL="3")
+    environment = child_environment(TF_CPP_MIN_LOG_LEVEL="3")
     process = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_CONVERSION, str(out)], env=environment)
     try:
         deadline = time.monotonic() + 120

@@ -1,0 +1,149 @@
+"""SIGTERM stops a command within seconds in every phase of a run, with what it made kept: the watcher's
+deadline where TensorFlow holds the main thread, and `tfopt-recipe run` signalled while it measures,
+profiles and trains, then resumed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.processes import REPO, child_environment
+from tfopt.cli.interrupt import GRACE_SECONDS
+
+# Kubernetes and Slurm send SIGKILL 30 s (or less) after SIGTERM; a run stops well inside that.
+DEADLINE_SECONDS = 5.0
+
+HELD_IN_TENSORFLOW = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    from tfopt.cli.interrupt import signals_interrupt
+
+    def farewell(name):
+        print(f"said: interrupted ({name})", flush=True)
+        return 143
+
+    with signals_interrupt(farewell):
+        print("blocking", flush=True)
+        if sys.argv[1] == "tensorflow":  # a C++ wait that never returns, as a long XLA compilation holds it
+            tf.queue.FIFOQueue(1, tf.int32).dequeue()
+        else:
+            import time
+            time.sleep(600)
+""")
+
+
+def _started(code: str, *arguments: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_environment(TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+
+
+@pytest.mark.parametrize("held_in", ["tensorflow", "python"])
+def test_sigterm_ends_a_command_within_the_deadline_wherever_the_main_thread_is(held_in):
+    """Held in TensorFlow's C++, the main thread never sees the signal: the watcher reports it and ends the
+    process after the grace period. In Python, the main thread raises RunInterrupted at once and the
+    watcher stays silent."""
+    process = _started(HELD_IN_TENSORFLOW, held_in)
+    try:
+        assert process.stdout.readline().strip() == "blocking", process.stderr.read()[-2000:]
+        time.sleep(0.5)  # inside the blocking call
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+        seconds = time.monotonic() - signalled
+        out, err = process.communicate()
+    finally:
+        process.kill()
+    assert seconds < DEADLINE_SECONDS
+    if held_in == "tensorflow":
+        assert code == 143 and out.strip() == "said: interrupted (SIGTERM)"
+        assert seconds >= GRACE_SECONDS  # the main thread had its chance to clean up first
+    else:
+        assert code == 1 and out == "" and "RunInterrupted: SIGTERM" in err
+        assert seconds < GRACE_SECONDS
+
+
+RECIPE = (
+    "model: {name: small_cnn, filters: [4]}\n"
+    "data: {source: synthetic, kind: image, examples: 64, image_size: [16, 16], batch_size: 4}\n"
+    "recipes: [data_pipeline, {xla: {jit_compile: true}}]\n"
+    "profile: {steps: 20, warmup_steps: 2}\n"
+    "train: {epochs: 2, steps_per_epoch: 2000, checkpoint_every_steps: 100000}\n"
+)
+
+
+def _run(*arguments) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfopt.cli", "run", *map(str, arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=child_environment(TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "line",
+    [
+        "  measuring 3 setups side by side (2 warm-up + 20 steps each)",  # XLA compiles the third's step
+        "  profiling before (2 warm-up + 20 steps under the TF Profiler)",
+        "tfopt-recipe: training 2 epoch(s)",
+    ],
+    ids=["measuring_and_compiling", "profiling", "training"],
+)
+def test_sigterm_in_each_phase_of_a_run_stops_it_within_seconds_with_nothing_lost(tmp_path, line):
+    """Signalled as a phase begins, the run ends within the deadline with exit code 143. Stopped before any
+    output it leaves no run directory behind; else it says how to resume, and resumed it finishes. While
+    training, it keeps the steps trained in a checkpoint of its own (the periodic ones are 100,000 steps
+    apart), from which the resumed run goes on."""
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    run_dir = tmp_path / "run"
+    process = _run(tmp_path / "recipe.yaml", "--out", run_dir)
+    try:
+        seen = []
+        for said in process.stderr:
+            seen.append(said.rstrip("\n"))
+            if seen[-1] == line:
+                break
+        assert seen and seen[-1] == line, "\n".join(seen)[-3000:]
+        time.sleep(0.1 if line.startswith("  ") else 1.0)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+        seconds = time.monotonic() - signalled
+        rest = process.stderr.read()
+    finally:
+        process.kill()
+    assert seconds < DEADLINE_SECONDS and code == 143, rest[-3000:]
+    said = rest.strip().splitlines()[-1]
+    if not run_dir.exists():  # stopped before its first output: it made nothing to resume
+        assert said == "tfopt-recipe: interrupted (SIGTERM)." and not line.startswith("tfopt-recipe: training")
+        return
+    assert said == (
+        f"tfopt-recipe: interrupted (SIGTERM). The outputs so far are in {run_dir}; "
+        f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --out {run_dir} --resume` continues the run."
+    )
+    assert not [path for path in run_dir.rglob("*") if ".tmp" in path.name]
+    stopped_at = None
+    if line.startswith("tfopt-recipe: training"):
+        newest = (run_dir / "checkpoints" / "checkpoint").read_text().split('"')[1]
+        stopped_at = int(newest.rsplit("-", 1)[1])
+        assert 0 < stopped_at < 4000 and stopped_at % 2000  # mid-epoch: the interruption's own checkpoint
+    resumed = _run(tmp_path / "recipe.yaml", "--out", run_dir, "--resume", "--quiet")
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    training = json.loads((run_dir / "training.json").read_text())
+    assert training["complete"] and training["global_step"] == 4000
+    assert training["resumed_from_step"] == (stopped_at or 0)
