@@ -79,3 +79,19 @@ def test_labels_beyond_classes_are_named_where_the_loss_is_nan_instead_of_an_err
         )
     assert str(caught.value).startswith("The labels of the first batch hold 3, outside the model's 3 classes")
     assert caught.value.setting == "classes"
+
+
+def test_dict_elements_are_said_as_such_with_the_map_that_fixes_them(cpu_hardware):
+    """A dataset of {"x": ..., "y": ...} dicts, as tfds and CSV readers make them: Keras takes each dict as the
+    model's inputs, so the step fails on two tensors for one input. The message gives the fix with the
+    user's keys, and the fixed pipeline trains."""
+    dicts = tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(8)
+    with pytest.raises(DataError) as caught:
+        tfopt.apply(_classifier(), dicts, recipes=[], hardware=cpu_hardware)
+    assert str(caught.value) == (
+        "The dataset's elements are dicts (keys ['x', 'y']), and Keras' fit reads a dict element as the model's "
+        "inputs alone, with no labels. Make each element (inputs, labels): "
+        "dataset.map(lambda d: (d['x'], d['y']))."
+    )
+    fixed = dicts.map(lambda d: (d["x"], d["y"]))
+    assert tfopt.apply(_classifier(), fixed, recipes=[], hardware=cpu_hardware, measure_speed=False).model

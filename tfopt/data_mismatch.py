@@ -10,6 +10,7 @@ both shapes and the offending value, and tied to the setting that fixes them (`s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError
@@ -29,8 +30,28 @@ def explain(model: keras.Model, batch: Any) -> DataError | None:
     """
     import keras
 
+    if isinstance(batch, Mapping):
+        return _dict_elements(list(batch))
     inputs, targets, _ = keras.utils.unpack_x_y_sample_weight(batch)
     return _input_mismatch(model, inputs) or _label_mismatch(model, targets)
+
+
+_LABEL_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def _dict_elements(keys: list[Any]) -> DataError:
+    """Elements that are dicts: Keras takes one as the model's inputs alone, so the step failed on it."""
+    label = next((key for key in keys if str(key).lower() in _LABEL_KEYS), keys[-1])
+    features = [key for key in keys if key != label]
+    if len(features) == 1:
+        inputs = f"d[{features[0]!r}]"
+    else:
+        inputs = "{" + ", ".join(f"{key!r}: d[{key!r}]" for key in features) + "}"
+    return DataError(
+        f"The dataset's elements are dicts (keys {keys}), and Keras' fit reads a dict element as the model's "
+        f"inputs alone, with no labels. Make each element (inputs, labels): "
+        f"dataset.map(lambda d: ({inputs}, d[{label!r}]))."
+    )
 
 
 def _input_mismatch(model: keras.Model, inputs: Any) -> DataError | None:

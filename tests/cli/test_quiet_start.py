@@ -120,6 +120,18 @@ def test_tensorflows_start_up_lines_stay_out_of_a_commands_output():
     assert "cuInit" not in stderr and "oneDNN" not in stderr
 
 
+def test_tensorflow_datasets_warnings_stay_out_of_validate(tmp_path):
+    """A tfds recipe whose dataset folder holds an unprepared version: tfopt's note says so, and TensorFlow
+    Datasets' own absl warning about the folder stays out."""
+    (tmp_path / "tfds" / "mnist" / "3.0.1").mkdir(parents=True)
+    (tmp_path / "recipe.yaml").write_text(
+        "model: {name: small_cnn}\n"
+        f"data: {{source: tfds, name: mnist, data_dir: {tmp_path / 'tfds'}, download: true}}\n"
+    )
+    stderr = _stderr_of(["validate", str(tmp_path / "recipe.yaml")])
+    assert "absl" not in stderr and "dataset_info.json" not in stderr, stderr
+
+
 @pytest.mark.slow
 def test_a_user_who_asks_for_tensorflows_logs_gets_them():
     stderr = _stderr_of(["validate", "recipes/small_cnn.yaml"], TF_CPP_MIN_LOG_LEVEL="0")

@@ -308,6 +308,29 @@ def test_the_monitor_writes_its_scalars_without_the_tensorboard_package(tmp_path
     assert [step for step, _ in scalars(tmp_path)["tfopt/steps_per_second"]] == [4, 7]
 
 
+def test_a_monitor_with_no_destination_says_once_where_its_numbers_go(tmp_path, caplog):
+    """Added as a Keras user adds callbacks, beside a TensorBoard it was not given: it says once, as training
+    starts, where its numbers go and the argument that puts them into that TensorBoard's log."""
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    model = make_model()
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        for _ in range(2):
+            model.fit(steady_dataset(), epochs=1, steps_per_epoch=5, verbose=0, callbacks=[board, monitor])
+    said = [record.getMessage() for record in caplog.records if "no logdir or tensorboard given" in record.getMessage()]
+    assert len(said) == 1 and "Monitor(tensorboard=board)" in said[0] and "monitor.records" in said[0]
+    with caplog.at_level(logging.WARNING, logger="tfopt"):
+        caplog.clear()
+        model.fit(
+            steady_dataset(),
+            epochs=1,
+            steps_per_epoch=5,
+            verbose=0,
+            callbacks=[Monitor(every_steps=4, hardware=Hardware(), tensorboard=board), board],
+        )
+    assert not [record for record in caplog.records if "no logdir" in record.getMessage()]
+
+
 def test_a_tensorboard_callback_not_given_is_not_looked_for(tmp_path):
     monitor = Monitor(every_steps=4, hardware=Hardware())
     board = keras.callbacks.TensorBoard(str(tmp_path))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import re
 import subprocess
@@ -37,6 +38,22 @@ _NO_DRIVER = "Could not find cuda drivers"
 _REGISTERED_TWICE = "Unable to register cu"
 # Lines of Python's own (a traceback, a warning, a logging record) end the continuation of a C++ record.
 _PYTHON_LINE = re.compile(r"^(Traceback |Fatal Python error|\S+:\d+: \w+Warning: |[A-Z]+:[\w.]+:)")
+
+
+@contextlib.contextmanager
+def absl_records_quieted() -> Iterator[None]:
+    """absl's Python log records below ERROR kept out, as `TF_CPP_MIN_LOG_LEVEL` keeps TensorFlow's C++ ones:
+    TensorFlow Datasets warns through absl ("WARNING:absl:Variant folder .../mnist/3.0.1 has no
+    dataset_info.json") about what tfopt's own note says better. A user who asks for TensorFlow's logs
+    gets these too."""
+    logger = logging.getLogger("absl")
+    previous = logger.level
+    if not wants_tensorflow_logs():
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def min_log_level() -> int:

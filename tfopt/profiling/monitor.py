@@ -131,7 +131,7 @@ class Monitor(keras.callbacks.Callback):
         self._capture = ProfilerCapture()
         self._last_outputs: Mapping[str, Any] | None = None
         self._armed = False
-        self._said_not_applicable = self._warned_no_window = False
+        self._said_not_applicable = self._warned_no_window = self._said_destination = False
 
     @property
     def flops_per_step(self) -> float | None:
@@ -203,6 +203,13 @@ class Monitor(keras.callbacks.Callback):
                 "note": CPU_NOTE if accelerator == "cpu" else None,
             }
         )
+        if self.logdir is None and not self._said_destination:
+            self._said_destination = True
+            _log.warning(
+                "tfopt.Monitor: no logdir or tensorboard given, so its numbers go only to the step and epoch logs "
+                "(a callback after it sees them) and to monitor.records; Monitor(tensorboard=board), with board "
+                "your keras.callbacks.TensorBoard, writes them as tfopt/ scalars into its log."
+            )
         if not_applicable and not self._said_not_applicable:
             self._said_not_applicable = True
             _log.info(
