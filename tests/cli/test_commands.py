@@ -868,14 +868,14 @@ def test_diagnose_reads_an_existing_gpu_trace_without_running_anything(tmp_path,
     assert any(line.startswith("  note: No timed measurement") for line in lines)
     # where the time goes: the py_function map (fused with its batch of 16, 20 ms each) and the heaviest layer
     stage = next(line for line in lines if line.startswith("- slowest input stage: "))
-    assert "map+batch (fused(MapDataset:1,BatchDatasetV2:2))" in stage and "at parallelism 1" in stage
+    assert "map+batch, the only map (fused(MapDataset:1,BatchDatasetV2:2))" in stage and "at parallelism 1" in stage
     assert 0.3 <= float(re.search(r"\(([\d.]+) ms per batch", stage).group(1)) / 1000 <= 0.36
     assert any(line.startswith("- heaviest layer: dense") for line in lines)
     exit_code, out, _ = run_cli(capsys, "diagnose", "--trace", tmp_path / "starved_pyfunc", "--quiet", "--json")
     document = json.loads(out)
     assert document["diagnosis"]["recipes"][0] == "data_pipeline" and document["gpus"] == ["NVIDIA H100 80GB HBM3"]
     hotspots = document["diagnosis"]["hotspots"]
-    assert hotspots["stages"]["bottleneck"] == "map+batch (fused(MapDataset:1,BatchDatasetV2:2))"
+    assert hotspots["stages"]["bottleneck"] == "map+batch, the only map (fused(MapDataset:1,BatchDatasetV2:2))"
     assert hotspots["layers"]["device"] == "GPU"
 
 

@@ -264,9 +264,33 @@ def pipeline_stages(
                 bound_seconds_per_batch=per_batch / at_once,
             )
         )
+    stages = _numbered_maps(stages)
     # Stages that work first, the longest bound first; those that only pass elements on (buffers, epochs) last.
     stages.sort(key=lambda stage: (stage.kind in PASS_THROUGH_KINDS, -stage.bound_seconds_per_batch, stage.depth))
     return _conclude(tuple(stages), batches, cpu_count, step_seconds)
+
+
+# tf.data's own dataset names (`MapDataset:3`, `fused(ParallelMapDatasetV2:4,BatchDatasetV2:5)`), not a `name=`.
+_DEFAULT_NAME = re.compile(r"\w+Dataset(V\d+)?:\d+|fused\(.*\)")
+
+
+def _numbered_maps(stages: list[Stage]) -> list[Stage]:
+    """The maps that neither a graph nor a `name=` names, labelled by their place among the pipeline's maps
+    counted from the source, as the user's code has them (`map #2 of 3 from the source (MapDataset:3)`): a
+    trace holds the datasets' names, never the functions'. tf.data's own fusions count as one map each."""
+    maps = sorted((stage for stage in stages if stage.kind in MAP_KINDS), key=lambda stage: -stage.depth)
+    places = {
+        stage.name: ", the only map" if len(maps) == 1 else f" #{place} of {len(maps)} from the source"
+        for place, stage in enumerate(maps, start=1)
+    }
+    return [
+        dataclasses.replace(
+            stage, label=f"{_KIND_WORDS.get(stage.kind, stage.kind)}{places[stage.name]} ({stage.name})"
+        )
+        if stage.name in places and stage.label.endswith(f"({stage.name})") and _DEFAULT_NAME.fullmatch(stage.name)
+        else stage
+        for stage in stages
+    ]
 
 
 def _conclude(stages: tuple[Stage, ...], batches: int, cpu_count: int, step_seconds: float | None) -> PipelineStages:
