@@ -226,6 +226,35 @@ def test_the_build_decides_again_on_the_pipeline_it_serves(in_process_service, c
     assert len(step) == 1 and step[0].skipped and "TakeDataset" in step[0].detail
 
 
+@pytest.mark.slow
+def test_the_pipeline_recipe_caches_nothing_in_memory_for_a_pipeline_the_service_serves(cpu_hardware):
+    """The two recipes together, as a script asks for them: the pipeline recipe plans for the service (no
+    cache its workers would fill anew every epoch), so the service is not refused; alone it caches."""
+    import keras
+
+    import tfopt
+
+    def augment(features, label):
+        return features * 2.0, label
+
+    features = np.random.default_rng(0).random((128, 8)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((features, np.arange(128) % 3)).map(augment).batch(16)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    recipes = ["data_pipeline", {"data_service": {"workers": 1}}]
+    with tfopt.apply(model, data, recipes, hardware=cpu_hardware, measure_speed=False) as result:
+        steps = {step.recipe: step for step in result.plan.applied}
+        assert not steps["data_pipeline"].skipped and "cached" not in steps["data_pipeline"].detail
+        assert steps["data_pipeline"].detail.endswith(
+            "no cache: data_service serves this pipeline from its workers, one job per epoch, where a cache in "
+            "memory would be filled anew every epoch"
+        )
+        assert not steps["data_service"].skipped and result.service is not None
+        assert elements(result.dataset) == elements(data)
+    alone = tfopt.apply(model, data, ["data_pipeline"], hardware=cpu_hardware, measure_speed=False)
+    assert "cached in memory after the first epoch" in alone.plan.applied[-1].detail
+
+
 def test_an_in_memory_cache_stays_on_this_host_unless_other_hosts_serve_it():
     """Each epoch is a service job of its own, so a worker's cache() lasts one epoch."""
     cached = tf.data.Dataset.range(64).map(lambda i: i * 2).cache().batch(8)

@@ -34,6 +34,26 @@ def test_stops_after_two_slower_sizes_and_refines_around_the_best():
     assert search.best_batch_size == 64
 
 
+def test_beside_an_effective_batch_only_sizes_dividing_it_are_tried():
+    """grad_accum's effective batch of 80 must be a multiple of the batch: of the powers of two up to its half,
+    32 does not divide it, nor do 12 and 24 around the best; without it, 32 and 24 are tried too."""
+    calls = []
+    faster_with_size = lambda n: n  # noqa: E731
+    search_batch_sizes(
+        fake_trials(faster_with_size, calls=calls), min_batch_size=8, max_batch_size=40, memory_budget_bytes=None
+    )
+    assert calls == [8, 16, 32, 24]
+    calls.clear()
+    search_batch_sizes(
+        fake_trials(faster_with_size, calls=calls),
+        min_batch_size=8,
+        max_batch_size=40,
+        memory_budget_bytes=None,
+        dividing=80,
+    )
+    assert calls == [8, 16]
+
+
 def test_skips_a_size_predicted_over_budget_without_running_it():
     calls = []
     trials = search_batch_sizes(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from tfopt import registry
@@ -88,6 +89,11 @@ class Recipe(abc.ABC):
         """Why this recipe cannot be combined with `other`, or None where they combine."""
         return None
 
+    def beside(self, others: Sequence[Recipe]) -> Recipe:
+        """This recipe as it runs in a chain with `others`: itself, unless one of them changes what it should
+        do (data_pipeline caches nothing in memory for a pipeline that data_service serves)."""
+        return self
+
     def get_config(self) -> dict[str, Any]:
         """The constructor's keyword arguments, YAML-safe."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -113,6 +119,7 @@ class Chain(Recipe):
         for recipe in recipes:
             flat.extend(recipe.recipes if isinstance(recipe, Chain) else [recipe])
         _reject_clashes(flat)
+        flat = [recipe.beside([other for other in flat if other is not recipe]) for recipe in flat]
         # sorted() is stable: recipes of one stage keep the order the user gave.
         self.recipes: tuple[Recipe, ...] = tuple(sorted(flat, key=lambda recipe: recipe.stage))
 

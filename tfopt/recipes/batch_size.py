@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.data.batches import rebatch_counted
@@ -43,6 +44,7 @@ def find_batch_size(
     trial_steps: int = 3,
     warmup_steps: int = 1,
     refine: bool = True,
+    dividing: int | None = None,
 ) -> BatchSizeSearch:
     """Times short training trials and returns the table; `.best_batch_size` is the fastest within memory.
 
@@ -118,6 +120,7 @@ def find_batch_size(
         memory_budget_bytes=budget,
         baseline_bytes=baseline,
         refine=refine,
+        dividing=dividing,
     )
     return BatchSizeSearch(trials=tuple(trials), memory_kind=kind, memory_budget_bytes=budget)
 
@@ -146,6 +149,8 @@ class BatchSize(Recipe):
         batch_size: "auto" to search, or a number of examples per step.
         min_batch_size: Smallest size the search tries.
         max_batch_size: Largest size the search tries.
+        dividing: Only sizes that divide this number (beside grad_accum's effective_batch_size, which the
+            batch must divide, the chain sets it), or None for any.
         memory_budget_bytes: The peak memory a trial may reach (see `find_batch_size`), or None for the default.
         trial_steps: Timed steps per trial.
         scale_learning_rate: "none", "linear" or "sqrt": scale the learning rate with the batch.
@@ -161,6 +166,7 @@ class BatchSize(Recipe):
     batch_size: int | str = "auto"
     min_batch_size: int = 8
     max_batch_size: int = 1024
+    dividing: int | None = None
     memory_budget_bytes: int | None = None
     trial_steps: int = 3
     scale_learning_rate: str = "none"
@@ -175,6 +181,14 @@ class BatchSize(Recipe):
                 setting="batch_size",
             )
         _check_bounds(self.min_batch_size, self.max_batch_size, self.trial_steps, 1)
+        if self.dividing is not None and (
+            not isinstance(self.dividing, int) or isinstance(self.dividing, bool) or self.dividing < 1
+        ):
+            raise RecipeConfigError(
+                f"batch_size: dividing={self.dividing!r}. Expected a positive integer that the batch sizes tried "
+                "must divide, or None for any.",
+                setting="dividing",
+            )
         if self.memory_budget_bytes is not None and (
             not isinstance(self.memory_budget_bytes, int) or self.memory_budget_bytes <= 0
         ):
@@ -189,6 +203,21 @@ class BatchSize(Recipe):
     def needs_trials(self) -> bool:
         return self.batch_size == "auto"
 
+    def beside(self, others: Sequence[Recipe]) -> Recipe:
+        """Searching beside grad_accum with an effective batch: only sizes that divide it, up to half of it,
+        so that each update accumulates 2 micro-batches or more (the search would otherwise find a size
+        that grad_accum then refuses)."""
+        effective = [getattr(other, "effective_batch_size", None) for other in others if other.name == "grad_accum"]
+        half = (effective[0] or 0) // 2 if effective else 0
+        if self.needs_trials and half >= 1:
+            return dataclasses.replace(
+                self,
+                max_batch_size=min(self.max_batch_size, half),
+                min_batch_size=min(self.min_batch_size, half),
+                dividing=effective[0],
+            )
+        return self
+
     def measured(self, plan: Plan) -> Recipe:
         """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""
         if not self.needs_trials:
@@ -199,6 +228,7 @@ class BatchSize(Recipe):
             max_batch_size=self.max_batch_size,
             memory_budget_bytes=self.memory_budget_bytes,
             trial_steps=self.trial_steps,
+            dividing=self.dividing,
         )
         return SearchedBatchSize(requested=self, search=search)
 

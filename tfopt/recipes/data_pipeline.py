@@ -24,6 +24,7 @@ element fails, is tuned like any other. Where the sizes are not static, the note
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.errors import RecipeConfigError
@@ -202,6 +203,41 @@ class DataPipeline(Recipe):
             parallel_python_maps=self.parallel_python_maps,
         )
         return plan.replace(dataset=dataset).record(self.name, "; ".join(notes))
+
+    def beside(self, others: Sequence[Recipe]) -> Recipe:
+        if self.cache == "auto" and any(other.name == "data_service" for other in others):
+            return ServedDataPipeline(requested=self)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedDataPipeline(Recipe):
+    """`DataPipeline(cache="auto")` in a chain with `data_service`: tuned the same, with no in-memory cache.
+    The service runs the pipeline on its workers in one job per epoch, so a cache there would be made anew
+    every epoch, and the service recipe would keep the pipeline local rather than redo that work.
+
+    Attributes:
+        requested: The recipe as the user gave it (its config is this recipe's config).
+    """
+
+    name: ClassVar[str] = "data_pipeline"
+    stage: ClassVar[Stage] = Stage.DATA
+
+    requested: DataPipeline
+
+    def check(self, plan: Plan) -> None:
+        self.requested.check(plan)
+
+    def __call__(self, plan: Plan) -> Plan:
+        tuned = dataclasses.replace(self.requested, cache="none")(plan)
+        return tuned.amend(
+            self.name,
+            "no cache: data_service serves this pipeline from its workers, one job per epoch, where a cache in "
+            "memory would be filled anew every epoch",
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return self.requested.get_config()
 
 
 def _tune(

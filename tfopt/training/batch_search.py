@@ -99,8 +99,10 @@ def search_batch_sizes(
     memory_budget_bytes: int | None,
     baseline_bytes: int = 0,
     refine: bool = True,
+    dividing: int | None = None,
 ) -> list[Trial]:
-    """The search itself, over any trial function: powers of two, then 3/4 and 3/2 of the best.
+    """The search itself, over any trial function: powers of two, then 3/4 and 3/2 of the best; with
+    `dividing`, only the sizes that divide it.
 
     Separate from the timing so that its decisions (when to stop, what to skip) are tested with faked
     trials, including GPU out-of-memory ones on a machine without a GPU.
@@ -112,6 +114,8 @@ def search_batch_sizes(
     def attempt(batch_size: int) -> Trial | None:
         nonlocal ceiling
         if batch_size in tried or not min_batch_size <= batch_size < ceiling:
+            return None
+        if dividing is not None and dividing % batch_size:
             return None
         tried.add(batch_size)
         predicted = _predicted_peak(trials, batch_size, baseline_bytes)
@@ -127,6 +131,9 @@ def search_batch_sizes(
     batch_size, best_speed, slower_in_a_row = min_batch_size, 0.0, 0
     while batch_size <= max_batch_size and slower_in_a_row < 2:
         trial = attempt(batch_size)
+        if trial is None and dividing is not None and dividing % batch_size:
+            batch_size *= 2  # a size it skips: the next power of two may divide
+            continue
         if trial is None or trial.status != "ok":
             break
         slower_in_a_row = 0 if trial.examples_per_second > best_speed else slower_in_a_row + 1

@@ -1,0 +1,64 @@
+"""Recipes that meet in one chain, as a user lists them: each pair where one recipe changes what the other
+works on is applied together, and both do their job, neither undoing nor refusing the other."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfopt
+
+
+def _augment(features, label):
+    return features * 2.0, label
+
+
+def _classifier():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+FEATURES = np.random.default_rng(0).random((256, 8)).astype("float32")
+DATA = tf.data.Dataset.from_tensor_slices((FEATURES, np.arange(256) % 3)).map(_augment).batch(16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "recipes, said",
+    [
+        (
+            # XLA keeps batches full: the resized batch, not the user's, decides what is dropped.
+            [{"batch_size": {"batch_size": 24}}, {"xla": {"jit_compile": True}}],
+            {"batch_size": "batch 16 -> 24", "xla": "batches of 24 kept full"},
+        ),
+        (
+            # The service reads the distributed pipeline back in the global batches the strategy splits.
+            [{"distribution": {"strategy": "mirrored"}}, {"data_service": {"workers": 1}}],
+            {"distribution": "mirrored with 1 replica(s)", "data_service": "offloaded to 1 tf.data service worker"},
+        ),
+        (
+            # The finder searches up to half the effective batch, so each update still accumulates two or more.
+            [
+                {"batch_size": {"batch_size": "auto", "max_batch_size": 64}},
+                {"grad_accum": {"effective_batch_size": 64}},
+            ],
+            {"batch_size": "fastest of", "grad_accum": "each update stands for a batch of 64"},
+        ),
+        (
+            # tfopt's own cache would be filled anew every epoch on the service's workers: none is added.
+            ["data_pipeline", {"data_service": {"workers": 1}}],
+            {"data_pipeline": "no cache: data_service serves this pipeline", "data_service": "offloaded to 1"},
+        ),
+    ],
+    ids=["batch_size+xla", "distribution+data_service", "batch_size_auto+grad_accum", "data_pipeline+data_service"],
+)
+def test_recipes_that_change_each_others_input_both_apply(recipes, said, cpu_hardware):
+    with tfopt.apply(_classifier(), DATA, recipes, hardware=cpu_hardware, measure_speed=False) as result:
+        steps = {step.recipe: step for step in result.plan.applied if step.recipe in said}
+        assert sorted(steps) == sorted(said)
+        for recipe, words in said.items():
+            assert not steps[recipe].skipped and words in steps[recipe].detail, steps[recipe]
+        assert sum(1 for _ in result.dataset) > 0
