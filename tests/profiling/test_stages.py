@@ -132,6 +132,18 @@ def test_after_tfopts_rewrite_the_slow_map_runs_in_parallel(tmp_path):
     assert table.host_limited and table.recipe == "data_service" and "the host is the limit" in table.fix
 
 
+@pytest.mark.slow
+def test_a_diagnosis_read_from_a_keras_capture_names_the_slow_map_by_its_place(planted):
+    """As a user meets it: three maps in their script, a capture by Keras' TensorBoard callback read with
+    `tfopt.diagnose(logdir)`, which has no dataset at hand. The slow map is the second of the three."""
+    import tfopt
+
+    _, xplane = planted
+    diagnosis = tfopt.diagnose(xplane)
+    finding = next(finding for finding in diagnosis.findings if finding.recipe == "data_pipeline")
+    assert "map #2 of 3 from the source (MapDataset:" in str(finding), str(finding)
+
+
 def test_a_pipeline_that_keeps_up_gets_no_recipe(planted):
     _, xplane = planted
     table = pipeline_stages(xplane, cpu_count=2, step_seconds=100.0)
