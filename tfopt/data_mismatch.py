@@ -31,12 +31,22 @@ def explain(model: keras.Model, batch: Any) -> DataError | None:
     import keras
 
     if isinstance(batch, Mapping):
-        return _dict_elements(list(batch))
+        return _dict_elements(list(batch)) if _inputs_named_otherwise(model, batch) else None
     inputs, targets, _ = keras.utils.unpack_x_y_sample_weight(batch)
     return _input_mismatch(model, inputs) or _label_mismatch(model, targets)
 
 
 _LABEL_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def _inputs_named_otherwise(model: keras.Model, batch: Mapping[Any, Any]) -> bool:
+    """Whether the model declares inputs and the dict's keys are not all among their names (a model of
+    dict inputs, or one whose own loss reads its labels from the dict, takes such elements as they are)."""
+    try:
+        names = {tensor.name for tensor in model.inputs}
+    except (AttributeError, ValueError, TypeError):  # a subclassed model declares no inputs
+        return False
+    return not set(map(str, batch)) <= names
 
 
 def _dict_elements(keys: list[Any]) -> DataError:

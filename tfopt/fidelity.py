@@ -233,9 +233,9 @@ def reference_outcome(model: keras.Model, batch: Any) -> Outcome:
         if mismatch is not None:  # beyond the classes where a CPU's raises
             raise mismatch
         raise IncompatibleModelError(
-            f"Your model's {' and '.join(broken)} on the first batch of your data {'are' if len(broken) > 1 else 'is'} "
-            "not finite (NaN or inf), "
-            "before any recipe: its weights or that batch hold NaN or infinite values. Check "
+            f"Your model's {' and '.join(broken)} on the first batch of your data "
+            f"{'is' if broken == ['loss'] else 'are'} not finite (NaN or inf), before any recipe: its weights or "
+            "that batch hold NaN or infinite values. Check "
             "np.isfinite(w).all() for w in model.get_weights() and the data; a speedup of a training that "
             "computes NaN means nothing."
         )

@@ -395,6 +395,7 @@ def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
     from tfopt.recipes import DataPipeline, MixedPrecision, Xla
 
     items = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
+    items = [getattr(item, "requested", item) for item in items]  # as given, before a chain adapted them
     return frozenset(
         item.name
         for item in items

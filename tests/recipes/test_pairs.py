@@ -62,3 +62,13 @@ def test_recipes_that_change_each_others_input_both_apply(recipes, said, cpu_har
         for recipe, words in said.items():
             assert not steps[recipe].skipped and words in steps[recipe].detail, steps[recipe]
         assert sum(1 for _ in result.dataset) > 0
+
+
+def test_a_default_pipeline_recipe_adapted_to_the_service_is_still_verified_by_timing():
+    """`apply` keeps a recipe left at its defaults only where it measurably helps: adapted to the service,
+    the pipeline recipe is still the user's default one, and so still judged."""
+    from tfopt.optimize import _left_to_tfopt, resolve_recipes
+
+    chain = resolve_recipes(["data_pipeline", {"data_service": {"workers": 1}}])
+    assert type(chain.recipes[0]).__name__ == "ServedDataPipeline"
+    assert "data_pipeline" in _left_to_tfopt(chain)

@@ -35,8 +35,8 @@ def test_stops_after_two_slower_sizes_and_refines_around_the_best():
 
 
 def test_beside_an_effective_batch_only_sizes_dividing_it_are_tried():
-    """grad_accum's effective batch of 80 must be a multiple of the batch: of the powers of two up to its half,
-    32 does not divide it, nor do 12 and 24 around the best; without it, 32 and 24 are tried too."""
+    """grad_accum's effective batch of 80 must be a multiple of the batch: the search doubles through its
+    divisors (8, 16, then 40, as 32 does not divide it) and refines to the divisor nearest 3/4 of the best."""
     calls = []
     faster_with_size = lambda n: n  # noqa: E731
     search_batch_sizes(
@@ -51,7 +51,25 @@ def test_beside_an_effective_batch_only_sizes_dividing_it_are_tried():
         memory_budget_bytes=None,
         dividing=80,
     )
-    assert calls == [8, 16]
+    assert calls == [8, 16, 40, 20]
+
+
+@pytest.mark.parametrize("effective", [100, 36, 9])
+def test_an_effective_batch_with_few_powers_of_two_still_gets_trials(effective):
+    """Sizes that divide it but are no power of two (10, 20, 50 of 100; 3 of 9) are tried, never none."""
+    from tfopt.recipes import BatchSize
+    from tfopt.recipes.grad_accum import GradAccum
+
+    adapted = BatchSize().beside([GradAccum(effective_batch_size=effective)])
+    calls = []
+    search_batch_sizes(
+        fake_trials(lambda n: n, calls=calls),
+        min_batch_size=adapted.min_batch_size,
+        max_batch_size=adapted.max_batch_size,
+        memory_budget_bytes=None,
+        dividing=adapted.dividing,
+    )
+    assert calls and all(effective % size == 0 and effective // size >= 2 for size in calls)
 
 
 def test_skips_a_size_predicted_over_budget_without_running_it():

@@ -7,8 +7,8 @@ SIGTERM while it measured ResNet-50 said "interrupted" and ended 43 s later, whe
 30 s or less before SIGKILL. CPython's own C handler also writes the signal's number to the wakeup file
 descriptor at once, whatever the main thread does. A watcher thread reading it gives the main thread
 `GRACE_SECONDS` to see the signal. One that saw it raises `RunInterrupted` and cleans up (a checkpoint of
-the steps trained, workers stopped and waited for, the lock released) within `CLEANUP_SECONDS`; one that
-did not is held in native code, and the watcher says the interruption itself and ends the process.
+the steps trained, workers stopped and waited for, the lock released) within `CLEANUP_SECONDS` more; one
+that did not is held in native code, and the watcher says the interruption itself and ends the process.
 
 What such a stop keeps: tfopt writes its outputs atomically (a temporary file renamed over the old one)
 and TensorFlow writes a checkpoint's index last, so every file is the old one or the new one; the run
@@ -35,10 +35,11 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @contextlib.contextmanager
 def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
-    """SIGTERM and SIGHUP raise `RunInterrupted` in the main thread, Ctrl-C's SIGINT KeyboardInterrupt.
-    Where the main thread has not seen the signal `GRACE_SECONDS` after it, or has not ended the block
-    `CLEANUP_SECONDS` after seeing it, `farewell(name)` reports it and the process exits with the code it
-    returns. Main thread only (as `signal.signal`)."""
+    """SIGTERM and SIGHUP raise `RunInterrupted` in the main thread, Ctrl-C's SIGINT KeyboardInterrupt (a
+    signal the process ignores, as under `nohup` or `&`, stays ignored). Where the main thread has not seen
+    the signal `GRACE_SECONDS` after it, or has not ended the block `CLEANUP_SECONDS` after that,
+    `farewell(name)` reports it and the process exits with the code it returns. Main thread only (as
+    `signal.signal`)."""
     seen = threading.Event()
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -47,7 +48,8 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
             raise KeyboardInterrupt
         raise RunInterrupted(signal.Signals(signum).name)
 
-    previous = {signum: signal.signal(signum, interrupt) for signum in STOPPING_SIGNALS}
+    handled = [signum for signum in STOPPING_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, interrupt) for signum in handled}
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     previous_wakeup = signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
@@ -57,11 +59,16 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
         while received := os.read(wakeup_read, 1):
             if ended.is_set():
                 return
-            if received[0] not in STOPPING_SIGNALS:
+            if received[0] not in handled:
                 continue
             if ended.wait(GRACE_SECONDS) or (seen.is_set() and ended.wait(CLEANUP_SECONDS)):
                 return
-            code = farewell(signal.Signals(received[0]).name)
+            name = signal.Signals(received[0]).name
+            # The report must not hold the exit up: stderr may be a full pipe the main thread is writing to.
+            deadline = threading.Timer(1.0, os._exit, args=(128 + received[0],))
+            deadline.daemon = True
+            deadline.start()
+            code = farewell(name)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
@@ -71,11 +78,12 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
     try:
         yield
     finally:
-        ended.set()
+        # Handlers first: a signal from here on goes where it went before, never into the lines below.
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         signal.set_wakeup_fd(previous_wakeup)
+        ended.set()
         os.write(wakeup_write, b"\0")  # wakes the watcher, which sees the block ended
         watcher.join()
         os.close(wakeup_read)
         os.close(wakeup_write)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -245,7 +245,8 @@ def pipeline_stages(
         # function that sleeps or waits on I/O).
         at_once = max(min(parallelism or 1, max(cpu_count, 1)), min(concurrency or 0.0, parallelism or 1))
         runs = events.function_calls[name] or events.calls[name]
-        per_batch = work / runs * _runs_per_batch(name, events, root) if sized and runs else work / batches
+        per_run = _runs_per_batch(name, events, root) if sized and runs else None
+        per_batch = work / runs * per_run if per_run else work / batches
         stages.append(
             Stage(
                 name=name,
@@ -503,19 +504,45 @@ def _descendants(root: str, parents: Mapping[str, str]) -> list[str]:
     return found
 
 
-def _runs_per_batch(stage: str, events: _IteratorEvents, root: str) -> int:
+def _runs_per_batch(stage: str, events: _IteratorEvents, root: str) -> int | None:
     """How many of the stage's elements (or function runs, for a stage that runs one per element) make one
     batch handed to training: the batch sizes of the batching stages from it to the root, multiplied. A
-    batching stage's own size counts where its work is per element (`MapAndBatch`), not per batch."""
-    runs, current = 1, stage
-    for _ in range(64):
+    batching stage's own size counts where its work is per element (`MapAndBatch`), not per batch. None where
+    the way to the root passes a stage that changes the count otherwise (unbatch, rebatch, filter, flat_map)
+    or says no readable batch size."""
+    runs, current, seen = 1, stage, set()
+    while current not in seen:
+        seen.add(current)
+        if current != stage and events.kinds.get(current) in _COUNT_CHANGING_KINDS:
+            return None
         size = events.parameters[current].get("batch_size")
         if size is not None and (current != stage or events.function_calls[stage]):
+            if not str(size).isdigit():
+                return None
             runs *= max(1, int(size))
         if current == root or current not in events.parents:
             break
         current = events.parents[current]
     return runs
+
+
+# Stages between a stage and the root whose elements are not its elements one for one (batching aside): an
+# interleave's input is a file list, and its per-file pipelines are its children too.
+_COUNT_CHANGING_KINDS = frozenset(
+    {
+        "Unbatch",
+        "Rebatch",
+        "RebatchV2",
+        "Filter",
+        "FlatMap",
+        "Interleave",
+        "ParallelInterleave",
+        "ParallelInterleaveV2",
+        "ParallelInterleaveV3",
+        "ParallelInterleaveV4",
+        "LegacyParallelInterleave",
+    }
+)
 
 
 def _depth(stage: str, parents: Mapping[str, str], root: str) -> int:

@@ -208,15 +208,15 @@ class BatchSize(Recipe):
         so that each update accumulates 2 micro-batches or more (the search would otherwise find a size
         that grad_accum then refuses)."""
         effective = [getattr(other, "effective_batch_size", None) for other in others if other.name == "grad_accum"]
-        half = (effective[0] or 0) // 2 if effective else 0
-        if self.needs_trials and half >= 1:
-            return dataclasses.replace(
-                self,
-                max_batch_size=min(self.max_batch_size, half),
-                min_batch_size=min(self.min_batch_size, half),
-                dividing=effective[0],
-            )
-        return self
+        if not (self.needs_trials and effective and effective[0] and effective[0] >= 2):
+            return self
+        largest = max(size for size in range(1, effective[0] // 2 + 1) if effective[0] % size == 0)
+        return dataclasses.replace(
+            self,
+            max_batch_size=min(self.max_batch_size, largest),
+            min_batch_size=min(self.min_batch_size, largest),
+            dividing=effective[0],
+        )
 
     def measured(self, plan: Plan) -> Recipe:
         """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""

@@ -102,7 +102,7 @@ def search_batch_sizes(
     dividing: int | None = None,
 ) -> list[Trial]:
     """The search itself, over any trial function: powers of two, then 3/4 and 3/2 of the best; with
-    `dividing`, only the sizes that divide it.
+    `dividing`, the sizes that divide it, each at least twice the last, then those nearest 3/4 and 3/2.
 
     Separate from the timing so that its decisions (when to stop, what to skip) are tested with faked
     trials, including GPU out-of-memory ones on a machine without a GPU.
@@ -115,8 +115,6 @@ def search_batch_sizes(
         nonlocal ceiling
         if batch_size in tried or not min_batch_size <= batch_size < ceiling:
             return None
-        if dividing is not None and dividing % batch_size:
-            return None
         tried.add(batch_size)
         predicted = _predicted_peak(trials, batch_size, baseline_bytes)
         if memory_budget_bytes is not None and predicted is not None and predicted > memory_budget_bytes:
@@ -128,21 +126,34 @@ def search_batch_sizes(
             ceiling = min(ceiling, batch_size)
         return trial
 
-    batch_size, best_speed, slower_in_a_row = min_batch_size, 0.0, 0
-    while batch_size <= max_batch_size and slower_in_a_row < 2:
+    allowed = None if dividing is None else [size for size in range(1, dividing + 1) if dividing % size == 0]
+
+    def near(size: float) -> int | None:
+        """`size` as tried: rounded (`_round_batch`), or the allowed size nearest to it."""
+        if allowed is None:
+            return _round_batch(size)
+        inside = [allowed_size for allowed_size in allowed if min_batch_size <= allowed_size <= max_batch_size]
+        return min(inside, key=lambda allowed_size: abs(allowed_size - size)) if inside else None
+
+    def doubled(size: int) -> int:
+        if allowed is None:
+            return size * 2
+        return next((allowed_size for allowed_size in allowed if allowed_size >= 2 * size), max_batch_size + 1)
+
+    batch_size = min_batch_size if allowed is None else next((a for a in allowed if a >= min_batch_size), 0)
+    best_speed, slower_in_a_row = 0.0, 0
+    while 1 <= batch_size <= max_batch_size and slower_in_a_row < 2:
         trial = attempt(batch_size)
-        if trial is None and dividing is not None and dividing % batch_size:
-            batch_size *= 2  # a size it skips: the next power of two may divide
-            continue
         if trial is None or trial.status != "ok":
             break
         slower_in_a_row = 0 if trial.examples_per_second > best_speed else slower_in_a_row + 1
         best_speed = max(best_speed, trial.examples_per_second)
-        batch_size *= 2
+        batch_size = doubled(batch_size)
     if refine and any(trial.status == "ok" for trial in trials):
         best = max((trial for trial in trials if trial.status == "ok"), key=lambda trial: trial.examples_per_second)
-        for size in (_round_batch(best.batch_size * 3 / 4), _round_batch(best.batch_size * 3 / 2)):
-            attempt(size)
+        for size in (near(best.batch_size * 3 / 4), near(best.batch_size * 3 / 2)):
+            if size is not None:
+                attempt(size)
     return trials
 
 

@@ -198,19 +198,19 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._iterations_at_start: int | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
-        self._iterations_at_start = None if iterations is None else int(iterations.numpy())
+        optimizer = _counting_optimizer(self.model)
+        self._iterations_at_start = None if optimizer is None else int(optimizer.iterations.numpy())
 
     def save_where_stopped(self) -> bool:
         """Saves the steps trained when training was interrupted (a signal raised between two Python lines
-        of Keras' loop), where the step the weights are at is known: the optimizer counted the steps since
-        `fit` began as this callback did, or one more whose end it did not see yet. Returns whether it saved.
-        """
-        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
-        if iterations is None or self._iterations_at_start is None:
+        of Keras' loop), where the optimizer says which step the weights are at: one update per step (see
+        `_counting_optimizer`), so the steps since `fit` began, as this callback counted them or one more
+        whose end it did not see yet. Returns whether it saved."""
+        optimizer = _counting_optimizer(self.model)
+        if optimizer is None or self._iterations_at_start is None:
             return False
-        step = self._steps_done + int(iterations.numpy()) - self._iterations_at_start
-        if step not in (self._step, self._step + 1):  # an optimizer that is not the training's own (a GAN's)
+        step = self._steps_done + int(optimizer.iterations.numpy()) - self._iterations_at_start
+        if step not in (self._step, self._step + 1):
             return False
         self.checkpoint.save(step)
         return True
@@ -224,3 +224,18 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch_base = self._step
+
+
+def _counting_optimizer(model: keras.Model) -> keras.optimizers.Optimizer | None:
+    """The model's optimizer where its `iterations` counts the training's steps one for one: Keras' own
+    train_step, one step per execution, no loss scaling (it skips the updates of non-finite steps) and no
+    gradient accumulation (it counts updates). Else None: a GAN's own train_step applies optimizers of its
+    own, and what the others count cannot tell a step that ran from one that did not."""
+    optimizer = getattr(model, "optimizer", None)
+    plain = (
+        isinstance(optimizer, keras.optimizers.Optimizer)
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and not optimizer.gradient_accumulation_steps
+    )
+    own_step = type(model).train_step is keras.Model.train_step
+    return optimizer if plain and own_step and int(getattr(model, "steps_per_execution", 1) or 1) == 1 else None

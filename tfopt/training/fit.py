@@ -36,7 +36,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, NonFiniteLossError
+from tfopt.errors import DataError, NonFiniteLossError, describe_error
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
 from tfopt.training.guards import NonFiniteLossGuard
 
@@ -170,8 +170,11 @@ def train(
         checkpoint.sync()
         raise error.with_checkpoint(checkpoint.latest_path) from None
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler: the steps trained so far are kept
-        if saver is not None and saver.save_where_stopped():
-            _log.info("Interrupted: the steps trained so far are in %s.", checkpoint.latest_path)
+        try:
+            if saver is not None and saver.save_where_stopped():
+                _log.info("Interrupted: the steps trained so far are in %s.", checkpoint.latest_path)
+        except Exception as error:  # noqa: BLE001 - the interruption is what the user must hear of
+            _log.warning("Interrupted; the steps since the last checkpoint are lost: %s", describe_error(error))
         raise
     finally:
         if checkpoint is not None:
