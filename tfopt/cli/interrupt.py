@@ -6,9 +6,10 @@ thread for as long as an XLA compilation, a long step or a wait on tf.data takes
 SIGTERM while it measured ResNet-50 said "interrupted" and ended 43 s later, where Kubernetes and Slurm give
 30 s or less before SIGKILL. CPython's own C handler also writes the signal's number to the wakeup file
 descriptor at once, whatever the main thread does. A watcher thread reading it gives the main thread
-`GRACE_SECONDS` to see the signal. One that saw it raises `RunInterrupted` and cleans up (a checkpoint of
-the steps trained, workers stopped and waited for, the lock released) within `CLEANUP_SECONDS` more; one
-that did not is held in native code, and the watcher says the interruption itself and ends the process.
+`GRACE_SECONDS` to see the signal. One that saw it raises `RunInterrupted` (a training loop at the end of
+its step, `tfopt.training.stopping`) and cleans up (a checkpoint of the steps trained, workers stopped and
+waited for, the lock released) within `CLEANUP_SECONDS` more; one that did not is held in native code, and
+the watcher says the interruption itself and ends the process.
 
 What such a stop keeps: tfopt writes its outputs atomically (a temporary file renamed over the old one)
 and TensorFlow writes a checkpoint's index last, so every file is the old one or the new one; the run
@@ -44,9 +45,13 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
 
     def interrupt(signum: int, frame: Any) -> None:
         seen.set()
+        name = signal.Signals(signum).name
+        training = sys.modules.get("tfopt.training.stopping")  # imported where tfopt trains, else no loop runs
+        if training is not None and training.deferred(name):
+            return  # the training loop stops at the end of its step
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        raise RunInterrupted(signal.Signals(signum).name)
+        raise RunInterrupted(name)
 
     handled = [signum for signum in STOPPING_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, interrupt) for signum in handled}

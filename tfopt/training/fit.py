@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.errors import DataError, NonFiniteLossError, describe_error
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
 from tfopt.training.guards import NonFiniteLossGuard
+from tfopt.training.stopping import StopAtStepEnd, stops_at_step_ends
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -152,18 +153,24 @@ def train(
     done = start
     saver = None
     try:
-        for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
-            run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
-            if checkpoint is not None:
-                saver = CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
-                run_callbacks.append(saver)
-            # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
-            fitted = model.fit(
-                callbacks=run_callbacks, validation_data=validation_data, verbose=verbose, shuffle=False, **fit_kwargs
-            )
-            for key, values in fitted.history.items():
-                history.setdefault(key, []).extend(float(value) for value in values)
-            done = first_step + steps
+        with stops_at_step_ends():
+            for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
+                run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
+                if checkpoint is not None:
+                    saver = CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
+                    run_callbacks.append(saver)
+                run_callbacks.append(StopAtStepEnd())  # last: the step is counted and checkpointed first
+                # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
+                fitted = model.fit(
+                    callbacks=run_callbacks,
+                    validation_data=validation_data,
+                    verbose=verbose,
+                    shuffle=False,
+                    **fit_kwargs,
+                )
+                for key, values in fitted.history.items():
+                    history.setdefault(key, []).extend(float(value) for value in values)
+                done = first_step + steps
     except NonFiniteLossError as error:
         if checkpoint is None:
             raise
