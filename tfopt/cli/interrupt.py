@@ -6,9 +6,9 @@ thread for as long as an XLA compilation, a long step or a wait on tf.data takes
 SIGTERM while it measured ResNet-50 said "interrupted" and ended 43 s later, where Kubernetes and Slurm give
 30 s or less before SIGKILL. CPython's own C handler also writes the signal's number to the wakeup file
 descriptor at once, whatever the main thread does. A watcher thread reading it gives the main thread
-`GRACE_SECONDS` to see the signal. One that saw it raises `RunInterrupted` (a training loop at the end of
-its step, `tfopt.training.stopping`) and cleans up (a checkpoint of the steps trained, workers stopped and
-waited for, the lock released) within `CLEANUP_SECONDS` more; one that did not is held in native code, and
+`GRACE_SECONDS` to see the signal. One that saw it raises `RunInterrupted` (while a run drives TensorFlow,
+a training loop at the end of its step: `tfopt.training.stopping`) and cleans up (a checkpoint of the steps
+trained, workers stopped and waited for, the lock released) within `CLEANUP_SECONDS` more; where none did,
 the watcher says the interruption itself and ends the process.
 
 What such a stop keeps: tfopt writes its outputs atomically (a temporary file renamed over the old one)
@@ -44,11 +44,10 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
     seen = threading.Event()
 
     def interrupt(signum: int, frame: Any) -> None:
-        seen.set()
         name = signal.Signals(signum).name
-        training = sys.modules.get("tfopt.training.stopping")  # imported where tfopt trains, else no loop runs
-        if training is not None and training.deferred(name):
-            return  # the training loop stops at the end of its step
+        if _stopping() is not None and _stopping().deferred(name):
+            return  # taken at a training step's end, or by the watcher
+        seen.set()
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise RunInterrupted(name)
@@ -66,7 +65,8 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
                 return
             if received[0] not in handled:
                 continue
-            if ended.wait(GRACE_SECONDS) or (seen.is_set() and ended.wait(CLEANUP_SECONDS)):
+            cleaning_up = seen.is_set() or (_stopping() is not None and _stopping().taken())
+            if ended.wait(GRACE_SECONDS) or (cleaning_up and ended.wait(CLEANUP_SECONDS)):
                 return
             name = signal.Signals(received[0]).name
             # The report must not hold the exit up: stderr may be a full pipe the main thread is writing to.
@@ -92,3 +92,9 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
         watcher.join()
         os.close(wakeup_read)
         os.close(wakeup_write)
+
+
+def _stopping() -> Any:
+    """`tfopt.training.stopping` where a run imported it (it imports Keras: a command that never trains
+    does not pay for it here)."""
+    return sys.modules.get("tfopt.training.stopping")

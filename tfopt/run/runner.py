@@ -160,6 +160,7 @@ def run(
     import keras
 
     from tfopt.distribute.environment import detect_environment
+    from tfopt.training.stopping import stops_at_step_ends
 
     progress = progress or Progress()
     cluster = detect_environment()
@@ -179,9 +180,14 @@ def run(
         if cluster.is_chief and not resume:
             save_resolved(recipe, run_dir / RESOLVED_RECIPE_NAME)
         try:
-            report, report_paths, built, training = _run_in(
-                run_dir, recipe, progress, cluster, resume=resume, train=train
-            )
+            # A signal never raises inside TensorFlow's work (training/stopping.py). Where workers train (a
+            # worker of a cluster, or `run --workers`' launcher measuring before it starts them) it is
+            # taken as before, at once: the launcher's stop of its workers relies on it.
+            alone = cluster.num_workers == 1 and train
+            with stops_at_step_ends() if alone else contextlib.nullcontext():
+                report, report_paths, built, training = _run_in(
+                    run_dir, recipe, progress, cluster, resume=resume, train=train
+                )
         except BaseException as error:
             said = _in_recipe_terms(recipe, error)
             if made and discard_unused(run_dir):  # failed before its first output (the model could not be built)
@@ -428,13 +434,15 @@ def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Profile
     import keras
 
     import tfopt
+    from tfopt.training.stopping import stops_at_step_ends
 
     progress = progress or Progress()
     keras.utils.set_random_seed(recipe.train.seed)
     progress.phase("reading data")
     recipe = prepare(recipe)
     progress.phase("building the model")
-    model = build_model(recipe)
-    progress.phase("profiling the baseline (TF Profiler)")
-    dataset = recipe.data.source_object.pipeline(batch_size=recipe.data.batch_size, optimized=False)
-    return tfopt.profile(model, dataset, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps)
+    with stops_at_step_ends():  # a signal never raises inside TensorFlow's work (training/stopping.py)
+        model = build_model(recipe)
+        progress.phase("profiling the baseline (TF Profiler)")
+        dataset = recipe.data.source_object.pipeline(batch_size=recipe.data.batch_size, optimized=False)
+        return tfopt.profile(model, dataset, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps)

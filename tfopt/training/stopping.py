@@ -1,11 +1,13 @@
-"""A stop asked for while training takes effect at the end of a step.
+"""A stop asked for while tfopt drives TensorFlow takes effect at the end of a training step, or not in Python.
 
 A signal handler that raises does so at whatever Python line the main thread is on, and inside Keras' loop
 that can be halfway through setting up or tearing down TensorFlow state (an iterator, an asynchronous
 checkpoint): under load, one SIGTERM raised so was followed by `free(): invalid next size` and an abort.
-While `train` runs, the command line's handler asks here instead (`deferred`), and the `StopAtStepEnd`
-callback, last in the step's callbacks, raises `RunInterrupted` once the step and its checkpoint
-bookkeeping are done: the weights are then exactly at the step counted.
+While a run measures, profiles or trains, the command line's handler asks here instead (`deferred`): the
+`StopAtStepEnd` callback, last in a training step's callbacks, raises `RunInterrupted` once the step and its
+checkpoint bookkeeping are done (the weights are then exactly at the step counted); in a phase without such
+a point (measuring, compiling, profiling) the command line's watcher ends the process after its grace
+period, with nothing half-written, as tfopt writes its outputs atomically.
 """
 
 from __future__ import annotations
@@ -17,26 +19,32 @@ import keras
 
 from tfopt.errors import RunInterrupted
 
-_state = {"loops": 0, "asked": None}
+_state: dict = {"blocks": 0, "asked": None, "taken": False}
 
 
 def deferred(signal_name: str) -> bool:
-    """Asks a running training loop to stop at its next step end; False where none runs (raise now)."""
-    if not _state["loops"]:
+    """Asks the work of a `stops_at_step_ends` block to stop at its next step end; False outside one (the
+    caller raises at once: a wait in Python, such as on worker processes, is safe to interrupt)."""
+    if not _state["blocks"]:
         return False
     _state["asked"] = signal_name
     return True
 
 
+def taken() -> bool:
+    """Whether a stop asked for was taken at a step end (the main thread is cleaning up)."""
+    return _state["taken"]
+
+
 @contextlib.contextmanager
 def stops_at_step_ends() -> Iterator[None]:
-    """The block's training loops take stops through `StopAtStepEnd`."""
-    _state["loops"] += 1
+    """In the block, stops are asked for (`deferred`), and training loops take them through `StopAtStepEnd`."""
+    _state["blocks"] += 1
     try:
         yield
     finally:
-        _state["loops"] -= 1
-        if not _state["loops"]:
+        _state["blocks"] -= 1
+        if not _state["blocks"]:
             _state["asked"] = None
 
 
@@ -46,5 +54,5 @@ class StopAtStepEnd(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         asked = _state["asked"]
         if asked is not None:
-            _state["asked"] = None
+            _state["asked"], _state["taken"] = None, True
             raise RunInterrupted(asked)
