@@ -6,7 +6,8 @@ layers are put on the plan's policy (`set_dtype_policy`), the user's weights are
 was made afresh, and the model is compiled as the plan says: a copy keeps what the user's compile made and
 changes only what recipes changed (`_compile`); a model from `model_fn` is compiled with the user's own
 compile objects. Global Keras state (the dtype policy) is only changed inside a scope that restores it,
-even when building fails.
+even when building fails. A plan in micro-batches (its batch did not fit the device) has its batches cut
+last, from the pipeline as built, so each update covers one of the user's batches.
 
 What XLA needs is settled here too, on the model this build creates: that every layer lowers to XLA
 (else the build compiles without it and says which layer), and full batches of one static shape (a
@@ -26,6 +27,7 @@ from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import Plan, serialized_setting
 from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
+from tfopt.training.micro_batches import split_batches
 
 if TYPE_CHECKING:
     import keras
@@ -102,6 +104,8 @@ def build(plan: Plan) -> Built:
         if loss_scaling:
             plan = plan.amend("mixed_precision", loss_scaling)
     dataset, service, plan = _served(plan, unsettled)
+    if plan.micro_batches > 1:
+        dataset = split_batches(dataset, plan.micro_batches)
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
 
@@ -134,13 +138,14 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
     from tfopt.data.service_client import serve_offload, tf_batch_dimension
 
     # Decided again on the pipeline as built: recipes of later stages (batch_size, distribution) rebatched it.
-    offload, why = plan.data_service.planned_again(unsettled, batch_size=plan.batch_size)
+    whole = plan.batch_size * plan.micro_batches
+    offload, why = plan.data_service.planned_again(unsettled, batch_size=whole)
     if offload is not None:
         try:
             served, cluster = serve_offload(
                 unsettled,
                 offload,
-                batch_size=plan.batch_size,
+                batch_size=whole,
                 static=tf_batch_dimension(plan.dataset.element_spec) is not None,
                 batches_per_pass=int(plan.dataset.cardinality()),
             )
@@ -226,10 +231,11 @@ def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     if blockers:
         _log.warning("xla: off: %s", "; ".join(blockers))
         return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers), skipped=True)
-    dataset, dropped = static_batches(plan.dataset, plan.batch_size)
+    whole = plan.batch_size * plan.micro_batches  # micro-batches are cut from static batches after
+    dataset, dropped = static_batches(plan.dataset, whole)
     if dataset is plan.dataset:  # the batches were static already
         return plan
-    return plan.replace(dataset=dataset).record("xla", describe_dropped(dropped, plan.batch_size))
+    return plan.replace(dataset=dataset).record("xla", describe_dropped(dropped, whole))
 
 
 def _copy_weights(source: keras.Model, target: keras.Model) -> None:

@@ -75,6 +75,22 @@ class MeasurementError(TfoptError, RuntimeError):
     """A timing or profiling run could not produce a measurement (it failed, or there was nothing to time)."""
 
 
+class EnvironmentVariableError(TfoptError, ValueError):
+    """An environment variable tfopt reads holds a value it cannot use (`tfopt.environment_variables`).
+
+    Attributes:
+        variable: The variable's name, e.g. "TFOPT_DATA_DIR".
+    """
+
+    def __init__(self, *args: object, variable: str):
+        super().__init__(*args)
+        self.variable = variable
+
+
+class OutOfMemoryError(TfoptError, MemoryError):
+    """A batch does not fit the device, and training it in micro-batches cannot give the same learning."""
+
+
 class DistributionError(TfoptError, RuntimeError):
     """A distributed run could not start or lost a worker."""
 

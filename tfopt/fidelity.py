@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfopt import data_mismatch
 from tfopt.errors import IncompatibleModelError, describe_error
+from tfopt.training.micro_batches import out_of_memory
 
 if TYPE_CHECKING:
     import keras
@@ -85,41 +86,59 @@ class Agreement:
         )
 
 
-def outcome(model: keras.Model, batch: Any) -> Outcome:
+def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
     """Runs `model` on one batch: predictions and loss, then one training step whose changes are put back.
+
+    Args:
+        model: The compiled model.
+        batch: One batch of the user's pipeline.
+        pieces: Micro-batches the batch trains as (`tfopt.training.micro_batches`): the batch is run piece by
+            piece, its predictions and loss those of the whole batch, its step one update of `pieces` steps.
 
     Raises:
         Exception: Whatever the model raises on the batch (the caller names the layer).
     """
     with model.distribute_strategy.scope():
-        return _outcome_in_scope(model, batch)
+        return _outcome_in_scope(model, batch, pieces)
 
 
-def _outcome_in_scope(model: keras.Model, batch: Any) -> Outcome:
+def _outcome_in_scope(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     import keras
     import numpy as np
     import tensorflow as tf
 
     from tfopt.profiling.timing import training_state_restored
 
-    inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(batch)
     predictions = loss = None
+    parts = _pieces(batch, pieces)
     try:
-        outputs = model(inputs, training=False)
+        outputs = [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
     except NotImplementedError:  # no call(): a model whose train_step calls its parts
         outputs = None
     if outputs is not None:
+        per_piece = [tf.nest.flatten(output) for output in outputs]  # each output's pieces in a row: the whole's
         predictions = np.concatenate(
-            [np.asarray(tf.cast(tensor, tf.float64)).ravel() for tensor in tf.nest.flatten(outputs)]
+            [
+                np.asarray(tf.cast(piece[index], tf.float64)).ravel()
+                for index in range(len(per_piece[0]))
+                for piece in per_piece
+            ]
         )
         if model._compile_loss is not None or model.losses or type(model).compute_loss is not keras.Model.compute_loss:
             # As Keras' own train_step calls it: Trainer._compute_loss passes `training` only to an override that
-            # takes it (the keras-io distiller's compute_loss does not).
-            loss = float(
-                model._compute_loss(x=inputs, y=targets, y_pred=outputs, sample_weight=weights, training=False)
-            )
+            # takes it (the keras-io distiller's compute_loss does not). Pieces weigh by their examples.
+            losses, sizes = [], []
+            for part, output in zip(parts, outputs):
+                inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(part)
+                losses.append(
+                    float(
+                        model._compute_loss(x=inputs, y=targets, y_pred=output, sample_weight=weights, training=False)
+                    )
+                )
+                sizes.append(int(tf.shape(tf.nest.flatten(inputs)[0])[0]))
+            loss = float(np.average(losses, weights=sizes))
     with training_state_restored(model):
-        logs = _one_training_step(model, batch)
+        logs = _one_training_step(model, batch, pieces)
         if loss is None:
             values = [value for name, value in logs.items() if "loss" in name]
             if values:
@@ -128,35 +147,77 @@ def _outcome_in_scope(model: keras.Model, batch: Any) -> Outcome:
     return Outcome(predictions=predictions, loss=loss)
 
 
-def _one_training_step(model: keras.Model, batch: Any) -> dict[str, Any]:
+def _pieces(batch: Any, pieces: int) -> list[Any]:
+    """The batch as the micro-batches its pipeline is cut into (itself alone where it is whole)."""
+    if pieces == 1:
+        return [batch]
+    import tensorflow as tf
+
+    from tfopt.training.micro_batches import split_batches
+
+    return list(split_batches(tf.data.Dataset.from_tensors(batch), pieces))
+
+
+def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str, Any]:
     """One step of the model's own train function on `batch`, as `fit` runs it: its compiled state built first,
     traced (and under XLA where the model compiles with it; a layer can fail in a graph and not eagerly: an int32
     constant against a bfloat16 tensor), fed from a tf.data iterator (distributed under the model's strategy).
     The iterator holds one batch, so one step runs whatever `steps_per_execution` says, and `fit` reuses the
-    traced function."""
+    traced function. In micro-batches, one step per piece, which must make exactly one update of the model's
+    optimizer (a train_step that applies optimizers of its own cannot accumulate them)."""
     import numpy as np
     import tensorflow as tf
 
+    from tfopt.training.micro_batches import split_batches
+
     strategy = model.distribute_strategy
+    updates = _updates(model)
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         # Keras' train function fails under this strategy upstream (keras-team/keras#20585): tfopt trains such a
         # model with a step of its own (tfopt.distribute.training), which calls train_step as this does.
-        logs = strategy.run(model.train_step, args=(batch,))
-        return {
+        for part in _pieces(batch, pieces):
+            logs = strategy.run(model.train_step, args=(part,))
+        logs = {
             name: np.asarray(strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None))
             for name, value in logs.items()
         }
-    model._symbolic_build(data_batch=batch)  # what fit does first: metrics and losses built outside the trace
-    model.make_train_function()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # Its batch dimension unknown, as in the user's pipeline: the trace is the one fit runs, and reuses.
-    size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size).with_options(options)
-    if tf.distribute.has_strategy():
-        data = strategy.experimental_distribute_dataset(data)
-    logs = model.train_function(iter(data))
-    return {name: np.asarray(value) for name, value in logs.items()} if isinstance(logs, dict) else {}
+    else:
+        model._symbolic_build(data_batch=_pieces(batch, pieces)[0])  # what fit does first, outside the trace
+        model.make_train_function()
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        # Its batch dimension unknown, as in the user's pipeline: the trace is the one fit runs, and reuses.
+        size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+        data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size)
+        if pieces > 1:
+            data = split_batches(data, pieces)
+        data = data.with_options(options)
+        if tf.distribute.has_strategy():
+            data = strategy.experimental_distribute_dataset(data)
+        steps = iter(data)
+        for _ in range(pieces):
+            logs = model.train_function(steps)
+        logs = {name: np.asarray(value) for name, value in logs.items()} if isinstance(logs, dict) else {}
+    if pieces > 1 and updates is not None and _updates(model) != updates + 1:
+        raise IncompatibleModelError(
+            f"In {pieces} micro-batches, your model's optimizer made {_updates(model) - updates} updates where one "
+            "was due: its train_step applies gradients by other means than self.optimizer, so tfopt cannot "
+            "accumulate them. Lower the batch size in your pipeline until a batch fits the device."
+        )
+    return logs
+
+
+def _updates(model: keras.Model) -> int | None:
+    """The updates the model's optimizer counts, where it counts one per step that applies (no loss scaling,
+    which skips the updates of steps whose gradients overflow), else None."""
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        return None
+    return int(optimizer.iterations.numpy())
 
 
 def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
@@ -193,8 +254,9 @@ def agreement(reference: Outcome, optimized: Outcome, policy: str) -> Agreement:
     )
 
 
-def reference_outcome(model: keras.Model, batch: Any) -> Outcome:
-    """The user's setup on the first batch; a failure there is the model's or the data's, said as such.
+def reference_outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
+    """The user's setup on the first batch (in `pieces` micro-batches); a failure there is the model's or the
+    data's, said as such, except the device running out of memory, raised as it is.
 
     Raises:
         DataError: The batch does not fit the model (not batched, other input shapes, labels beyond its
@@ -214,8 +276,10 @@ def reference_outcome(model: keras.Model, batch: Any) -> Outcome:
             "weights again."
         )
     try:
-        result = outcome(model, batch)
+        result = outcome(model, batch, pieces)
     except Exception as error:
+        if out_of_memory(error) or isinstance(error, IncompatibleModelError):  # micro-batches its train_step refuses
+            raise
         mismatch = data_mismatch.explain(model, batch)
         if mismatch is not None:
             raise mismatch from error
@@ -297,8 +361,10 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
     kept: list[str] = []
     while True:
         try:
-            result = outcome(model, batch)
+            result = outcome(model, batch, plan.micro_batches)
         except Exception as error:
+            if out_of_memory(error) or isinstance(error, IncompatibleModelError):
+                raise
             if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(
                     f"The optimized setup fails on the first batch although your model trains on it: "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfopt.builder import build, without_mixed_precision
 from tfopt.errors import DataError, MeasurementError, RecipeConfigError
-from tfopt.fidelity import first_batch_checked, reference_outcome
+from tfopt.fidelity import Outcome, first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan
 from tfopt.policies import put_tf32_in_force
@@ -24,6 +24,7 @@ from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
+from tfopt.training.micro_batches import fitted
 from tfopt.verdict import candidates, decided
 
 if TYPE_CHECKING:
@@ -314,23 +315,41 @@ def _applied(
     """`apply` from the baseline plan on, in phases each handing its result to the next: the baseline built and
     run on the first batch, the plan (trials included; recipe None: "auto"), the optimized build checked on
     that batch (a recipe that breaks the model is left out, or the error raised, before minutes of measuring),
-    the setups measured side by side, and the verdict on the recipes left to tfopt."""
-    built_baseline = build(baseline)
+    the setups measured side by side, and the verdict on the recipes left to tfopt. Where the device runs out
+    of memory on the first batch, a setup trains in micro-batches (`tfopt.training.micro_batches`)."""
     batch = next(iter(baseline.dataset.take(1)))
-    reference = reference_outcome(built_baseline.model, batch)
+
+    def baseline_run(plan: Plan) -> tuple[Built, Outcome]:
+        built = build(plan)
+        return built, reference_outcome(built.model, batch, plan.micro_batches)
+
+    # A batch that does not fit the device trains in micro-batches (both setups, the optimized one from as many).
+    fitting, (built_baseline, reference) = fitted(baseline, baseline_run)
     if baseline.weights_from is None:
         # A model from model_fn alone: every later build (trials, the optimized setup) starts from the
         # baseline's initial weights, so what is compared trains the same model. Measuring restores them.
         baseline = baseline.replace(weights_from=built_baseline.model)
-    optimized, tuning = _planned(baseline, recipe, built_baseline, tune_budget_seconds, on_tune_progress)
-    built = build(optimized)
+        fitting = fitting.replace(weights_from=built_baseline.model)
+    # "auto" times its trials from the baseline as it fits; recipes plan for the user's batches.
+    optimized, tuning = _planned(
+        baseline if recipe else fitting, recipe, built_baseline, tune_budget_seconds, on_tune_progress
+    )
+
+    def optimized_run(plan: Plan) -> Built:
+        built = build(plan)
+        try:
+            checked = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
+            if checked.mixed_precision_fails is None:
+                return checked.built
+            return without_mixed_precision(checked.built, baseline.dtype_policy, checked.mixed_precision_fails)
+        except BaseException:
+            built.close()
+            raise
+
+    _, built = fitted(optimized, optimized_run, pieces=fitting.micro_batches)
     before = after = before_profile = after_profile = None
     rounds: tuple[float, ...] = ()
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
-        checked = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
-        built = checked.built
-        if checked.mixed_precision_fails is not None:
-            built = without_mixed_precision(built, baseline.dtype_policy, checked.mixed_precision_fails)
         if measuring:
             setups = candidates(built_baseline, built, verifying)
             side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)
@@ -354,7 +373,7 @@ def _applied(
         dataset=built.dataset,
         strategy=built.strategy,
         plan=built.plan,
-        baseline_plan=baseline,
+        baseline_plan=fitting,
         before=before,
         after=after,
         before_profile=before_profile,

@@ -60,6 +60,9 @@ class Plan:
         hardware: The machine the plan is for.
         sample_inputs: One batch of model inputs, used to build subclassed models and check XLA.
         batch_size: Examples per step (the global batch under a distribution strategy).
+        micro_batches: How many steps of `batch_size` each batch of the user's pipeline is cut into, their
+            gradients accumulated into one update, because the whole batch did not fit the device
+            (`tfopt.training.micro_batches`); 1 where it fits.
         weights_from: A built model whose weights the new model starts from, or None. Never modified.
         compile_objects: The compile arguments as the user gave them (loss functions, metric and optimizer
             objects): what `build()` compiles with where the plan left a setting as it was, so custom
@@ -98,6 +101,7 @@ class Plan:
     hardware: Hardware
     sample_inputs: Any
     batch_size: int
+    micro_batches: int = 1
     weights_from: Any = None
     compile_objects: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source: DataSource | None = None
@@ -125,7 +129,9 @@ class Plan:
         # The decisions are what a reader wants.
         steps = "".join(f"\n  {step}" for step in self.applied)
         return (
-            f"Plan(batch_size={self.batch_size}, dtype_policy={self.dtype_policy!r}, "
+            f"Plan(batch_size={self.batch_size}"
+            + (f" ({self.micro_batches} micro-batches per update)" if self.micro_batches > 1 else "")
+            + f", dtype_policy={self.dtype_policy!r}, "
             f"jit_compile={self.jit_compile}, strategy={self.strategy!r}, "
             f"hardware={self.hardware.describe()!r}, applied={len(self.applied)} steps){steps}"
         )

@@ -97,7 +97,7 @@ def candidates(before: Built, after: Built, verifying: frozenset[str]) -> Candid
     pipeline = (
         "data_pipeline" in verifying
         and after.plan.data_service is None
-        and (after.plan.batch_size, after.plan.strategy) == (before.plan.batch_size, before.plan.strategy)
+        and _examples_per_step(after.plan) == _examples_per_step(before.plan)
         and any(step.recipe == "data_pipeline" and not step.skipped for step in after.plan.applied)
     )
     setups = {BEFORE: before}
@@ -191,11 +191,16 @@ def _applied_steps(plan: Plan, verdicts: list[tuple[tuple[str, ...], str, bool]]
 def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
     """Whether recipes changed a compile setting other than XLA, or the examples per step, or the strategy."""
 
-    def training(plan: Plan) -> tuple[dict, int, str]:
+    def training(plan: Plan) -> tuple[dict, tuple[int, int, str]]:
         settings = {key: value for key, value in plan.compile_config.items() if key != "jit_compile"}
-        return settings, plan.batch_size, plan.strategy
+        return settings, _examples_per_step(plan)
 
     return training(baseline) != training(optimized)
+
+
+def _examples_per_step(plan: Plan) -> tuple[int, int, str]:
+    """The batch of each step, the steps per batch of the user's pipeline (micro-batches), and the strategy."""
+    return plan.batch_size, plan.micro_batches, plan.strategy
 
 
 def _with_users_numerics(before: Built, after: Built) -> Built:
@@ -213,10 +218,14 @@ def _with_users_numerics(before: Built, after: Built) -> Built:
 
 
 def _with_users_pipeline(before: Built, after: Built) -> Built:
-    """The optimized model on the user's own pipeline (its batches made static where XLA needs them)."""
+    """The optimized model on the user's own pipeline (its batches made static where XLA needs them, then cut
+    into the optimized setup's micro-batches, if any)."""
     from tfopt.data.batches import static_batches
+    from tfopt.training.micro_batches import split_batches
 
-    dataset = before.dataset
-    if after.plan.jit_compile:
-        dataset, _ = static_batches(dataset, after.plan.batch_size)
-    return dataclasses.replace(after, dataset=dataset, plan=after.plan.replace(dataset=dataset), service=None)
+    plan = after.plan
+    dataset = before.plan.dataset
+    if plan.jit_compile:
+        dataset, _ = static_batches(dataset, plan.batch_size * plan.micro_batches)
+    steps = split_batches(dataset, plan.micro_batches) if plan.micro_batches > 1 else dataset
+    return dataclasses.replace(after, dataset=steps, plan=plan.replace(dataset=dataset), service=None)

@@ -60,7 +60,9 @@ def test_recipes_that_change_each_others_input_both_apply(recipes, said, cpu_har
         steps = {step.recipe: step for step in result.plan.applied if step.recipe in said}
         assert sorted(steps) == sorted(said)
         for recipe, words in said.items():
-            assert not steps[recipe].skipped and words in steps[recipe].detail, steps[recipe]
+            # A search whose fastest trial is the user's own batch keeps it, as a skipped step (timing noise decides).
+            kept_own_batch = steps[recipe].detail.startswith("kept batch")
+            assert (kept_own_batch or not steps[recipe].skipped) and words in steps[recipe].detail, steps[recipe]
         assert sum(1 for _ in result.dataset) > 0
 
 

@@ -41,7 +41,7 @@ def built(fail_from_batch=None):
         model=model,
         dataset=dataset,
         strategy=tf.distribute.get_strategy(),
-        plan=SimpleNamespace(strategy="default", hardware=Hardware()),
+        plan=SimpleNamespace(strategy="default", hardware=Hardware(), micro_batches=1),
     )
 
 

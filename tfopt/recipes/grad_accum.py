@@ -17,12 +17,13 @@ as much as a full one).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tfopt.errors import RecipeConfigError
-from tfopt.plan import Plan, Unserializable
+from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
+from tfopt.training.micro_batches import accumulated
 
 if TYPE_CHECKING:
     import keras
@@ -87,24 +88,19 @@ class GradAccum(Recipe):
         return steps
 
     def check(self, plan: Plan) -> None:
-        self.accumulation_steps(plan.batch_size)
-        if "sum" in _loss_reductions(plan.compile_config.get("loss")):
-            raise RecipeConfigError(
-                "grad_accum: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
-                "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
-                "or scale the learning rate by N yourself and drop this recipe."
-            )
-        _optimizer_config(plan.compile_config.get("optimizer"))
+        self.accumulation_steps(plan.batch_size * plan.micro_batches)
+        accumulated(plan.compile_config, self.steps, who=self.name)
 
     def __call__(self, plan: Plan) -> Plan:
-        steps = self.accumulation_steps(plan.batch_size)
-        optimizer = _optimizer_config(plan.compile_config["optimizer"])
-        optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
-        compile_config = {**plan.compile_config, "optimizer": optimizer}
-        effective = steps * plan.batch_size
+        # A plan already in micro-batches (its batch did not fit: tfopt.training.micro_batches) accumulates
+        # these steps of its whole batches.
+        steps = self.accumulation_steps(plan.batch_size * plan.micro_batches)
+        compile_config = accumulated(plan.compile_config, steps, who=self.name)
+        pieces = steps * plan.micro_batches
+        effective = pieces * plan.batch_size
         detail = (
-            f"accumulates {steps} micro-batches of {plan.batch_size}: each update stands for a batch of "
-            f"{effective} (Keras averages the {steps} mean-reduced gradients)"
+            f"accumulates {pieces} micro-batches of {plan.batch_size}: each update stands for a batch of "
+            f"{effective} (Keras averages the {pieces} mean-reduced gradients)"
         )
         if self.scale_learning_rate != "none":
             compile_config, lr_detail = scale_learning_rate(
@@ -144,41 +140,3 @@ def with_gradient_accumulation(optimizer: keras.optimizers.Optimizer, steps: int
             },
         )
     return type(optimizer).from_config({**optimizer.get_config(), "gradient_accumulation_steps": steps})
-
-
-def _optimizer_config(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
-    """The serialized optimizer as a mutable dict, whatever form the compile config holds it in."""
-    import keras
-
-    if isinstance(optimizer, str):
-        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
-    if isinstance(optimizer, Unserializable):
-        raise RecipeConfigError(
-            f"grad_accum: cannot set gradient_accumulation_steps on optimizer {optimizer.kind!r}: Keras cannot "
-            f"serialize it ({optimizer.why}), so tfopt cannot make it again with the setting. Give its learning-"
-            "rate schedule (or the optimizer) a get_config(), or accumulate gradients in your own train_step."
-        )
-    if not isinstance(optimizer, dict) or "config" not in optimizer:
-        raise RecipeConfigError(
-            f"grad_accum: cannot read the optimizer from the compile config ({optimizer!r}). "
-            "Compile the model with a Keras 3 optimizer."
-        )
-    if optimizer.get("class_name") == "LossScaleOptimizer":
-        raise RecipeConfigError(
-            "grad_accum: the model is compiled with a LossScaleOptimizer, which does not take "
-            "gradient_accumulation_steps. Compile with the plain optimizer and use the mixed_precision recipe: "
-            "build() wraps it, and the inner optimizer accumulates."
-        )
-    return {**optimizer, "config": dict(optimizer["config"])}
-
-
-def _loss_reductions(loss: Any) -> set[str]:
-    """The reductions of a serialized loss, or of every output's loss in a dict or list of them."""
-    if isinstance(loss, dict) and "class_name" in loss:
-        reduction = (loss.get("config") or {}).get("reduction")
-        return {reduction} if reduction else set()
-    if isinstance(loss, dict):
-        loss = list(loss.values())
-    if isinstance(loss, (list, tuple)):
-        return set().union(*(_loss_reductions(item) for item in loss))
-    return set()

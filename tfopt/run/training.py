@@ -175,7 +175,10 @@ def _monitor(built: Built, train: TrainSection, logdir: pathlib.Path | None) -> 
     (beside the epoch scalars), or nowhere (None: not the chief)."""
     from tfopt.profiling.monitor import MIN_WINDOW_STEPS, Monitor
 
-    steps = train.steps_per_epoch or (len(built.dataset) if int(built.dataset.cardinality()) > 0 else None)
+    # In Keras steps, as the Monitor counts them: micro-batches where the batch did not fit.
+    steps = (train.steps_per_epoch or 0) * built.plan.micro_batches or (
+        len(built.dataset) if int(built.dataset.cardinality()) > 0 else None
+    )
     every_steps = max(MIN_WINDOW_STEPS, steps * train.epochs // WINDOWS_PER_RUN) if steps else None
     return Monitor(logdir=logdir, every_steps=every_steps, hardware=built.plan.hardware)
 

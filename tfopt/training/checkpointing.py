@@ -182,16 +182,21 @@ class CheckpointCallback(keras.callbacks.Callback):
         checkpoint: Where to save.
         every_steps: Interval in global steps.
         steps_done: Global steps trained before this `fit()` call.
+        micro_batches: Keras steps per global step (`tfopt.training.micro_batches`): saved only where an
+            update ends, for a micro-batch's accumulated gradients are in no checkpoint.
 
     Example:
         >>> checkpoint = TrainingCheckpoint(model, "run/ckpt")  # doctest: +SKIP
         >>> model.fit(dataset, epochs=3, callbacks=[CheckpointCallback(checkpoint, every_steps=100)])  # doctest: +SKIP
     """
 
-    def __init__(self, checkpoint: TrainingCheckpoint, *, every_steps: int, steps_done: int = 0):
+    def __init__(
+        self, checkpoint: TrainingCheckpoint, *, every_steps: int, steps_done: int = 0, micro_batches: int = 1
+    ):
         super().__init__()
         self.checkpoint = checkpoint
         self.every_steps = every_steps
+        self.micro_batches = micro_batches
         self._epoch_base = steps_done
         self._step = steps_done
         self._steps_done = steps_done
@@ -216,7 +221,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         return True
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        previous, self._step = self._step, self._epoch_base + batch + 1
+        if (batch + 1) % self.micro_batches:
+            return  # within an update: its micro-batches' gradients are not applied yet
+        previous, self._step = self._step, self._epoch_base + (batch + 1) // self.micro_batches
         # steps_per_execution may run several steps per call: save when an interval boundary was crossed.
         crossed_interval = self._step // self.every_steps > previous // self.every_steps
         if crossed_interval or self._step % self.checkpoint.steps_per_epoch == 0:

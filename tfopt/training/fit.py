@@ -125,10 +125,12 @@ def train(
     model = built.model
     _check_arguments(epochs, steps_per_epoch, checkpoint_every_steps)
     stream = steps_per_epoch is not None
+    pieces = built.plan.micro_batches  # Keras steps per step counted here (an update of one of the user's batches)
     if stream:
         dataset = _as_stream(built.dataset)
     else:
-        dataset, steps_per_epoch = _one_pass(built.dataset)
+        dataset, keras_steps = _one_pass(built.dataset)
+        steps_per_epoch = keras_steps // pieces
     total_steps = epochs * steps_per_epoch
 
     checkpoint = None
@@ -154,10 +156,13 @@ def train(
     saver = None
     try:
         with stops_at_step_ends():
-            for first_step, steps, fit_kwargs in _segments(dataset, start, total_steps, steps_per_epoch, stream):
-                run_callbacks = [NonFiniteLossGuard(steps_done=first_step), *callbacks]
+            segments = _segments(dataset, start, total_steps, steps_per_epoch, stream, pieces)
+            for first_step, steps, fit_kwargs in segments:
+                run_callbacks = [NonFiniteLossGuard(steps_done=first_step, micro_batches=pieces), *callbacks]
                 if checkpoint is not None:
-                    saver = CheckpointCallback(checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step)
+                    saver = CheckpointCallback(
+                        checkpoint, every_steps=checkpoint_every_steps, steps_done=first_step, micro_batches=pieces
+                    )
                     run_callbacks.append(saver)
                 run_callbacks.append(StopAtStepEnd())  # last: the step is counted and checkpointed first
                 # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
@@ -197,32 +202,33 @@ def train(
     )
 
 
-def _segments(dataset: tf.data.Dataset, start: int, total_steps: int, steps_per_epoch: int, stream: bool):
+def _segments(dataset: tf.data.Dataset, start: int, total_steps: int, steps_per_epoch: int, stream: bool, pieces: int):
     """The `fit()` calls that train from global step `start` to `total_steps`.
 
     A resumed run that stopped mid-epoch needs two: the rest of that epoch, then the remaining epochs.
+    Steps count updates: with micro-batches (`pieces` > 1) `fit` runs `pieces` of its steps for each.
     Yields (first global step, steps, fit keyword arguments).
     """
     epoch, step_in_epoch = divmod(start, steps_per_epoch)
     epochs = total_steps // steps_per_epoch
     if step_in_epoch:
         steps = steps_per_epoch - step_in_epoch
-        data = dataset.skip(start) if stream else dataset.skip(step_in_epoch)
+        data = dataset.skip(start * pieces) if stream else dataset.skip(step_in_epoch * pieces)
         yield (
             start,
             steps,
-            dict(x=data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=steps if stream else None),
+            dict(x=data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=steps * pieces if stream else None),
         )
         epoch += 1
     if epoch < epochs:
         first = epoch * steps_per_epoch
         # A stream goes on where it stopped; a finite dataset repeats in one iterator for all epochs (see the
         # module docstring).
-        data = (dataset.skip(first) if first else dataset) if stream else dataset.repeat()
+        data = (dataset.skip(first * pieces) if first else dataset) if stream else dataset.repeat()
         yield (
             first,
             total_steps - first,
-            dict(x=data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch),
+            dict(x=data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch * pieces),
         )
 
 

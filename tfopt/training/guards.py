@@ -138,17 +138,18 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
         >>> model.fit(dataset, epochs=3, callbacks=[NonFiniteLossGuard()])  # doctest: +SKIP
     """
 
-    def __init__(self, steps_done: int = 0):
+    def __init__(self, steps_done: int = 0, micro_batches: int = 1):
         super().__init__()
         self._epoch_base = steps_done
         self._step = steps_done
+        self._micro_batches = micro_batches
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         check_finite_weights(self.model, step=self._step, before_training=True)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # `batch` is the index within the epoch of the last step run (steps_per_execution may run several).
-        self._step = self._epoch_base + batch + 1
+        self._step = self._epoch_base + -(-(batch + 1) // self._micro_batches)
         if logs and "loss" in logs:
             check_finite_loss(logs["loss"], step=self._step, optimizer=self.model.optimizer)
 

@@ -1,0 +1,254 @@
+"""Out-of-memory recovery: a batch that does not fit the device trains as micro-batches with the same update.
+
+A batch of b cut into k consecutive pieces, with the optimizer accumulating k micro-batches per update
+(Keras' `gradient_accumulation_steps`, as `tfopt.recipes.grad_accum` sets it), gives the whole batch's update:
+each piece's gradient is the mean over its b/k examples (the default mean loss reduction) and Keras
+applies their average, the mean over b. The weights do not change between the pieces of a batch, so
+their losses are the whole batch's loss split k ways, and the loss curve is plain training's. This is
+what Composer's and Accelerate's recoveries do.
+
+Where it is not plain training's: BatchNormalization computes its statistics per piece (and moves its
+moving statistics k times per update); pieces of a batch that k does not divide (a short last batch)
+weigh equally although they differ in size; a batch of fewer than k examples gives empty pieces. The
+plan says so where the model has a BatchNormalization layer. A loss that sums (reduction "sum") or an
+optimizer Keras cannot make again cannot be accumulated: the error says so instead.
+
+The pieces are cut from the user's batches as their pipeline makes them, so an update always covers
+exactly one of the user's batches, and the optimizer counts updates (`iterations`): learning-rate
+schedules and Adam's bias correction see the steps plain training would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tfopt.errors import OutOfMemoryError, RecipeConfigError, describe_error
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from tfopt.plan import Plan
+
+_log = logging.getLogger("tfopt")
+_T = TypeVar("_T")
+NAME = "micro_batches"
+
+
+def out_of_memory(error: BaseException | None) -> BaseException | None:
+    """The device's out-of-memory error in `error` or the errors it was raised from, else None.
+
+    A GPU says so as `ResourceExhaustedError` ("OOM when allocating", XLA's "Out of memory while trying to
+    allocate"), and some kernels as an `InternalError` whose output could not be allocated ("Dst tensor
+    is not initialized", cuDNN's "failed to allocate").
+    """
+    import tensorflow as tf
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, tf.errors.ResourceExhaustedError):
+            return error
+        text = str(error).lower()
+        if isinstance(error, tf.errors.InternalError) and (
+            "dst tensor is not initialized" in text or "failed to allocate" in text or "out of memory" in text
+        ):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def fitted(plan: Plan, attempt: Callable[[Plan], _T], *, pieces: int = 1) -> tuple[Plan, _T]:
+    """`attempt(plan)`, and where the device runs out of memory in it, `attempt` of the plan in more micro-batches
+    (the fewest that divide its batch, at least twice as many), until one fits.
+
+    Args:
+        plan: The plan to try, its batches whole.
+        attempt: Builds the plan and runs its first batch (closing what it started where it fails).
+        pieces: The micro-batches to start from (a setup known not to fit in fewer: the user's).
+
+    Returns:
+        The plan that fitted, and what `attempt` returned for it.
+
+    Raises:
+        OutOfMemoryError: Even a micro-batch of one example does not fit, or micro-batches cannot give
+            this model the whole batch's update.
+    """
+    if pieces > plan.micro_batches:
+        plan = in_micro_batches(plan, pieces, "your setup ran out of memory on it")
+    while True:
+        try:
+            return plan, attempt(plan)
+        except Exception as error:
+            exhausted = out_of_memory(error)
+            if exhausted is None:
+                raise
+            whole = plan.batch_size * plan.micro_batches
+            more = next((size for size in range(2 * plan.micro_batches, whole + 1) if whole % size == 0), None)
+            if more is None:
+                raise OutOfMemoryError(
+                    f"The device runs out of memory on micro-batches of one example too "
+                    f"({describe_error(exhausted)}): the model, its optimizer state or one example's activations "
+                    "do not fit. Use a device with more memory, a smaller model, or mixed precision."
+                ) from None
+            plan = in_micro_batches(plan, more, exhausted)
+
+
+def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
+    """The plan with each of the user's batches cut into `pieces` micro-batches whose gradients make one update.
+
+    Args:
+        plan: A plan whose batches are whole (`micro_batches` 1) or cut in fewer pieces.
+        pieces: Micro-batches per batch of the user's pipeline: a divisor of the batch (so every full batch
+            cuts into equal pieces, as XLA's static shapes need) and a multiple of `plan.micro_batches`.
+        why: The out-of-memory error (or words) that made the whole batch fail, for the plan's step.
+
+    Raises:
+        OutOfMemoryError: Accumulating cannot give the whole batch's update.
+    """
+    whole = plan.batch_size * plan.micro_batches
+    reason = describe_error(why) if isinstance(why, BaseException) else why
+    try:
+        compile_config = accumulated(plan.compile_config, pieces // plan.micro_batches, who=NAME)
+    except RecipeConfigError as error:
+        raise OutOfMemoryError(
+            f"The batch of {whole} does not fit the device ({reason}), and tfopt cannot train it as micro-batches "
+            f"with the same update: {error} Lower the batch size in your pipeline."
+        ) from None
+    batch_size = whole // pieces
+    detail = (
+        f"the batch of {whole} does not fit the device ({reason}): each batch trains as {pieces} micro-batches of "
+        f"{batch_size} whose gradients make one update, the whole batch's (the optimizer accumulates {pieces})"
+    )
+    normalizing = _batch_normalization(plan)
+    if normalizing:
+        detail += f"; {normalizing} normalize(s) each micro-batch by its own statistics, not the whole batch's"
+    _log.warning("%s: %s", NAME, detail)
+    steps = tuple(step for step in plan.applied if step.recipe != NAME)
+    return plan.replace(
+        sample_inputs=_first_piece(plan.sample_inputs, batch_size),
+        batch_size=batch_size,
+        micro_batches=pieces,
+        compile_config=compile_config,
+        applied=steps,
+    ).record(NAME, detail)
+
+
+def split_batches(dataset: tf.data.Dataset, pieces: int) -> tf.data.Dataset:
+    """Each batch of `dataset` as `pieces` consecutive batches (sizes differing by at most one example).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> data = tf.data.Dataset.range(10).batch(4)
+        >>> [batch.numpy().tolist() for batch in split_batches(data, 2)]
+        [[0, 1], [2, 3], [4, 5], [6, 7], [8], [9]]
+    """
+    import tensorflow as tf
+
+    def cut(*element: Any) -> tf.data.Dataset:
+        element = element[0] if len(element) == 1 else element
+        tensors = tf.nest.flatten(element)
+        size = tensors[0].shape[0]
+        if size is not None and size % pieces == 0:  # static pieces, as XLA compiles one shape
+            return tf.data.Dataset.from_tensor_slices(
+                tf.nest.map_structure(lambda t: tf.reshape(t, [pieces, size // pieces, *t.shape[1:]]), element)
+            )
+        size = tf.shape(tensors[0], out_type=tf.int64)[0]
+        bounds = tf.range(pieces + 1, dtype=tf.int64) * size // pieces
+        return tf.data.Dataset.range(pieces).map(
+            lambda index: tf.nest.map_structure(lambda t: t[bounds[index] : bounds[index + 1]], element)
+        )
+
+    split = dataset.flat_map(cut)
+    cardinality = int(dataset.cardinality())
+    if cardinality >= 0:
+        split = split.apply(tf.data.experimental.assert_cardinality(cardinality * pieces))
+    elif cardinality == int(tf.data.INFINITE_CARDINALITY):
+        split = split.repeat()  # infinite already; says so to Keras and to `tfopt.training.train`
+    return split.prefetch(tf.data.AUTOTUNE)
+
+
+def _first_piece(inputs: Any, size: int) -> Any:
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda tensor: tensor[:size], inputs)
+
+
+def _batch_normalization(plan: Plan) -> str:
+    """The BatchNormalization layers of the plan's model, named, or "" (built only where the weights show it)."""
+    import keras
+
+    model = plan.weights_from
+    if model is None:
+        return ""
+    layers = [
+        layer.name
+        for layer in model._flatten_layers(include_self=False)
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    if not layers:
+        return ""
+    shown = ", ".join(repr(name) for name in layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+    return f"BatchNormalization {shown}"
+
+
+def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> dict[str, Any]:
+    """The compile config with its optimizer accumulating `factor` times as many micro-batches per update as it
+    did (an optimizer the user set to accumulate keeps doing so: the steps multiply).
+
+    Raises:
+        RecipeConfigError: Accumulating would not give the large batch's update (the loss sums), or the
+            optimizer cannot be made again with the setting; the message starts with `who`.
+    """
+    if "sum" in _loss_reductions(compile_config.get("loss")):
+        raise RecipeConfigError(
+            f"{who}: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
+            "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
+            "or scale the learning rate by N yourself and drop this recipe."
+        )
+    optimizer = _optimizer_config(compile_config.get("optimizer"), who)
+    steps = (optimizer["config"].get("gradient_accumulation_steps") or 1) * factor
+    optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
+    return {**compile_config, "optimizer": optimizer}
+
+
+def _optimizer_config(optimizer: keras.optimizers.Optimizer, who: str) -> dict[str, Any]:
+    """The serialized optimizer as a mutable dict, whatever form the compile config holds it in."""
+    import keras
+
+    from tfopt.plan import Unserializable
+
+    if isinstance(optimizer, str):
+        optimizer = keras.saving.serialize_keras_object(keras.optimizers.get(optimizer))
+    if isinstance(optimizer, Unserializable):
+        raise RecipeConfigError(
+            f"{who}: cannot set gradient_accumulation_steps on optimizer {optimizer.kind!r}: Keras cannot "
+            f"serialize it ({optimizer.why}), so tfopt cannot make it again with the setting. Give its learning-"
+            "rate schedule (or the optimizer) a get_config(), or accumulate gradients in your own train_step."
+        )
+    if not isinstance(optimizer, dict) or "config" not in optimizer:
+        raise RecipeConfigError(
+            f"{who}: cannot read the optimizer from the compile config ({optimizer!r}). "
+            "Compile the model with a Keras 3 optimizer."
+        )
+    if optimizer.get("class_name") == "LossScaleOptimizer":
+        raise RecipeConfigError(
+            f"{who}: the model is compiled with a LossScaleOptimizer, which does not take "
+            "gradient_accumulation_steps. Compile with the plain optimizer and use the mixed_precision recipe: "
+            "build() wraps it, and the inner optimizer accumulates."
+        )
+    return {**optimizer, "config": dict(optimizer["config"])}
+
+
+def _loss_reductions(loss: Any) -> set[str]:
+    """The reductions of a serialized loss, or of every output's loss in a dict or list of them."""
+    if isinstance(loss, dict) and "class_name" in loss:
+        reduction = (loss.get("config") or {}).get("reduction")
+        return {reduction} if reduction else set()
+    if isinstance(loss, dict):
+        loss = list(loss.values())
+    if isinstance(loss, (list, tuple)):
+        return set().union(*(_loss_reductions(item) for item in loss))
+    return set()
