@@ -177,7 +177,9 @@ def visible_gpu_nvml_indices(count: int, uuids: Sequence[str] | None = None) -> 
         >>> visible_gpu_nvml_indices(3, uuids=["GPU-a1", "GPU-b2", "GPU-c3"])  # doctest: +SKIP
         [2, 0]
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    from tfopt.environment_variables import text
+
+    visible = text("CUDA_VISIBLE_DEVICES", empty_is_unset=False)  # empty: CUDA shows no GPU
     if visible is None:
         return list(range(count))
     entries = [entry.strip() for entry in visible.split(",")]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tfopt.distribute.environment import detect_environment
-from tfopt.errors import DistributionError
+from tfopt.errors import EnvironmentVariableError
 
 
 def tf_config(task_type, index, chief=False):
@@ -43,5 +43,5 @@ def test_detects_launcher(environ, launcher, workers, index):
     ],
 )
 def test_bad_tf_config_is_explained(text, words):
-    with pytest.raises(DistributionError, match=words):
+    with pytest.raises(EnvironmentVariableError, match=words):
         detect_environment({"TF_CONFIG": text})

@@ -39,7 +39,7 @@ from tfopt.cli import options
 from tfopt.cli.interrupt import signals_interrupt
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt.cli.quiet_start import absl_records_quieted, tensorflow_started_quietly
-from tfopt.errors import RecipeFileError, RunInterrupted, TfoptError
+from tfopt.errors import EnvironmentVariableError, RecipeFileError, RunInterrupted, TfoptError
 
 if TYPE_CHECKING:
     from tfopt.profiling.diagnose import Diagnosis
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         farewell = functools.partial(_report_signal, args=args)
         with signals_interrupt(farewell), tensorflow_started_quietly(), absl_records_quieted():
             return args.handler(args)
-    except (RecipeFileError, _UsageError) as error:
+    except (RecipeFileError, EnvironmentVariableError, _UsageError) as error:
         return _report_error(error, 2, args)
     except TfoptError as error:
         return _report_error(error, 1, args)

@@ -121,8 +121,10 @@ def default_dataset_dir() -> pathlib.Path:
         >>> from tfopt.data import ImageFolderSource
         >>> source = ImageFolderSource(default_dataset_dir())
     """
-    root = os.environ.get("TFOPT_DATA_DIR")
-    base = pathlib.Path(root).expanduser() if root else pathlib.Path.home() / ".cache" / "tfopt" / "datasets"
+    from tfopt.environment_variables import directory
+
+    root = directory("TFOPT_DATA_DIR", purpose="tfopt's generated datasets")
+    base = root or pathlib.Path.home() / ".cache" / "tfopt" / "datasets"
     return generate_shapes(
         base / _DATASET_NAME,
         images_per_class=_DEFAULT_IMAGES_PER_CLASS,

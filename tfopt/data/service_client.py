@@ -173,14 +173,15 @@ def _check_reachable(target: str, timeout_seconds: float = 10.0) -> None:
 def _cluster_key() -> str:
     """What every training worker of one run has in common: the Slurm job, or TF_CONFIG's list of workers."""
     import json
-    import os
 
     from tfopt.distribute.environment import parse_tf_config
+    from tfopt.environment_variables import text
 
-    if os.environ.get("SLURM_JOB_ID"):
-        return f"slurm-{os.environ['SLURM_JOB_ID']}"
-    if os.environ.get("TF_CONFIG"):
-        return json.dumps(parse_tf_config(os.environ["TF_CONFIG"]).get("cluster", {}), sort_keys=True)
+    job, tf_config = text("SLURM_JOB_ID"), text("TF_CONFIG")
+    if job:
+        return f"slurm-{job}"
+    if tf_config:
+        return json.dumps(parse_tf_config(tf_config).get("cluster", {}), sort_keys=True)
     raise DataError(
         "data_service: several training workers need a shared job name, and neither TF_CONFIG nor "
         "a Slurm job says which run they belong to: set data_service: {job_name: ...}."

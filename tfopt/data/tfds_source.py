@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tfopt.data import images, pipeline
 from tfopt.data.source import DataSource, PipelineRequest, image_size_pair
-from tfopt.errors import DataError
+from tfopt.errors import DataError, EnvironmentVariableError
 from tfopt.suggest import did_you_mean
 
 # Shuffle buffer over decoded examples in the naive pipeline (what tutorials write) and over
@@ -217,9 +217,19 @@ def _check_network(builder, name: str, where: str) -> None:
 
     if not type(builder).__module__.startswith("tensorflow_datasets."):
         return
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    parsed = urllib.parse.urlsplit(proxy) if proxy else None
-    host = (parsed.hostname, parsed.port or 80) if parsed and parsed.hostname else _DOWNLOAD_HOST
+    from tfopt.environment_variables import text
+
+    variable = "HTTPS_PROXY" if text("HTTPS_PROXY") else "https_proxy"
+    proxy = text(variable)
+    try:
+        parsed = urllib.parse.urlsplit(proxy) if proxy else None
+        host = (parsed.hostname, parsed.port or 80) if parsed and parsed.hostname else _DOWNLOAD_HOST
+    except ValueError as error:  # a port that is not a number
+        raise EnvironmentVariableError(
+            f"The environment variable {variable}={proxy!r} is not a proxy URL ({error}): expected e.g. "
+            f"http://proxy.example:3128. Set it so, or unset it (unset {variable}).",
+            variable=variable,
+        ) from None
     try:
         socket.create_connection(host, timeout=_NETWORK_TIMEOUT_SECONDS).close()
     except OSError as error:

@@ -11,7 +11,8 @@ import json
 import os
 from collections.abc import Mapping
 
-from tfopt.errors import DistributionError
+from tfopt.environment_variables import integer, text
+from tfopt.errors import EnvironmentVariableError
 
 # Variables horovodrun (Gloo) and Open MPI's mpirun set in every process they start.
 _HOROVOD_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -54,7 +55,8 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
         The detected `ClusterEnvironment`.
 
     Raises:
-        DistributionError: TF_CONFIG is set but is not valid JSON with a cluster and a task.
+        EnvironmentVariableError: TF_CONFIG is not valid JSON with a cluster and a task, or a launcher's
+            count or index is not a number it can be.
 
     Example:
         >>> detect_environment({"HOROVOD_SIZE": "4", "HOROVOD_RANK": "1"}).num_workers
@@ -67,19 +69,24 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
     if horovod is not None:
         name, size = horovod
         rank_variable = _first_set(environ, _HOROVOD_RANK_VARIABLES)
-        rank = int(rank_variable[1]) if rank_variable else 0
+        rank = integer(rank_variable[0], default=0, environ=environ) if rank_variable else 0
         return ClusterEnvironment(
-            "horovod", _positive_int(name, size), rank, f"{name}={size} is set (horovodrun/mpirun)"
+            "horovod",
+            integer(name, default=1, at_least=1, environ=environ),
+            rank,
+            f"{name}={size} is set (horovodrun/mpirun)",
         )
-    if environ.get("TF_CONFIG"):
-        return _from_tf_config(environ["TF_CONFIG"])
-    if "SLURM_JOB_ID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
-        tasks = int(environ["SLURM_NTASKS"])
+    tf_config = text("TF_CONFIG", environ=environ)
+    if tf_config:
+        return _from_tf_config(tf_config)
+    job = text("SLURM_JOB_ID", environ=environ)
+    if job and integer("SLURM_NTASKS", default=1, at_least=1, environ=environ) > 1:
+        tasks = integer("SLURM_NTASKS", default=1, at_least=1, environ=environ)
         return ClusterEnvironment(
             "slurm",
             tasks,
-            int(environ.get("SLURM_PROCID", "0")),
-            f"Slurm job {environ['SLURM_JOB_ID']} with SLURM_NTASKS={tasks}",
+            integer("SLURM_PROCID", default=0, environ=environ),
+            f"Slurm job {job} with SLURM_NTASKS={tasks}",
         )
     return ClusterEnvironment("none", 1, 0, "no TF_CONFIG, Slurm or Horovod variables: a single process")
 
@@ -88,22 +95,52 @@ def parse_tf_config(text: str) -> dict:
     """Parses TF_CONFIG and checks it has the parts MultiWorkerMirroredStrategy reads.
 
     Raises:
-        DistributionError: It is not JSON, or lacks "cluster" or "task".
+        EnvironmentVariableError: It is not JSON, or its cluster or task is missing or malformed.
     """
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise DistributionError(
+        raise EnvironmentVariableError(
             f"TF_CONFIG is not valid JSON ({error}); received {text[:200]!r}. Expected e.g. "
-            '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}.'
+            '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}.',
+            variable="TF_CONFIG",
         ) from None
     if not isinstance(config, dict) or "cluster" not in config or "task" not in config:
-        raise DistributionError(
+        raise EnvironmentVariableError(
             f"TF_CONFIG needs a 'cluster' and a 'task' entry; received keys "
             f"{sorted(config) if isinstance(config, dict) else type(config).__name__}. Expected e.g. "
-            '{"cluster": {"worker": ["host1:12345"]}, "task": {"type": "worker", "index": 0}}.'
+            f"{_TF_CONFIG_EXAMPLE}.",
+            variable="TF_CONFIG",
+        )
+    problem = _tf_config_problem(config["cluster"], config["task"])
+    if problem:
+        raise EnvironmentVariableError(
+            f"TF_CONFIG's {problem}. Expected e.g. {_TF_CONFIG_EXAMPLE}.", variable="TF_CONFIG"
         )
     return config
+
+
+_TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
+
+
+def _tf_config_problem(cluster: object, task: object) -> str | None:
+    """What is wrong with TF_CONFIG's cluster and task, in words, or None: the shapes TensorFlow's own reader
+    would fail on with a KeyError or AttributeError, far from the variable."""
+    if not isinstance(cluster, dict):
+        return f"cluster is a {type(cluster).__name__}, not a mapping of job names to address lists"
+    for job, addresses in cluster.items():
+        if not isinstance(addresses, list):
+            return f"cluster.{job} is {addresses!r}, not a list of host:port addresses"
+        for address in addresses:
+            host, separator, port = str(address).rpartition(":")
+            if not isinstance(address, str) or not separator or not host or not port.isdigit():
+                return f"cluster.{job} address {address!r} is not host:port"
+    if not isinstance(task, dict):
+        return f"task is a {type(task).__name__}, not a mapping with a type and an index"
+    index = task.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return f"task.index is {index!r}, not a worker index (an integer >= 0)"
+    return None
 
 
 def _from_tf_config(text: str) -> ClusterEnvironment:
@@ -114,9 +151,10 @@ def _from_tf_config(text: str) -> ClusterEnvironment:
     members += [("worker", index) for index in range(len(cluster.get("worker", [])))]
     me = (task.get("type"), int(task.get("index", 0)))
     if me not in members:
-        raise DistributionError(
+        raise EnvironmentVariableError(
             f"TF_CONFIG's task {task} is not in its cluster {cluster}: expected type 'chief' or 'worker' "
-            "and an index below the number of addresses listed for it."
+            "and an index below the number of addresses listed for it.",
+            variable="TF_CONFIG",
         )
     return ClusterEnvironment(
         "tf_config", len(members), members.index(me), f"TF_CONFIG lists {len(members)} workers; this is {me[0]} {me[1]}"
@@ -128,13 +166,3 @@ def _first_set(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str,
         if environ.get(name):
             return name, environ[name]
     return None
-
-
-def _positive_int(name: str, value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise DistributionError(f"{name}={value!r} is not a positive number of processes.")
-    return number

@@ -19,8 +19,10 @@ _MARKER = "TFOPT_PROBE"
 
 def default_cache_path() -> Path:
     """Where probe results are kept: $TFOPT_CACHE_DIR or ~/.cache/tfopt, file keras_fit_probe.json."""
-    root = os.environ.get("TFOPT_CACHE_DIR") or Path.home() / ".cache" / "tfopt"
-    return Path(root) / "keras_fit_probe.json"
+    from tfopt.environment_variables import directory
+
+    root = directory("TFOPT_CACHE_DIR", purpose="its cache of probe results") or Path.home() / ".cache" / "tfopt"
+    return root / "keras_fit_probe.json"
 
 
 def keras_fit_works_multi_worker(

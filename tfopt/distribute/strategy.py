@@ -140,13 +140,13 @@ def _multi_worker(
 def _new_multi_worker(
     tf: Any, communication_timeout_seconds: float | None, cluster_resolver: str, implementation: str
 ) -> Any:
-    import os
 
     if cluster_resolver == "tf_config":
         from tfopt.distribute.environment import parse_tf_config
+        from tfopt.environment_variables import text
 
-        if os.environ.get("TF_CONFIG"):
-            parse_tf_config(os.environ["TF_CONFIG"])  # a clear error instead of TensorFlow's KeyError
+        if text("TF_CONFIG"):
+            parse_tf_config(text("TF_CONFIG"))  # a clear error instead of TensorFlow's KeyError
         resolver = None  # MultiWorkerMirroredStrategy reads TF_CONFIG itself
     elif cluster_resolver == "slurm":
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()

@@ -25,7 +25,6 @@ H100 PCIe 2.0, H200 SXM 4.8, A100 80GB SXM 2.039, A100 40GB 1.555, L4 0.3, T4 0.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING
 
@@ -110,7 +109,9 @@ def accelerator_name(hardware: Hardware) -> str | None:
     if hardware.accelerator == "gpu":
         return hardware.gpus[0].name.lower()
     if hardware.accelerator == "tpu":
-        return os.environ.get("TPU_ACCELERATOR_TYPE", "").lower() or None
+        from tfopt.environment_variables import text
+
+        return (text("TPU_ACCELERATOR_TYPE") or "").lower() or None
     return None
 
 

@@ -4,7 +4,8 @@ A recipe file is data, never code: it is read with YAML's safe loader, so `!!pyt
 rejected. Every key and list item keeps the line it came from (`Locations`), so a mistake found much
 later, while resolving a model or a data source, can still name the line; a value replaced by `--set`
 names that option instead. Duplicate keys are errors (YAML would silently keep the last one), and alias
-expansion is bounded.
+expansion and size are bounded. A `--set` value is read by the same loader within the same bounds: the
+command line is an input channel like the file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import yaml
 from tfopt.errors import RecipeFileError
 
 _MAX_NODES = 100_000
+# A recipe file is a few dozen lines; a file or a `--set` value past this is a mistake (and below Linux's
+# 128 KiB limit on one command-line argument, so the same bound holds on both channels).
+MOST_BYTES = 100_000
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 
@@ -80,18 +84,33 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
         raise RecipeFileError(
             f"--set {text!r}: expected key.path=value, e.g. --set train.epochs=3 or --set data.image_size=[32,32]."
         )
+    label = f"--set {key.strip()}"
+    if len(value_text.encode("utf-8", "surrogateescape")) > MOST_BYTES:
+        raise RecipeFileError(
+            f"{label}: the value is {len(value_text):,} characters, longer than the {MOST_BYTES:,} bytes a "
+            "recipe file may hold. Put large values in the recipe file, or in a file it names."
+        )
     try:
-        value = yaml.load(value_text, Loader=SafeLoader)
+        yaml.compose(value_text, Loader=SafeLoader)  # its syntax alone: aliases are not expanded yet
     except yaml.YAMLError as error:
         raise RecipeFileError(
             f"--set {text!r}: the value is not valid YAML ({yaml_problem(error)}). "
             "Quote strings that contain ': ' or '#'."
         ) from None
+    except RecursionError:
+        pass  # read_yaml says it
+    value, _ = read_yaml(value_text, label)
     return tuple(part.strip() for part in parts), value
 
 
 def read_text(path: pathlib.Path, label: str) -> str:
     try:
+        size = path.stat().st_size if path.is_file() else 0
+        if size > MOST_BYTES:
+            raise RecipeFileError(
+                f"Recipe file {label} is {size:,} bytes, more than the {MOST_BYTES:,} a recipe file may hold: a "
+                "recipe is a few dozen lines of settings. Check that it is the recipe you meant."
+            )
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecipeFileError(
