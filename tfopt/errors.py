@@ -8,6 +8,8 @@ what was expected and how to fix it. The subclasses that stand for a bad value a
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 
 
@@ -137,7 +139,10 @@ class RunInterrupted(KeyboardInterrupt):
 
 def describe_error(error: BaseException) -> str:
     """An error's type and its own words in one line: without terminal escape codes, Keras' "Exception
-    encountered when calling ..." frame, or TensorFlow's '{{function_node ...}}' prefix and '[Op:...]' suffix.
+    encountered when calling ..." frame, or TensorFlow's '{{function_node ...}}' prefix, '[Op:...]' suffix and
+    "Graph execution error" preamble. An exception the user's own Python code raised inside TensorFlow (a
+    `from_generator` generator, a `py_function`) is said as that exception, with where in their code it was
+    raised, for TensorFlow passes it on as text with its whole traceback through its own frames.
 
     Example:
         >>> describe_error(ValueError("{{function_node __wrapped__X}} Bad input [Op:X] name: "))
@@ -147,10 +152,92 @@ def describe_error(error: BaseException) -> str:
         'TypeError: Bad dtype'
     """
     message = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "message", None) or str(error))
+    users = _users_exception(message)
+    if users:
+        return users
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    own = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "\u2022"))]
-    text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", (own or lines or [""])[0])[:300]
-    return f"{type(error).__name__}: {text or 'no message'}"
+    own = [line for line in lines if not line.startswith(_NOT_THE_ERROR) and not _FRAME.match(line)]
+    text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", (own or lines or [""])[0])
+    text = re.sub(r"^Error in user-defined function passed to .*? transformation with iterator: \S+: ", "", text)
+    return f"{type(error).__name__}: {text[:300] or 'no message'}"
+
+
+# Lines of Keras' and TensorFlow's messages that frame the error rather than say it.
+_NOT_THE_ERROR = (
+    "Exception encountered",
+    "Arguments received",
+    "\u2022",
+    "Graph execution error",
+    "Detected at node",
+    "<stack traces unavailable>",
+)
+_FRAME = re.compile(r'File "[^"]+", line \d+')
+_TRACEBACK = "Traceback (most recent call last):"
+_LIBRARIES = ("tensorflow", "keras", "tf_keras", "tensorflow_datasets", "absl")
+
+
+def _users_exception(message: str) -> str | None:
+    """The Python exception a TensorFlow error carries as text (a py_function's or a generator's), with the
+    innermost frame of the user's code, or None where the message carries none."""
+    if _TRACEBACK not in message:
+        return None
+    block = message.rsplit(_TRACEBACK, 1)[1].split("\t [[", 1)[0]
+    lines = block.splitlines()
+    raised = next((line.strip() for line in reversed(lines) if line.strip() and not line[0].isspace()), None)
+    if raised is None:
+        return None
+    frames = [
+        (match.group(1), match.group(2), match.group(3), lines[index + 1].strip() if index + 1 < len(lines) else "")
+        for index, line in enumerate(lines)
+        if (match := re.match(r'\s*File "([^"]+)", line (\d+), in (.+)', line))
+    ]
+    users = [frame for frame in frames if not _library_file(frame[0])]
+    if not users:
+        return raised[:300]
+    path, line, function, code = users[-1]
+    return f"{raised[:300]} (raised by your code in {function}, {path}, line {line}: {code[:120]})"
+
+
+def _library_file(path: str) -> bool:
+    """Whether a traceback's file is TensorFlow's, Keras' or tfopt's own rather than the user's."""
+    parts = re.split(r"[\\/]", path)
+    installed = any(
+        parts[index - 1] in ("site-packages", "dist-packages")
+        for index, part in enumerate(parts)
+        if index and part in _LIBRARIES
+    )
+    return installed or path.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
+def released(error: BaseException) -> BaseException:
+    """`error`, to raise a tfopt error from, once what its failed work held is let go.
+
+    A failed `fit` leaves its tf.data iterator in the local variables of its frames, and in a reference cycle
+    of Keras' (its epoch iterator and that iterator's suspended generator). A tfopt error raised from it would
+    keep them until some garbage collection, and the iterator's threads go on running the pipeline meanwhile:
+    where that runs the user's Python code (a `py_function`, a generator) and the collection comes during
+    interpreter shutdown, the process never exits. So the finished frames are cleared of their local
+    variables (those of the traceback and the callers above them: Keras filters its own frames out of the
+    traceback), and the cycles collected now, on this failure path only; the traceback still says where the
+    error came from.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        entry = cause.__traceback__
+        while entry is not None:
+            frame = entry.tb_frame
+            while frame is not None:
+                try:
+                    frame.clear()
+                except RuntimeError:  # still running: it and its callers are the code handling the error
+                    break
+                frame = frame.f_back
+            entry = entry.tb_next
+        cause = cause.__cause__ or cause.__context__
+    gc.collect()
+    return error
 
 
 def chained_messages(error: BaseException | None) -> list[str]:

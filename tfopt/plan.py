@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, IncompatibleModelError
+from tfopt.errors import DataError, IncompatibleModelError, describe_error, released
 from tfopt.hardware import Hardware
 from tfopt.model_copy import copy_model
 from tfopt.policies import model_dtype_policy, users_tf32_setting
@@ -314,7 +314,7 @@ def _first_inputs(dataset: tf.data.Dataset) -> Any:
             "(and that .batch(..., drop_remainder=True) leaves at least one batch)."
         ) from None
     except tf.errors.OpError as error:
-        raise DataError(f"Reading the first batch of the dataset failed: {error.message}") from error
+        raise DataError(f"Reading the first batch of the dataset failed: {describe_error(error)}") from released(error)
     if isinstance(element, tuple) and len(element) > 3:
         raise DataError(
             f"A dataset element is a tuple of {len(element)}; Keras' fit() takes inputs, (inputs, targets) or "

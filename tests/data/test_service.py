@@ -550,6 +550,28 @@ def test_the_command_line_servers_serve_a_pipeline_log_it_and_stop_on_sigterm():
             server.wait(timeout=30)
 
 
+@pytest.mark.parametrize("server", [["dispatcher"], ["worker", "--dispatcher", "127.0.0.1:1"]])
+def test_a_server_on_a_taken_port_names_the_port_and_the_option(server):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        finished = subprocess.run(
+            [sys.executable, "-m", "tfopt.cli", "data-service", *server, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=child_environment(),
+            timeout=120,
+        )
+    assert finished.returncode == 1
+    assert finished.stderr.strip() == (
+        f"tfopt-recipe: error: Port {port} is taken (Address already in use): another process listens on it. "
+        f"Choose another with --port, or stop that process (`ss -ltnp 'sport = :{port}'` shows which)."
+    )
+
+
 def test_the_recipe_settings_say_what_is_wrong():
     from tfopt.errors import RecipeConfigError
     from tfopt.recipes import DataService

@@ -39,7 +39,7 @@ from tfopt.cli import options
 from tfopt.cli.interrupt import signals_interrupt
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt.cli.quiet_start import absl_records_quieted, tensorflow_started_quietly
-from tfopt.errors import EnvironmentVariableError, RecipeFileError, RunInterrupted, TfoptError
+from tfopt.errors import EnvironmentVariableError, RecipeFileError, RunInterrupted, TfoptError, describe_error
 
 if TYPE_CHECKING:
     from tfopt.profiling.diagnose import Diagnosis
@@ -87,14 +87,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_error(error, 1, args)
     except KeyboardInterrupt as interrupt:
         return _report_interrupt(interrupt, args)
-    except OSError as error:
+    except OSError as error:  # the machine's refusal, not a bug: it names its path or address
         if error.errno not in _STORAGE_ERRNOS:
-            return _report_error(error, 1, args, hint=_BUG_HINT)
+            return _report_error(error, 1, args, hint=_TRACEBACK_HINT)
         return _report_error(TfoptError(_storage_problem(error)), 1, args)
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
-        return _report_error(error, 1, args, hint=_BUG_HINT)
+        # TensorFlow's errors come from the data, the model or the machine it runs on; others are tfopt's bugs.
+        tensorflows = type(error).__module__.startswith("tensorflow")
+        return _report_error(error, 1, args, hint=_TRACEBACK_HINT if tensorflows else _BUG_HINT)
 
 
+_TRACEBACK_HINT = " Rerun with --traceback to see where it happened."
 _BUG_HINT = " This may be a bug in tfopt or in your model code: rerun with --traceback to see where it happened."
 
 
@@ -608,6 +611,6 @@ def _print_json(data: Any) -> None:
 def _report_error(error: BaseException, code: int, args: argparse.Namespace, hint: str = "") -> int:
     if args.traceback:
         traceback.print_exception(error)
-    kind = "" if isinstance(error, (TfoptError, _UsageError)) else f"{type(error).__name__}: "
-    print(f"{PROGRAM}: error: {kind}{' '.join(str(error).split())}{hint}", file=sys.stderr)
+    said = " ".join(str(error).split()) if isinstance(error, (TfoptError, _UsageError)) else describe_error(error)
+    print(f"{PROGRAM}: error: {said}{hint}", file=sys.stderr)
     return code

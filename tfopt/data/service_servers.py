@@ -21,13 +21,15 @@ starts them, says what they serve, and stops them. Two uses:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tfopt.distribute.launcher import free_ports, signals_deferred, stop_processes, terminate_with_parent
 from tfopt.errors import DistributionError
@@ -55,18 +57,23 @@ def serve_dispatcher(
     report_seconds: float = 30.0,
     say: Callable[[str], None] = print,
 ) -> None:
-    """Runs a dispatcher on `port` until interrupted; with `work_dir`, its journal survives a restart."""
+    """Runs a dispatcher on `port` until interrupted; with `work_dir`, its journal survives a restart.
+
+    Raises:
+        DistributionError: The port is taken (the message names it and `--port`).
+    """
     from tensorflow.data.experimental import service
 
-    server = service.DispatchServer(
-        service.DispatcherConfig(
-            port=port,
-            protocol="grpc",
-            work_dir=work_dir,
-            fault_tolerant_mode=work_dir is not None,
-            worker_timeout_ms=int(worker_timeout_seconds * 1000),
+    with _serving_on(port):
+        server = service.DispatchServer(
+            service.DispatcherConfig(
+                port=port,
+                protocol="grpc",
+                work_dir=work_dir,
+                fault_tolerant_mode=work_dir is not None,
+                worker_timeout_ms=int(worker_timeout_seconds * 1000),
+            )
         )
-    )
     say(
         f"tf.data service dispatcher {READY} at grpc://{_host()}:{port}"
         + (
@@ -93,23 +100,58 @@ def serve_worker(
         port: The port to serve on; 0 picks a free one. A restarted worker that keeps its port is
             reconnected to by clients.
         address: The host:port clients reach this worker at; by default this host's name and the port.
+
+    Raises:
+        DistributionError: The port is taken (the message names it and `--port`).
     """
     from tensorflow.data.experimental import service
 
     dispatcher = dispatcher.removeprefix("grpc://")
     port = port or free_ports(1)[0]
     address = address or f"{_host()}:{port}"
-    server = service.WorkerServer(
-        service.WorkerConfig(
-            dispatcher_address=dispatcher,
-            worker_address=address,
-            port=port,
-            protocol="grpc",
-            heartbeat_interval_ms=_HEARTBEAT_MS,
+    with _serving_on(port):
+        server = service.WorkerServer(
+            service.WorkerConfig(
+                dispatcher_address=dispatcher,
+                worker_address=address,
+                port=port,
+                protocol="grpc",
+                heartbeat_interval_ms=_HEARTBEAT_MS,
+            )
         )
-    )
     say(f"tf.data service worker {READY} at {address} for the dispatcher at {dispatcher}")
     _run_until_stopped(server, report_seconds, say, f"worker {address}")
+
+
+@contextlib.contextmanager
+def _serving_on(port: int) -> Iterator[None]:
+    """Starts a server in the block, saying in words where `port` is taken: gRPC says only "Could not start
+    gRPC server" (and logs its reason past tfopt's output), so the port is tried first, and a server that
+    fails anyway (another process took the port meanwhile) is said the same way."""
+    taken = _taken(port)
+    if taken is None:
+        try:
+            yield
+            return
+        except RuntimeError as error:
+            if "Could not start gRPC server" not in str(error):
+                raise
+            taken = "gRPC could not bind it"
+    raise DistributionError(
+        f"Port {port} is taken ({taken}): another process listens on it. Choose another with --port, or stop "
+        f"that process (`ss -ltnp 'sport = :{port}'` shows which)."
+    )
+
+
+def _taken(port: int) -> str | None:
+    """Why `port` cannot be listened on, as the server would (every interface), or None where it can."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: a closing socket does not count
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            return error.strerror
+    return None
 
 
 def _run_until_stopped(server, report_seconds: float, say: Callable[[str], None], name: str) -> None:

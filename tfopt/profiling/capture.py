@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, MeasurementError
+from tfopt.errors import DataError, MeasurementError, describe_error, released
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
@@ -399,7 +399,9 @@ def _check_dataset(dataset: object) -> tuple[int | None, int]:
     try:
         head = list(dataset.take(2))
     except tf.errors.OpError as error:
-        raise DataError(f"Reading the first batches of the dataset failed: {error.message}") from error
+        raise DataError(f"Reading the first batches of the dataset failed: {describe_error(error)}") from released(
+            error
+        )
     if len(head) < 2:
         raise DataError(
             f"The dataset has {len(head)} batch{'es' if len(head) != 1 else ''}; profiling needs at least 2. "

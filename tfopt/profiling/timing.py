@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from tfopt.errors import MeasurementError
+from tfopt.errors import MeasurementError, describe_error, released
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -217,8 +217,8 @@ def time_training_steps(
             shuffle=False,
             callbacks=[timer],
         )
-    except Exception as error:
-        raise MeasurementError(f"Training failed while timing steps: {type(error).__name__}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - raised again as a tfopt error, in words
+        raise MeasurementError(f"Training failed while timing steps: {describe_error(error)}") from released(error)
     if not timer.seconds:
         raise MeasurementError(f"No step was timed ({steps} steps after {warmup_steps} warm-up steps were asked).")
     return StepTimes(seconds=tuple(timer.seconds), batch_size=batch_size, window_steps=window_steps)

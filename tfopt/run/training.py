@@ -24,7 +24,7 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import TfoptError
+from tfopt.errors import TfoptError, describe_error, released
 from tfopt.run.directory import CHECKPOINTS_NAME, TRAINING_NAME
 
 if TYPE_CHECKING:
@@ -98,10 +98,8 @@ def train_model(
     except TfoptError as error:
         error.args = (f"{error}{_windows_kept(monitor)}",)
         raise
-    except Exception as error:
-        raise TfoptError(
-            f"Training failed: {type(error).__name__}: {' '.join(str(error).split())}{_windows_kept(monitor)}"
-        ) from error
+    except Exception as error:  # noqa: BLE001 - raised again as a tfopt error, in words
+        raise TfoptError(f"Training failed: {describe_error(error)}{_windows_kept(monitor)}") from released(error)
     finally:
         if monitor is not None:
             monitor.close()  # Keras ends no callback when fit raises; after a normal end it does nothing
