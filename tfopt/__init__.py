@@ -34,6 +34,7 @@ _PUBLIC = {
     "Report": "tfopt.profiling.report",
     # what they may catch
     "TfoptError": "tfopt.errors",
+    "CheckpointWriteError": "tfopt.errors",
     "DataError": "tfopt.errors",
     "DistributionError": "tfopt.errors",
     "EnvironmentVariableError": "tfopt.errors",

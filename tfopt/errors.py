@@ -89,6 +89,10 @@ class EnvironmentVariableError(TfoptError, ValueError):
         self.variable = variable
 
 
+class CheckpointWriteError(TfoptError, RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota); the newest complete one is kept."""
+
+
 class OutOfMemoryError(TfoptError, MemoryError):
     """A batch does not fit the device, and training it in micro-batches cannot give the same learning."""
 

@@ -50,6 +50,7 @@ _STORAGE_ERRNOS = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exceeded",
     errno.EROFS: "the file system is read-only",
+    errno.EFBIG: "the file size limit (ulimit -f) is exceeded",
     errno.EACCES: "permission denied",
 }
 

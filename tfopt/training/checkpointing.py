@@ -11,16 +11,24 @@ only then rewrites the small `checkpoint` state file, atomically (`atomic_write_
 asynchronous writing the state file is updated by a callback after the background write finished. A
 kill mid-write therefore leaves the previous checkpoint as the latest one. Every checkpoint gets a new
 name (`ckpt-<global step>`), so no complete checkpoint is ever overwritten in place.
+
+A write that fails (a full disk, a quota) stops training with a `CheckpointWriteError` that names the
+directory and the newest complete checkpoint, which stays the one a resumed run starts from; the partial
+files TensorFlow leaves (a `ckpt-<step>_temp` directory) are removed, then and when a run starts on the
+directory. An asynchronous write's failure would otherwise only show at the next save, or be printed and
+ignored at exit: `sync()` raises it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pathlib
+import shutil
 
 import keras
 
-from tfopt.errors import DataError, IncompatibleModelError, describe_error
+from tfopt.errors import CheckpointWriteError, DataError, IncompatibleModelError, describe_error, released
 from tfopt.training.guards import check_finite_weights
 
 _log = logging.getLogger("tfopt")
@@ -95,6 +103,7 @@ class TrainingCheckpoint:
         self._options = tf.train.CheckpointOptions(enable_async=async_write)
         self._async = async_write
         self._last_saved_step: int | None = None
+        self._remove_partial_writes()  # of a run killed while it wrote
 
     @property
     def latest_path(self) -> str | None:
@@ -166,13 +175,48 @@ class TrainingCheckpoint:
             return
         check_finite_weights(self.model, step=global_step)  # nothing is written from broken weights
         self._global_step.assign(global_step)
-        self._manager.save(checkpoint_number=global_step, options=self._options)
+        try:
+            self._manager.save(checkpoint_number=global_step, options=self._options)
+        except Exception as error:  # noqa: BLE001 - raised again in words (an earlier asynchronous write's, too)
+            self.sync()
+            raise self._not_written(error) from released(error)
         self._last_saved_step = global_step
 
     def sync(self) -> None:
-        """Waits until an asynchronous write has finished, so `latest_path` is final."""
-        if self._async:
-            self._checkpoint.sync()
+        """Waits until an asynchronous write has finished, so `latest_path` is final.
+
+        Raises:
+            CheckpointWriteError: That write failed.
+        """
+        if not self._async:
+            return
+        self._checkpoint.sync()
+        # TensorFlow keeps a background write's error for its next save, or prints and ignores it at exit.
+        helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
+        error = getattr(helper, "_async_error", None)
+        if error is not None:
+            helper._async_error = None
+            raise self._not_written(error) from error
+
+    def _not_written(self, error: BaseException) -> CheckpointWriteError:
+        """The error that says a write failed, once its partial files are gone."""
+        self._remove_partial_writes()
+        latest = self._manager.latest_checkpoint
+        kept = (
+            f"the newest complete checkpoint, {latest}, is kept and a resumed run starts from it"
+            if latest
+            else "no checkpoint had been written yet"
+        )
+        return CheckpointWriteError(
+            f"Writing a checkpoint to {self.directory} failed ({describe_error(error)}): {kept}. Training stopped "
+            "rather than go on unsaved: free space on that disk (or choose another checkpoint directory) and "
+            "train again with the same directory to resume."
+        )
+
+    def _remove_partial_writes(self) -> None:
+        """Removes what TensorFlow leaves of a write that failed or was killed (`<prefix>_temp` directories)."""
+        for partial in pathlib.Path(self.directory).glob("ckpt-*_temp"):
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 class CheckpointCallback(keras.callbacks.Callback):
