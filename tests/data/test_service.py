@@ -321,6 +321,82 @@ def test_an_unreachable_dispatcher_fails_fast_with_the_address():
         serve(dataset, offload, target, batch_size=2)
 
 
+def test_a_dispatcher_that_accepts_and_never_answers_fails_at_its_deadline():
+    import socket
+
+    with socket.socket() as silent:  # listens (the kernel accepts connections), never reads nor writes
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        target = f"grpc://127.0.0.1:{silent.getsockname()[1]}"
+        dataset = tf.data.Dataset.range(8).batch(2)
+        offload, _ = plan_offload(dataset, dispatcher=target, answer_timeout_seconds=1.5)
+        started = time.monotonic()
+        with pytest.raises(DataError) as raised:
+            serve(dataset, offload, target, batch_size=2)
+    assert 1.5 <= time.monotonic() - started < 10
+    assert str(raised.value).startswith(
+        f"data_service: the dispatcher at {target} accepted the connection but did not answer within 1.5 s "
+        "(data_service.answer_timeout_seconds)."
+    )
+
+
+SILENT_DISPATCHER_RECIPE = """
+model: {{name: small_cnn, filters: [4]}}
+data: {{source: synthetic, kind: image, examples: 16, image_size: [8, 8], batch_size: 4}}
+recipes: [{{data_service: {{dispatcher: "grpc://127.0.0.1:{port}", answer_timeout_seconds: {seconds}}}}}]
+profile: {{steps: 2, warmup_steps: 1}}
+"""
+
+
+@pytest.mark.parametrize("ending", ["deadline", "sigterm"])
+def test_a_run_waiting_for_a_silent_dispatcher_ends_by_itself_and_on_sigterm(tmp_path, ending):
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        seconds = 3 if ending == "deadline" else 600
+        (tmp_path / "recipe.yaml").write_text(SILENT_DISPATCHER_RECIPE.format(port=port, seconds=seconds))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "tfopt.cli", "run", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_environment(),
+        )
+        try:
+            if ending == "sigterm":
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and not _connected_to(port):
+                    time.sleep(0.2)
+                signal_sent = time.monotonic()
+                run.send_signal(signal.SIGTERM)
+            _, err = run.communicate(timeout=120)
+        finally:
+            run.kill()
+            run.wait(timeout=30)
+    assert "Traceback" not in err and "may be a bug" not in err
+    if ending == "deadline":
+        assert run.returncode == 1, err
+        assert f"the dispatcher at grpc://127.0.0.1:{port} accepted the connection but did not answer within 3 s" in err
+        assert "waiting for the tf.data service dispatcher" in err  # said when the wait began
+    else:
+        assert run.returncode == 128 + signal.SIGTERM, err
+        assert time.monotonic() - signal_sent < 5
+        assert "interrupted (SIGTERM)" in err
+
+
+def _connected_to(port):
+    """Whether a process has a TCP connection open to 127.0.0.1:`port` (the run is waiting for an answer)."""
+    import psutil
+
+    return any(
+        connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
+        for connection in psutil.net_connections("tcp")
+    )
+
+
 def test_two_training_workers_share_one_job(in_process_service, monkeypatch):
     """The chief registers the pipeline; the other training worker reads it by id: one stream shared out,
     not a whole pass each. An epoch is a window of that stream: the workers make the next pass's batches

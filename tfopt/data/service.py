@@ -93,6 +93,7 @@ class Offload:
             None where only the data tells (strings, open dimensions).
         requested_compression: The compression setting it was planned with ("auto", "none", "snappy"), for
             `planned_again`.
+        answer_timeout_seconds: How long the client waits for the dispatcher to answer before it fails.
     """
 
     dispatcher: str | None
@@ -103,6 +104,7 @@ class Offload:
     reasons: tuple[str, ...]
     batch_bytes: int | None = None
     requested_compression: str = "auto"
+    answer_timeout_seconds: float = 10.0
 
     def planned_again(self, dataset: tf.data.Dataset, *, batch_size: int | None) -> tuple[Offload | None, str]:
         """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
@@ -114,6 +116,7 @@ class Offload:
             compression=self.requested_compression,
             job_name=self.job_name,
             batch_size=batch_size,
+            answer_timeout_seconds=self.answer_timeout_seconds,
         )
 
     def describe(self) -> str:
@@ -136,6 +139,7 @@ def plan_offload(
     compression: str = "auto",
     job_name: str | None = None,
     batch_size: int | None = None,
+    answer_timeout_seconds: float = 10.0,
 ) -> tuple[Offload | None, str]:
     """How `dataset` goes to the service, or (None, why it stays local). Reads the graph only, never an element;
     `batch_size` sizes batches whose first dimension tf.data leaves open.
@@ -214,6 +218,7 @@ def plan_offload(
         reasons=tuple(reasons),
         batch_bytes=size,
         requested_compression=compression,
+        answer_timeout_seconds=answer_timeout_seconds,
     ), ""
 
 

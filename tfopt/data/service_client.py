@@ -14,6 +14,7 @@ few batches around a pass's end that the workers made ahead.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from tfopt.errors import DataError
 if TYPE_CHECKING:
     import tensorflow as tf
 
+_log = logging.getLogger("tfopt")
 # Batches the client holds ahead of training, beyond the requests tf.data service already keeps in flight.
 CLIENT_PREFETCH_BATCHES = 2
 # How long a training worker waits for the chief to register the shared pipeline.
@@ -63,15 +65,15 @@ def serve(
     one go to the next epoch.
 
     Raises:
-        DataError: No dispatcher answers at `target`, or a training worker found no pipeline registered by
-            its chief in time.
+        DataError: No dispatcher answers at `target` within `offload.answer_timeout_seconds`, or a training
+            worker found no pipeline registered by its chief in time.
     """
     import tensorflow as tf
     from tensorflow.data.experimental import service
 
     from tfopt.distribute.environment import detect_environment
 
-    _check_reachable(target)
+    _check_answers(target, offload.answer_timeout_seconds)
     environment = detect_environment()
     batches_per_pass = int(dataset.cardinality()) if batches_per_pass is None else batches_per_pass
     static = tf_batch_dimension(dataset.element_spec) is not None if static is None else static
@@ -156,18 +158,56 @@ def _registered(target: str, dataset_id: str, mode: Any) -> Any:
             time.sleep(0.5)
 
 
-def _check_reachable(target: str, timeout_seconds: float = 10.0) -> None:
-    """Fails fast where nothing listens at the dispatcher's address; tf.data would retry for a long time."""
+def _check_answers(target: str, timeout_seconds: float) -> None:
+    """Fails within `timeout_seconds` where no server answers at the dispatcher's address.
+
+    An open port is not an answer: a host that accepts connections and never replies (a stopped process
+    whose socket is still listening, a firewall) would leave tf.data waiting on its first request for ever.
+    So the check speaks the first step of HTTP/2, which gRPC runs on: the client's connection preface, to
+    which any gRPC server replies with a SETTINGS frame at once.
+    """
     import socket
 
     host, _, port = target.removeprefix("grpc://").rpartition(":")
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout_seconds))
+    _log.info(
+        "waiting for the tf.data service dispatcher at %s to answer, until %s (data_service.answer_timeout_seconds)",
+        target,
+        until,
+    )
+    deadline = time.monotonic() + timeout_seconds
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_seconds).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_seconds) as connection:
+            connection.sendall(_HTTP2_PREFACE + _HTTP2_EMPTY_SETTINGS)
+            reply = b""
+            while len(reply) < 9:  # a frame header: length (3 bytes), type (1), flags (1), stream (4)
+                connection.settimeout(max(deadline - time.monotonic(), 0.001))
+                received = connection.recv(9 - len(reply))
+                if not received:
+                    raise ConnectionError("it closed the connection without a word")
+                reply += received
+    except TimeoutError:
+        raise DataError(
+            f"data_service: the dispatcher at {target} accepted the connection but did not answer within "
+            f"{timeout_seconds:g} s (data_service.answer_timeout_seconds). Check that a tf.data service "
+            "dispatcher runs there (tfopt-recipe data-service dispatcher --port PORT), or raise the setting."
+        ) from None
     except OSError as error:
         raise DataError(
             f"data_service: no dispatcher answers at {target} ({error.strerror or error}). Start one "
             "(tfopt-recipe data-service dispatcher --port PORT) or correct the address."
         ) from None
+    if reply[3] != _HTTP2_SETTINGS:
+        raise DataError(
+            f"data_service: what answers at {target} is not a gRPC server (its first reply is not HTTP/2). "
+            "Check the address: it should be a tf.data service dispatcher's port."
+        )
+
+
+# The HTTP/2 client connection preface (RFC 9113, section 3.4) and an empty SETTINGS frame.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_SETTINGS = 0x4
 
 
 def _cluster_key() -> str:

@@ -39,10 +39,12 @@ class DataService(Recipe):
             or "snappy".
         job_name: The tf.data service job that every training worker reads, so that they share the
             preprocessing; by default one derived from the training cluster (TF_CONFIG or the Slurm job).
+        answer_timeout_seconds: How long to wait for the dispatcher to answer before failing with its address
+            (a host that accepts the connection and never answers would otherwise hang the run).
 
     Example:
         >>> DataService(workers=2).get_config()
-        {'dispatcher': None, 'workers': 2, 'compression': 'auto', 'job_name': None}
+        {'dispatcher': None, 'workers': 2, 'compression': 'auto', 'job_name': None, 'answer_timeout_seconds': 10.0}
     """
 
     name: ClassVar[str] = "data_service"
@@ -52,6 +54,7 @@ class DataService(Recipe):
     workers: int | None = None
     compression: str = "auto"
     job_name: str | None = None
+    answer_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if self.dispatcher is None and self.workers is None:
@@ -89,6 +92,13 @@ class DataService(Recipe):
             raise RecipeConfigError(
                 f"data_service: job_name={self.job_name!r} must be a non-empty string.", setting="job_name"
             )
+        seconds = self.answer_timeout_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
+            raise RecipeConfigError(
+                f"data_service: answer_timeout_seconds={seconds!r} must be a number of seconds above 0 and at "
+                "most 3600, e.g. 30 for a dispatcher on a busy network.",
+                setting="answer_timeout_seconds",
+            )
 
     def __call__(self, plan: Plan) -> Plan:
         from tfopt.data.service import plan_offload
@@ -120,6 +130,7 @@ class DataService(Recipe):
             compression=self.compression,
             job_name=self.job_name,
             batch_size=plan.batch_size,
+            answer_timeout_seconds=self.answer_timeout_seconds,
         )
         if offload is None:
             return plan.record(self.name, why, skipped=True)
