@@ -104,8 +104,7 @@ def build(plan: Plan) -> Built:
         if loss_scaling:
             plan = plan.amend("mixed_precision", loss_scaling)
     dataset, service, plan = _served(plan, unsettled)
-    if plan.micro_batches > 1:
-        dataset = split_batches(dataset, plan.micro_batches)
+    dataset = split_batches(dataset, plan.micro_batches)
     return Built(model=model, dataset=dataset, strategy=strategy, plan=plan, service=service)
 
 
@@ -138,7 +137,7 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
     from tfopt.data.service_client import serve_offload, tf_batch_dimension
 
     # Decided again on the pipeline as built: recipes of later stages (batch_size, distribution) rebatched it.
-    whole = plan.batch_size * plan.micro_batches
+    whole = plan.whole_batch_size
     offload, why = plan.data_service.planned_again(unsettled, batch_size=whole)
     if offload is not None:
         try:
@@ -231,7 +230,7 @@ def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     if blockers:
         _log.warning("xla: off: %s", "; ".join(blockers))
         return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers), skipped=True)
-    whole = plan.batch_size * plan.micro_batches  # micro-batches are cut from static batches after
+    whole = plan.whole_batch_size  # micro-batches are cut from static batches after
     dataset, dropped = static_batches(plan.dataset, whole)
     if dataset is plan.dataset:  # the batches were static already
         return plan

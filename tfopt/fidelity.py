@@ -189,9 +189,7 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
         # Its batch dimension unknown, as in the user's pipeline: the trace is the one fit runs, and reuses.
         size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
         data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size)
-        if pieces > 1:
-            data = split_batches(data, pieces)
-        data = data.with_options(options)
+        data = split_batches(data, pieces).with_options(options)
         if tf.distribute.has_strategy():
             data = strategy.experimental_distribute_dataset(data)
         steps = iter(data)

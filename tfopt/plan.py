@@ -120,6 +120,11 @@ class Plan:
         object.__setattr__(self, "compile_objects", types.MappingProxyType(dict(self.compile_objects)))
 
     @property
+    def whole_batch_size(self) -> int:
+        """Examples in each batch of the user's pipeline: one update's, whatever micro-batches it trains as."""
+        return self.batch_size * self.micro_batches
+
+    @property
     def jit_compile(self) -> bool:
         """Whether the model is compiled with XLA."""
         return bool(self.compile_config.get("jit_compile", False))

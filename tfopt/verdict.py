@@ -226,6 +226,6 @@ def _with_users_pipeline(before: Built, after: Built) -> Built:
     plan = after.plan
     dataset = before.plan.dataset
     if plan.jit_compile:
-        dataset, _ = static_batches(dataset, plan.batch_size * plan.micro_batches)
-    steps = split_batches(dataset, plan.micro_batches) if plan.micro_batches > 1 else dataset
+        dataset, _ = static_batches(dataset, plan.whole_batch_size)
+    steps = split_batches(dataset, plan.micro_batches)
     return dataclasses.replace(after, dataset=steps, plan=plan.replace(dataset=dataset), service=None)

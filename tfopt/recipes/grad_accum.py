@@ -88,13 +88,13 @@ class GradAccum(Recipe):
         return steps
 
     def check(self, plan: Plan) -> None:
-        self.accumulation_steps(plan.batch_size * plan.micro_batches)
+        self.accumulation_steps(plan.whole_batch_size)
         accumulated(plan.compile_config, self.steps, who=self.name)
 
     def __call__(self, plan: Plan) -> Plan:
         # A plan already in micro-batches (its batch did not fit: tfopt.training.micro_batches) accumulates
         # these steps of its whole batches.
-        steps = self.accumulation_steps(plan.batch_size * plan.micro_batches)
+        steps = self.accumulation_steps(plan.whole_batch_size)
         compile_config = accumulated(plan.compile_config, steps, who=self.name)
         pieces = steps * plan.micro_batches
         effective = pieces * plan.batch_size

@@ -85,7 +85,7 @@ def fitted(plan: Plan, attempt: Callable[[Plan], _T], *, pieces: int = 1) -> tup
             exhausted = out_of_memory(error)
             if exhausted is None:
                 raise
-            whole = plan.batch_size * plan.micro_batches
+            whole = plan.whole_batch_size
             more = next((size for size in range(2 * plan.micro_batches, whole + 1) if whole % size == 0), None)
             if more is None:
                 raise OutOfMemoryError(
@@ -108,7 +108,7 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
     Raises:
         OutOfMemoryError: Accumulating cannot give the whole batch's update.
     """
-    whole = plan.batch_size * plan.micro_batches
+    whole = plan.whole_batch_size
     reason = describe_error(why) if isinstance(why, BaseException) else why
     try:
         compile_config = accumulated(plan.compile_config, pieces // plan.micro_batches, who=NAME)
@@ -137,7 +137,8 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
 
 
 def split_batches(dataset: tf.data.Dataset, pieces: int) -> tf.data.Dataset:
-    """Each batch of `dataset` as `pieces` consecutive batches (sizes differing by at most one example).
+    """Each batch of `dataset` as `pieces` consecutive batches (sizes differing by at most one example); the
+    dataset itself where `pieces` is 1.
 
     Example:
         >>> import tensorflow as tf
@@ -146,6 +147,9 @@ def split_batches(dataset: tf.data.Dataset, pieces: int) -> tf.data.Dataset:
         [[0, 1], [2, 3], [4, 5], [6, 7], [8], [9]]
     """
     import tensorflow as tf
+
+    if pieces == 1:
+        return dataset
 
     def cut(*element: Any) -> tf.data.Dataset:
         element = element[0] if len(element) == 1 else element
