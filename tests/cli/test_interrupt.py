@@ -73,6 +73,50 @@ def test_sigterm_ends_a_command_within_the_deadline_wherever_the_main_thread_is(
         assert seconds < GRACE_SECONDS
 
 
+CLEANING_UP = textwrap.dedent("""
+    import time
+    import tensorflow as tf
+    from tfopt.cli.interrupt import GRACE_SECONDS, signals_interrupt
+    from tfopt.errors import RunInterrupted
+
+    def farewell(name):
+        print(f"said: interrupted ({name})", flush=True)
+        return 143
+
+    try:
+        with signals_interrupt(farewell):
+            square = tf.random.normal([5000, 5000])
+            tf.linalg.matmul(square, square)  # traced and warmed up
+            print("waiting", flush=True)
+            try:
+                # A TensorFlow op of about a second, out of Python: the watcher reads the signal first, and the
+                # main thread sees it only once the op returns, well within the grace.
+                tf.linalg.matmul(square, square).numpy()
+                time.sleep(600)
+            except RunInterrupted:
+                time.sleep(GRACE_SECONDS + 2)  # stopping workers, writing a checkpoint: longer than the grace
+                print("cleaned up", flush=True)
+                raise
+    except RunInterrupted:
+        raise SystemExit(143)
+""")
+
+
+def test_a_main_thread_that_saw_the_signal_has_its_cleanup_time_past_the_grace():
+    """The watcher reads the signal before the main thread's handler runs: it must ask whether the main
+    thread saw it after the grace, or a cleanup longer than the grace (workers stopped under load) was cut
+    short and the workers outlived the launcher."""
+    process = _started(CLEANING_UP)
+    try:
+        assert process.stdout.readline().strip() == "waiting", process.stderr.read()[-2000:]
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+        out, err = process.communicate()
+    finally:
+        process.kill()
+    assert (code, out.strip()) == (143, "cleaned up"), err[-2000:]
+
+
 RECIPE = (
     "model: {name: small_cnn, filters: [4]}\n"
     "data: {source: synthetic, kind: image, examples: 64, image_size: [16, 16], batch_size: 4}\n"

@@ -65,8 +65,12 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
                 return
             if received[0] not in handled:
                 continue
+            if ended.wait(GRACE_SECONDS):
+                return
+            # Asked after the grace, not when the byte came: the watcher reads it before the main thread's
+            # handler has run, and a main thread that saw the signal gets its cleanup time.
             cleaning_up = seen.is_set() or (_stopping() is not None and _stopping().taken())
-            if ended.wait(GRACE_SECONDS) or (cleaning_up and ended.wait(CLEANUP_SECONDS)):
+            if cleaning_up and ended.wait(CLEANUP_SECONDS):
                 return
             name = signal.Signals(received[0]).name
             # The report must not hold the exit up: stderr may be a full pipe the main thread is writing to.
