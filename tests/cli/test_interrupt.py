@@ -85,12 +85,12 @@ CLEANING_UP = textwrap.dedent("""
 
     try:
         with signals_interrupt(farewell):
-            square = tf.random.normal([5000, 5000])
+            square = tf.random.normal([4000, 4000])
             tf.linalg.matmul(square, square)  # traced and warmed up
-            print("waiting", flush=True)
             try:
-                # A TensorFlow op of about a second, out of Python: the watcher reads the signal first, and the
-                # main thread sees it only once the op returns, well within the grace.
+                print("waiting", flush=True)  # inside the try: the signal may come at the very next bytecode
+                # A TensorFlow op of about half a second, out of Python: the watcher reads the signal first, and
+                # the main thread sees it only once the op returns, well within the grace.
                 tf.linalg.matmul(square, square).numpy()
                 time.sleep(600)
             except RunInterrupted:
