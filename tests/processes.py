@@ -57,3 +57,27 @@ def kill_all(process: subprocess.Popen, pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def run_waiting(command: list[str], *, env: dict[str, str], sigterm_once=None) -> tuple[int, str, float | None]:
+    """Runs a command that waits on something that never comes; with `sigterm_once` (a function saying whether
+    it waits yet), sends it SIGTERM once it waits. Returns its exit code, its stderr, and the seconds from the
+    signal to its end (None without a signal). Nothing it started outlives the call."""
+    import sys
+
+    run = subprocess.Popen(
+        [sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    signal_sent = None
+    try:
+        if sigterm_once is not None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and run.poll() is None and not sigterm_once():
+                time.sleep(0.2)
+            signal_sent = time.monotonic()
+            run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    return run.returncode, err, None if signal_sent is None else time.monotonic() - signal_sent

@@ -19,7 +19,7 @@ PUBLIC = {"__version__", *CALLS, *RESULTS, *ERRORS}
 
 def test_public_surface():
     assert set(tfopt.__all__) == PUBLIC
-    assert len(ERRORS) == 12  # every tfopt error class, so `except tfopt.DataError` works
+    assert len(ERRORS) == 13  # every tfopt error class, so `except tfopt.DataError` works
     for name in PUBLIC:
         assert getattr(tfopt, name) is not None
 

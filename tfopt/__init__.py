@@ -45,6 +45,7 @@ _PUBLIC = {
     "RecipeClashError": "tfopt.errors",
     "RecipeConfigError": "tfopt.errors",
     "RecipeFileError": "tfopt.errors",
+    "StorageError": "tfopt.errors",
 }
 
 __all__ = ["__version__", *_PUBLIC]  # noqa: PLE0604 - the lazy table names every export

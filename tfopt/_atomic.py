@@ -12,9 +12,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from tfopt.errors import storage_error
+
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Writes `text` to `path` atomically; returns the path.
+
+    Raises:
+        StorageError: The disk refused the write (full, read-only, ...); `path` is left as it was.
 
     Example:
         >>> import tempfile, pathlib
@@ -32,8 +37,11 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        storage = isinstance(error, OSError) and storage_error(error, path, f"{path} is as it was before.")
+        if storage:
+            raise storage from error
         raise
     _fsync_directory(path.parent)
     return path

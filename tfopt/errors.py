@@ -8,9 +8,11 @@ what was expected and how to fix it. The subclasses that stand for a bad value a
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import re
+import shutil
 
 
 class TfoptError(Exception):
@@ -91,6 +93,57 @@ class EnvironmentVariableError(TfoptError, ValueError):
 
 class CheckpointWriteError(TfoptError, RuntimeError):
     """A checkpoint could not be written (a full disk, a quota); the newest complete one is kept."""
+
+
+class StorageError(TfoptError, OSError):
+    """A file could not be written: the disk is full or over its quota, read-only, forbidden, or the file would
+    exceed the size limit. The message names the file and what was kept."""
+
+
+# The machine's refusals to store a file, in words: not a fault of tfopt's nor of the user's model.
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EFBIG: "the file size limit (ulimit -f) is exceeded",
+    errno.EACCES: "permission denied",
+}
+
+
+def storage_error(error: BaseException, path: str | os.PathLike | None, kept: str) -> StorageError | None:
+    """`error` said as a `StorageError` where it is the storage refusing a write (None where it is not): what
+    refused, the file being written and its directory's free space, then `kept` (what stays usable and how
+    to go on). TensorFlow's file systems lose the errno and say "<file>; <strerror>": that reads the same,
+    the file taken from the text where `path` is None.
+
+    Example:
+        >>> full = OSError(errno.ENOSPC, "No space left on device")
+        >>> print(storage_error(full, "/nonexistent/report.json", "The earlier one is kept."))  # doctest: +ELLIPSIS
+        the disk is full writing /nonexistent/report.json (in /nonexistent; ... MiB free there): No space left ...
+    """
+    if isinstance(error, OSError):
+        number, strerror = error.errno, error.strerror
+    else:
+        context, _, strerror = str(getattr(error, "message", error)).rpartition("; ")
+        number = _STORAGE_STRERRORS.get(strerror.strip())
+        path = path if path is not None else context.strip() or None
+    if number not in STORAGE_ERRNOS:
+        return None
+    where = ""
+    if path is not None:
+        directory = os.path.dirname(os.path.abspath(os.fsdecode(path)))
+        existing = directory
+        while not os.path.exists(existing) and existing != os.path.dirname(existing):  # a directory taken back
+            existing = os.path.dirname(existing)
+        try:
+            free = f"; {shutil.disk_usage(existing).free / 2**20:.1f} MiB free there"
+        except OSError:
+            free = ""
+        where = f" writing {os.fsdecode(path)} (in {directory}{free})"
+    return StorageError(f"{STORAGE_ERRNOS[number]}{where}: {strerror.strip()}. {kept}")
+
+
+_STORAGE_STRERRORS = {os.strerror(number): number for number in STORAGE_ERRNOS}
 
 
 class OutOfMemoryError(TfoptError, MemoryError):

@@ -128,7 +128,7 @@ def gpu_memory_in_force(*, growth: bool, limit_bytes: int | None) -> bool:
     return True
 
 
-def join_cluster(*, communication_timeout_seconds: float | None) -> Any | None:
+def join_cluster(*, communication_timeout_seconds: float | None, start_timeout_seconds: float) -> Any | None:
     """Joins the multi-worker cluster this process is a worker of (TF_CONFIG or Slurm list several
     workers), before TensorFlow's first op; None where it is no such worker.
 
@@ -148,5 +148,6 @@ def join_cluster(*, communication_timeout_seconds: float | None) -> Any | None:
     return make_strategy(
         "multi_worker",
         communication_timeout_seconds=communication_timeout_seconds,
+        start_timeout_seconds=start_timeout_seconds,
         cluster_resolver="slurm" if cluster.launcher == "slurm" else "tf_config",
     )

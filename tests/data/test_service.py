@@ -6,9 +6,11 @@ processes: their start, a worker killed mid-epoch, and that none outlives the cl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -19,12 +21,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.processes import alive, child_environment, kill_all, wait_gone
+from tests.processes import alive, child_environment, kill_all, processes_with, run_waiting, wait_gone
 from tfopt.data import graph as pipeline_graph
 from tfopt.data.rewrite import parallelize
 from tfopt.data.service import COMPRESS_FROM_BYTES, dynamic_sharding, plan_offload, python_blocker
 from tfopt.data.service_client import serve
-from tfopt.errors import DataError
+from tfopt.errors import DataError, DistributionError
 
 
 @pytest.fixture(scope="module")
@@ -359,32 +361,19 @@ def test_a_run_waiting_for_a_silent_dispatcher_ends_by_itself_and_on_sigterm(tmp
         port = silent.getsockname()[1]
         seconds = 3 if ending == "deadline" else 600
         (tmp_path / "recipe.yaml").write_text(SILENT_DISPATCHER_RECIPE.format(port=port, seconds=seconds))
-        run = subprocess.Popen(
-            [sys.executable, "-m", "tfopt.cli", "run", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        code, err, ended_after_signal = run_waiting(
+            ["-m", "tfopt.cli", "run", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")],
             env=child_environment(),
+            sigterm_once=(lambda: _connected_to(port)) if ending == "sigterm" else None,
         )
-        try:
-            if ending == "sigterm":
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and not _connected_to(port):
-                    time.sleep(0.2)
-                signal_sent = time.monotonic()
-                run.send_signal(signal.SIGTERM)
-            _, err = run.communicate(timeout=120)
-        finally:
-            run.kill()
-            run.wait(timeout=30)
     assert "Traceback" not in err and "may be a bug" not in err
     if ending == "deadline":
-        assert run.returncode == 1, err
+        assert code == 1, err
         assert f"the dispatcher at grpc://127.0.0.1:{port} accepted the connection but did not answer within 3 s" in err
         assert "waiting for the tf.data service dispatcher" in err  # said when the wait began
     else:
-        assert run.returncode == 128 + signal.SIGTERM, err
-        assert time.monotonic() - signal_sent < 5
+        assert code == 128 + signal.SIGTERM, err
+        assert ended_after_signal < 5
         assert "interrupted (SIGTERM)" in err
 
 
@@ -396,6 +385,38 @@ def _connected_to(port):
         connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
         for connection in psutil.net_connections("tcp")
     )
+
+
+def test_a_training_worker_whose_chief_never_registers_fails_at_the_deadline(in_process_service, monkeypatch):
+    import json
+
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    dataset = tf.data.Dataset.range(96).batch(6)
+    offload, _ = plan_offload(dataset, dispatcher=in_process_service, job_name="never-registered")
+    offload = dataclasses.replace(offload, start_timeout_seconds=1.0)
+    started = time.monotonic()
+    with pytest.raises(DataError) as raised:
+        serve(dataset, offload, in_process_service, batch_size=6)
+    assert 1.0 <= time.monotonic() - started < 30
+    assert str(raised.value).startswith(
+        f"data_service: no pipeline was registered as 'never-registered' at {in_process_service} within 1 s "
+        "(data_service.start_timeout_seconds; "
+    )
+
+
+def test_worker_processes_that_do_not_serve_in_time_are_stopped_and_named():
+    from tfopt.data.service_servers import LocalCluster
+
+    with pytest.raises(DistributionError) as raised:  # a worker process takes seconds to import TensorFlow
+        LocalCluster(1, start_timeout_seconds=0.1)
+    said = re.match(
+        r"data_service: the tf.data service worker process for 127\.0\.0\.1:(\d+) did not serve within 0\.1 s "
+        r"\(data_service\.start_timeout_seconds: raise it on a busy host\)",
+        str(raised.value),
+    )
+    assert said, str(raised.value)
+    assert wait_gone(processes_with("data-service", "worker", "--port", said.group(1)), 10) == []
 
 
 def test_two_training_workers_share_one_job(in_process_service, monkeypatch):
@@ -662,3 +683,8 @@ def test_the_recipe_settings_say_what_is_wrong():
     assert address.value.setting == "dispatcher"
     with pytest.raises(RecipeConfigError, match="compression='zstd' is not valid"):
         DataService(compression="zstd")
+    for setting in ("answer_timeout_seconds", "start_timeout_seconds"):
+        for seconds in (0, 3601, True, "10"):
+            with pytest.raises(RecipeConfigError, match=f"{setting}=.* must be a number of seconds above 0") as wait:
+                DataService(**{setting: seconds})
+            assert wait.value.setting == setting

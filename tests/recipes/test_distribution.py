@@ -43,9 +43,15 @@ def test_single_cpu_is_recorded_as_skipped():
 
 
 def test_two_workers_scale_batch_shard_by_data_and_set_timeout():
-    plan = Distribution(environ=TWO_WORKERS, shard_by="data", communication_timeout_seconds=60)(plan_on())
+    plan = Distribution(
+        environ=TWO_WORKERS, shard_by="data", communication_timeout_seconds=60, start_timeout_seconds=30
+    )(plan_on())
     assert plan.strategy == "multi_worker"
-    assert dict(plan.strategy_options) == {"communication_timeout_seconds": 60.0, "cluster_resolver": "tf_config"}
+    assert dict(plan.strategy_options) == {
+        "communication_timeout_seconds": 60.0,
+        "start_timeout_seconds": 30.0,
+        "cluster_resolver": "tf_config",
+    }
     assert plan.batch_size == 16
     assert [int(x.shape[0]) for x, _ in plan.dataset] == [16, 16]
     assert plan.dataset.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
@@ -112,3 +118,10 @@ def test_check_rejects_tpu_without_tpu_and_uneven_split():
     with pytest.raises(RecipeConfigError, match="does not divide evenly") as error:
         Distribution(strategy="mirrored", devices=["/cpu:0"] * 3, scale_batch=False).check(plan_on())
     assert error.value.setting == "scale_batch"
+
+
+@pytest.mark.parametrize("seconds", [0, -1, True, "5"])
+def test_a_start_timeout_must_be_seconds_above_zero(seconds):
+    with pytest.raises(RecipeConfigError, match=r"start_timeout_seconds=.*expected seconds above 0") as raised:
+        Distribution(start_timeout_seconds=seconds)
+    assert raised.value.setting == "start_timeout_seconds"

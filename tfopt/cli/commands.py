@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import functools
 import json
 import os
 import pathlib
-import shutil
 import signal
 import sys
 import traceback
@@ -39,20 +37,18 @@ from tfopt.cli import options
 from tfopt.cli.interrupt import signals_interrupt
 from tfopt.cli.progress import PROGRAM, terminal_progress
 from tfopt.cli.quiet_start import absl_records_quieted, tensorflow_started_quietly
-from tfopt.errors import EnvironmentVariableError, RecipeFileError, RunInterrupted, TfoptError, describe_error
+from tfopt.errors import (
+    EnvironmentVariableError,
+    RecipeFileError,
+    RunInterrupted,
+    TfoptError,
+    describe_error,
+    storage_error,
+)
 
 if TYPE_CHECKING:
     from tfopt.profiling.diagnose import Diagnosis
     from tfopt.recipe_file.loader import RecipeFile
-
-# Errors of the machine, not of tfopt or the model: said as they are, without "this may be a bug".
-_STORAGE_ERRNOS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only",
-    errno.EFBIG: "the file size limit (ulimit -f) is exceeded",
-    errno.EACCES: "permission denied",
-}
 
 
 class _UsageError(Exception):
@@ -89,9 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         return _report_interrupt(interrupt, args)
     except OSError as error:  # the machine's refusal, not a bug: it names its path or address
-        if error.errno not in _STORAGE_ERRNOS:
-            return _report_error(error, 1, args, hint=_TRACEBACK_HINT)
-        return _report_error(TfoptError(_storage_problem(error)), 1, args)
+        kept = "Free space, or choose a writable --out, then run again (--resume continues a run)."
+        storage = storage_error(error, error.filename, kept)
+        if storage is not None:
+            storage.__cause__ = error  # for --traceback
+        return _report_error(storage or error, 1, args, hint="" if storage else _TRACEBACK_HINT)
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, not a traceback
         # TensorFlow's errors come from the data, the model or the machine it runs on; others are tfopt's bugs.
         tensorflows = type(error).__module__.startswith("tensorflow")
@@ -102,35 +100,20 @@ _TRACEBACK_HINT = " Rerun with --traceback to see where it happened."
 _BUG_HINT = " This may be a bug in tfopt or in your model code: rerun with --traceback to see where it happened."
 
 
-def _storage_problem(error: OSError) -> str:
-    """A full, read-only or forbidden disk in words: the file, its directory's free space, what to do."""
-    where = ""
-    if error.filename:
-        directory = os.path.dirname(os.path.abspath(os.fsdecode(error.filename)))
-        existing = pathlib.Path(directory)
-        while not existing.exists() and existing != existing.parent:  # a run directory already taken back
-            existing = existing.parent
-        try:
-            free = f"; {shutil.disk_usage(existing).free / 2**20:.1f} MiB free there"
-        except OSError:
-            free = ""
-        where = f" writing {error.filename} (in {directory}{free})"
-    return (
-        f"{_STORAGE_ERRNOS[error.errno]}{where}: {error.strerror}. Free space, or choose a writable --out, "
-        "then run again (--resume continues a run)."
-    )
-
-
 def _report_signal(name: str, *, args: argparse.Namespace) -> int:
-    """An interruption the command could not wait for, in the words of one it handled."""
-    return _report_interrupt(RunInterrupted(name, getattr(args, "run_dir", None)), args)
+    """An interruption the command could not wait for, in the words of one it handled: its workers, if any,
+    are not stopped by it but by the kernel, which signals them as it exits (`PR_SET_PDEATHSIG`)."""
+    interrupt = RunInterrupted(name, getattr(args, "run_dir", None))
+    return _report_interrupt(interrupt, args, workers_ended="get SIGTERM as it exits")
 
 
-def _report_interrupt(interrupt: KeyboardInterrupt, args: argparse.Namespace) -> int:
+def _report_interrupt(
+    interrupt: KeyboardInterrupt, args: argparse.Namespace, workers_ended: str = "were stopped"
+) -> int:
     name = getattr(interrupt, "signal_name", "SIGINT")
     run_dir = getattr(interrupt, "run_dir", None)  # set by `run` once it has a run directory
     workers = getattr(args, "workers", None)
-    said = f" Its {workers} workers were stopped." if workers and run_dir else ""
+    said = f" Its {workers} workers {workers_ended}." if workers and run_dir else ""
     if run_dir:
         command = " ".join(
             [
@@ -317,10 +300,10 @@ def _run(args: argparse.Namespace) -> int:
         return _run_workers(args)
     if args.dry_run:
         return _dry_run(_load(args, dry=True), args)
-    recipe = _load(args, start=True)
     from tfopt.run import runner
 
-    with terminal_progress(args) as progress:
+    with terminal_progress(args) as progress:  # first, so that joining a cluster says whom it waits for
+        recipe = _load(args, start=True)
         outcome = runner.run(recipe, out_dir=args.out, progress=progress, resume=args.resume)
     _print_outcome(outcome, args)
     return 0

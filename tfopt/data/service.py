@@ -94,6 +94,8 @@ class Offload:
         requested_compression: The compression setting it was planned with ("auto", "none", "snappy"), for
             `planned_again`.
         answer_timeout_seconds: How long the client waits for the dispatcher to answer before it fails.
+        start_timeout_seconds: How long a worker process started here may take to serve, and a training
+            worker waits for its chief to register the shared pipeline.
     """
 
     dispatcher: str | None
@@ -105,6 +107,7 @@ class Offload:
     batch_bytes: int | None = None
     requested_compression: str = "auto"
     answer_timeout_seconds: float = 10.0
+    start_timeout_seconds: float = 120.0
 
     def planned_again(self, dataset: tf.data.Dataset, *, batch_size: int | None) -> tuple[Offload | None, str]:
         """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
@@ -117,6 +120,7 @@ class Offload:
             job_name=self.job_name,
             batch_size=batch_size,
             answer_timeout_seconds=self.answer_timeout_seconds,
+            start_timeout_seconds=self.start_timeout_seconds,
         )
 
     def describe(self) -> str:
@@ -140,6 +144,7 @@ def plan_offload(
     job_name: str | None = None,
     batch_size: int | None = None,
     answer_timeout_seconds: float = 10.0,
+    start_timeout_seconds: float = 120.0,
 ) -> tuple[Offload | None, str]:
     """How `dataset` goes to the service, or (None, why it stays local). Reads the graph only, never an element;
     `batch_size` sizes batches whose first dimension tf.data leaves open.
@@ -219,6 +224,7 @@ def plan_offload(
         batch_bytes=size,
         requested_compression=compression,
         answer_timeout_seconds=answer_timeout_seconds,
+        start_timeout_seconds=start_timeout_seconds,
     ), ""
 
 

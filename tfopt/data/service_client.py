@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("tfopt")
 # Batches the client holds ahead of training, beyond the requests tf.data service already keeps in flight.
 CLIENT_PREFETCH_BATCHES = 2
-# How long a training worker waits for the chief to register the shared pipeline.
-SHARED_DATASET_WAIT_SECONDS = 300.0
 
 
 def serve(
@@ -58,7 +56,7 @@ def serve(
     batch), so an epoch has the local pipeline's batches and elements; if a worker dies, the rest of the
     epoch comes from the next pass. In a multi-worker run (`tfopt.distribute.environment`) the chief
     registers the pipeline, served endlessly, under an id derived from the training cluster; the others wait
-    for it (up to `SHARED_DATASET_WAIT_SECONDS`) and read it by id, all in one job, each taking its share of
+    for it (up to `offload.start_timeout_seconds`) and read it by id, all in one job, each taking its share of
     the batches of a pass per epoch, so the preprocessing is shared out, not done once per training worker.
     Their epochs are windows of that one stream: the workers make the next pass's batches before the last
     of this pass are read, so around a pass's end a few batches of the next one come in and as many of this
@@ -86,7 +84,7 @@ def serve(
         job_name = offload.job_name or f"tfopt-{hashlib.sha256(_cluster_key().encode()).hexdigest()[:16]}"
         if environment.is_chief:
             service.register_dataset(target, dataset.repeat(), compression=offload.compression, dataset_id=job_name)
-        distributed = _registered(target, job_name, mode)
+        distributed = _registered(target, job_name, mode, offload.start_timeout_seconds)
     if offload.sharding == "dynamic" or static:
         distributed = distributed.rebatch(batch_size, drop_remainder=static)
     if batches_per_pass > 0:
@@ -113,7 +111,9 @@ def serve_offload(
     """
     from tfopt.data.service_servers import LocalCluster
 
-    cluster = LocalCluster(offload.workers) if offload.workers else None
+    cluster = (
+        LocalCluster(offload.workers, start_timeout_seconds=offload.start_timeout_seconds) if offload.workers else None
+    )
     try:
         served = serve(
             dataset,
@@ -138,11 +138,14 @@ def tf_batch_dimension(element_spec: Any) -> int | None:
     return first.shape[0] if first.shape.rank else None
 
 
-def _registered(target: str, dataset_id: str, mode: Any) -> Any:
+def _registered(target: str, dataset_id: str, mode: Any, timeout_seconds: float) -> Any:
     """The dataset the chief registered as `dataset_id`, read in the job of the same name."""
     from tensorflow.data.experimental import service
 
-    deadline = time.monotonic() + SHARED_DATASET_WAIT_SECONDS
+    from tfopt.waiting import announce
+
+    setting = "data_service.start_timeout_seconds"
+    deadline = announce(f"the chief to register the pipeline {dataset_id!r} at {target}", timeout_seconds, setting)
     while True:
         try:  # without element_spec, from_dataset_id asks the dispatcher, which knows the id once registered
             return service.from_dataset_id(
@@ -152,44 +155,24 @@ def _registered(target: str, dataset_id: str, mode: Any) -> Any:
             if time.monotonic() > deadline:
                 raise DataError(
                     f"data_service: no pipeline was registered as {dataset_id!r} at {target} within "
-                    f"{SHARED_DATASET_WAIT_SECONDS:.0f} s ({error}); the chief (worker 0) registers it. "
-                    "Check that the chief runs and reaches the same dispatcher."
+                    f"{timeout_seconds:g} s ({setting}; {error}); the chief (worker 0) registers it. "
+                    "Check that the chief runs and reaches the same dispatcher, or raise the setting."
                 ) from None
             time.sleep(0.5)
 
 
 def _check_answers(target: str, timeout_seconds: float) -> None:
-    """Fails within `timeout_seconds` where no server answers at the dispatcher's address.
+    """Fails within `timeout_seconds` where no gRPC server answers at the dispatcher's address (an open port
+    is not an answer: `tfopt.waiting.first_reply`)."""
+    from tfopt.waiting import announce, first_reply, is_grpc
 
-    An open port is not an answer: a host that accepts connections and never replies (a stopped process
-    whose socket is still listening, a firewall) would leave tf.data waiting on its first request for ever.
-    So the check speaks the first step of HTTP/2, which gRPC runs on: the client's connection preface, to
-    which any gRPC server replies with a SETTINGS frame at once.
-    """
-    import socket
-
-    host, _, port = target.removeprefix("grpc://").rpartition(":")
-    until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout_seconds))
-    _log.info(
-        "waiting for the tf.data service dispatcher at %s to answer, until %s (data_service.answer_timeout_seconds)",
-        target,
-        until,
-    )
-    deadline = time.monotonic() + timeout_seconds
+    announce(f"the tf.data service dispatcher at {target} to answer", timeout_seconds, _ANSWER_SETTING)
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_seconds) as connection:
-            connection.sendall(_HTTP2_PREFACE + _HTTP2_EMPTY_SETTINGS)
-            reply = b""
-            while len(reply) < 9:  # a frame header: length (3 bytes), type (1), flags (1), stream (4)
-                connection.settimeout(max(deadline - time.monotonic(), 0.001))
-                received = connection.recv(9 - len(reply))
-                if not received:
-                    raise ConnectionError("it closed the connection without a word")
-                reply += received
+        reply = first_reply(target, timeout_seconds)
     except TimeoutError:
         raise DataError(
             f"data_service: the dispatcher at {target} accepted the connection but did not answer within "
-            f"{timeout_seconds:g} s (data_service.answer_timeout_seconds). Check that a tf.data service "
+            f"{timeout_seconds:g} s ({_ANSWER_SETTING}). Check that a tf.data service "
             "dispatcher runs there (tfopt-recipe data-service dispatcher --port PORT), or raise the setting."
         ) from None
     except OSError as error:
@@ -197,17 +180,14 @@ def _check_answers(target: str, timeout_seconds: float) -> None:
             f"data_service: no dispatcher answers at {target} ({error.strerror or error}). Start one "
             "(tfopt-recipe data-service dispatcher --port PORT) or correct the address."
         ) from None
-    if reply[3] != _HTTP2_SETTINGS:
+    if not is_grpc(reply):
         raise DataError(
             f"data_service: what answers at {target} is not a gRPC server (its first reply is not HTTP/2). "
             "Check the address: it should be a tf.data service dispatcher's port."
         )
 
 
-# The HTTP/2 client connection preface (RFC 9113, section 3.4) and an empty SETTINGS frame.
-_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-_HTTP2_SETTINGS = 0x4
+_ANSWER_SETTING = "data_service.answer_timeout_seconds"
 
 
 def _cluster_key() -> str:

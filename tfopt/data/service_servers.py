@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 
 from tfopt.distribute.launcher import free_ports, signals_deferred, stop_processes, terminate_with_parent
 from tfopt.errors import DistributionError
+from tfopt.waiting import announce
 
 _log = logging.getLogger("tfopt")
 
@@ -45,7 +46,6 @@ _WORKER_TIMEOUT_MS = 5_000
 # would otherwise take the training cores for its start-ups forever.
 MAX_RESTARTS = 3
 _HEARTBEAT_MS = 100
-_START_SECONDS = 120.0
 _POLL_SECONDS = 0.5
 
 
@@ -203,7 +203,7 @@ class LocalCluster:
         ...     data = data.apply(tf.data.experimental.service.distribute("distributed_epoch", cluster.target))
     """
 
-    def __init__(self, workers: int, *, env: dict[str, str] | None = None):
+    def __init__(self, workers: int, *, env: dict[str, str] | None = None, start_timeout_seconds: float = 120.0):
         from tensorflow.data.experimental import service
 
         if workers < 1:
@@ -221,6 +221,7 @@ class LocalCluster:
         self.address = f"{LOOPBACK}:{dispatcher_port}"
         self.target = f"grpc://{self.address}"
         self.restarts: list[tuple[str, int]] = []
+        self._start_timeout_seconds = start_timeout_seconds
         self._env = {**(os.environ if env is None else env), "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -231,8 +232,7 @@ class LocalCluster:
             with self._lock:
                 for port in self._ports:  # one by one, so that close() stops those started before a failure
                     self._workers.append(self._start(port))
-            for worker in self._workers:
-                worker.await_ready()
+            self._await_ready(self._workers, self.worker_addresses)
         except BaseException:
             self.close()
             raise
@@ -252,6 +252,15 @@ class LocalCluster:
     def worker_pids(self) -> list[int]:
         with self._lock:
             return [worker.process.pid for worker in self._workers]
+
+    def _await_ready(self, workers: list[_WorkerProcess], addresses: list[str]) -> None:
+        deadline = announce(
+            f"tf.data service worker process{'es' if len(workers) > 1 else ''} at {', '.join(addresses)} to serve",
+            self._start_timeout_seconds,
+            _START_SETTING,
+        )
+        for worker, address in zip(workers, addresses):
+            worker.await_ready(deadline, address, self._start_timeout_seconds)
 
     def _start(self, port: int) -> _WorkerProcess:
         command = [
@@ -313,10 +322,10 @@ class LocalCluster:
                         code,
                     )
                     self._workers[index] = self._start(self._ports[index])
-                    started.append(self._workers[index])
-            for worker in started:
+                    started.append((self._workers[index], address))
+            for worker, address in started:
                 try:
-                    worker.await_ready()
+                    self._await_ready([worker], [address])
                 except DistributionError as error:
                     if not self._closed.is_set():  # else it was stopped while it started
                         _log.error("%s", error)
@@ -355,13 +364,21 @@ class _WorkerProcess:
                 self._ready.set()
             _log.debug("[data-service worker %d] %s", self.process.pid, line)
 
-    def await_ready(self) -> None:
-        deadline = time.monotonic() + _START_SECONDS
+    def await_ready(self, deadline: float, address: str, timeout_seconds: float) -> None:
+        """Returns once the worker says it serves; raises where it exits or `deadline` passes first."""
         while not self._ready.wait(_POLL_SECONDS):
             code = self.process.poll()
             if code is not None or time.monotonic() > deadline:
                 self.process.kill()
-                why = f"exited with code {code}" if code is not None else f"did not start within {_START_SECONDS:.0f} s"
-                raise DistributionError(
-                    f"data_service: a tf.data service worker {why}; its last lines:\n" + "\n".join(self._lines)
+                why = (
+                    f"exited with code {code}"
+                    if code is not None
+                    else f"did not serve within {timeout_seconds:g} s ({_START_SETTING}: raise it on a busy host)"
                 )
+                raise DistributionError(
+                    f"data_service: the tf.data service worker process for {address} {why}; its last lines:\n"
+                    + "\n".join(self._lines)
+                )
+
+
+_START_SETTING = "data_service.start_timeout_seconds"

@@ -19,12 +19,14 @@ STRATEGY_NAMES = ("default", "one_device", "mirrored", "multi_worker", "horovod"
 # Every collective gives up after this long by default, so a lost worker ends in an error, not a hang.
 # Generous: the first collective also waits for the slowest worker to start TensorFlow.
 DEFAULT_COMMUNICATION_TIMEOUT_SECONDS = 300.0
+# How long a worker waits for its peers to start before it joins them (`tfopt.distribute.rendezvous`).
+DEFAULT_START_TIMEOUT_SECONDS = 300.0
 
 _OPTIONS = {
     "default": set(),
     "one_device": {"device"},
     "mirrored": {"devices"},
-    "multi_worker": {"communication_timeout_seconds", "cluster_resolver", "implementation"},
+    "multi_worker": {"communication_timeout_seconds", "start_timeout_seconds", "cluster_resolver", "implementation"},
     "horovod": set(),
     "tpu": {"tpu"},
 }
@@ -40,7 +42,8 @@ def make_strategy(name: str, **options: Any) -> tf.distribute.Strategy:
             "mirrored": `MirroredStrategy` over this machine's devices; option `devices`.
             "multi_worker": `MultiWorkerMirroredStrategy`; options `cluster_resolver` ("tf_config", the
                 default, or "slurm"), `communication_timeout_seconds` (default 300; 0 waits forever)
-                and `implementation` ("auto", "ring" or "nccl").
+                `start_timeout_seconds` (default 300: how long to wait for every peer to start before joining
+                them) and `implementation` ("auto", "ring" or "nccl").
             "horovod": initialises Horovod and returns a `tfopt.distribute.horovod.HorovodStrategy`.
             "tpu": `TPUStrategy`; option `tpu` (the TPU name or address; "" for a TPU VM).
         **options: The options listed for that strategy.
@@ -119,6 +122,7 @@ def _multi_worker(
     tf: Any,
     *,
     communication_timeout_seconds: float | None = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
+    start_timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS,
     cluster_resolver: str = "tf_config",
     implementation: str = "auto",
 ) -> Any:
@@ -133,23 +137,33 @@ def _multi_worker(
                 "same distribution settings everywhere in one process."
             )
         return strategy
-    _joined_cluster[options] = _new_multi_worker(tf, communication_timeout_seconds, cluster_resolver, implementation)
+    _joined_cluster[options] = _new_multi_worker(
+        tf, communication_timeout_seconds, start_timeout_seconds, cluster_resolver, implementation
+    )
     return _joined_cluster[options]
 
 
 def _new_multi_worker(
-    tf: Any, communication_timeout_seconds: float | None, cluster_resolver: str, implementation: str
+    tf: Any,
+    communication_timeout_seconds: float | None,
+    start_timeout_seconds: float,
+    cluster_resolver: str,
+    implementation: str,
 ) -> Any:
+    from tfopt.distribute.rendezvous import await_peers
 
     if cluster_resolver == "tf_config":
         from tfopt.distribute.environment import parse_tf_config
         from tfopt.environment_variables import text
 
-        if text("TF_CONFIG"):
-            parse_tf_config(text("TF_CONFIG"))  # a clear error instead of TensorFlow's KeyError
         resolver = None  # MultiWorkerMirroredStrategy reads TF_CONFIG itself
+        if text("TF_CONFIG"):
+            config = parse_tf_config(text("TF_CONFIG"))  # a clear error instead of TensorFlow's KeyError
+            task = config["task"]
+            await_peers(config["cluster"], task.get("type", "worker"), int(task.get("index", 0)), start_timeout_seconds)
     elif cluster_resolver == "slurm":
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+        await_peers(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id, start_timeout_seconds)
     else:
         raise RecipeConfigError(
             f"cluster_resolver={cluster_resolver!r} is not supported. Expected 'tf_config' or 'slurm'."

@@ -20,13 +20,14 @@ honest speed; the profiled one shows what the profiler costs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, MeasurementError, describe_error, released
+from tfopt.errors import DataError, MeasurementError, describe_error, released, storage_error
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
@@ -297,7 +298,18 @@ def capture(
         if hasattr(error, "add_note"):
             error.add_note(message)
         raise
-    marker.close()
+    try:
+        marker.close()  # the profiler writes its capture here
+    except Exception as error:
+        for path, modified in _captures(logdir).items():  # a capture cut short is no capture
+            if known.get(path) != modified:
+                path.unlink()
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
+        storage = storage_error(error, None, "The capture was not kept; reports written before are untouched.")
+        raise storage or MeasurementError(
+            f"The TF Profiler could not write its capture under {logdir}: {error}"
+        ) from error
     new = sorted(path for path, modified in _captures(logdir).items() if known.get(path) != modified)
     if not new:
         raise MeasurementError(

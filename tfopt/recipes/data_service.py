@@ -41,10 +41,13 @@ class DataService(Recipe):
             preprocessing; by default one derived from the training cluster (TF_CONFIG or the Slurm job).
         answer_timeout_seconds: How long to wait for the dispatcher to answer before failing with its address
             (a host that accepts the connection and never answers would otherwise hang the run).
+        start_timeout_seconds: How long to wait for another process to start its part: each worker process
+            started here to serve, and, in a multi-worker run, the chief to register the shared pipeline.
 
     Example:
-        >>> DataService(workers=2).get_config()
-        {'dispatcher': None, 'workers': 2, 'compression': 'auto', 'job_name': None, 'answer_timeout_seconds': 10.0}
+        >>> DataService(workers=2).get_config()  # doctest: +NORMALIZE_WHITESPACE
+        {'dispatcher': None, 'workers': 2, 'compression': 'auto', 'job_name': None, 'answer_timeout_seconds': 10.0,
+         'start_timeout_seconds': 120.0}
     """
 
     name: ClassVar[str] = "data_service"
@@ -55,6 +58,7 @@ class DataService(Recipe):
     compression: str = "auto"
     job_name: str | None = None
     answer_timeout_seconds: float = 10.0
+    start_timeout_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         if self.dispatcher is None and self.workers is None:
@@ -92,13 +96,17 @@ class DataService(Recipe):
             raise RecipeConfigError(
                 f"data_service: job_name={self.job_name!r} must be a non-empty string.", setting="job_name"
             )
-        seconds = self.answer_timeout_seconds
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
-            raise RecipeConfigError(
-                f"data_service: answer_timeout_seconds={seconds!r} must be a number of seconds above 0 and at "
-                "most 3600, e.g. 30 for a dispatcher on a busy network.",
-                setting="answer_timeout_seconds",
-            )
+        for setting, example in (
+            ("answer_timeout_seconds", "30 for a dispatcher on a busy network"),
+            ("start_timeout_seconds", "300 for workers that start slowly"),
+        ):
+            seconds = getattr(self, setting)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
+                raise RecipeConfigError(
+                    f"data_service: {setting}={seconds!r} must be a number of seconds above 0 and at most 3600, "
+                    f"e.g. {example}.",
+                    setting=setting,
+                )
 
     def __call__(self, plan: Plan) -> Plan:
         from tfopt.data.service import plan_offload
@@ -131,6 +139,7 @@ class DataService(Recipe):
             job_name=self.job_name,
             batch_size=plan.batch_size,
             answer_timeout_seconds=self.answer_timeout_seconds,
+            start_timeout_seconds=self.start_timeout_seconds,
         )
         if offload is None:
             return plan.record(self.name, why, skipped=True)

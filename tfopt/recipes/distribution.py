@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.distribute.environment import ClusterEnvironment, detect_environment
-from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS
+from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS, DEFAULT_START_TIMEOUT_SECONDS
 from tfopt.errors import RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
@@ -112,6 +112,8 @@ class Distribution(Recipe):
         shard_by: How workers split the input: "auto", "file", "data" or "off".
         devices: The devices "mirrored" uses (default: all GPUs), e.g. ["/gpu:0", "/gpu:1"].
         communication_timeout_seconds: Multi-worker collectives fail after this long instead of hanging.
+        start_timeout_seconds: A multi-worker worker waits this long for every peer to start before joining
+            them, then fails naming those that did not.
         environ: The environment to read launcher variables from; the process's own when None.
 
     Example:
@@ -129,6 +131,7 @@ class Distribution(Recipe):
     shard_by: str = "auto"
     devices: tuple[str, ...] | None = None
     communication_timeout_seconds: float = DEFAULT_COMMUNICATION_TIMEOUT_SECONDS
+    start_timeout_seconds: float = DEFAULT_START_TIMEOUT_SECONDS
     environ: Mapping[str, str] | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
@@ -152,6 +155,13 @@ class Distribution(Recipe):
                 f"distribution: communication_timeout_seconds={self.communication_timeout_seconds!r}: "
                 "expected seconds >= 0 (0 waits forever).",
                 setting="communication_timeout_seconds",
+            )
+        seconds = self.start_timeout_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise RecipeConfigError(
+                f"distribution: start_timeout_seconds={seconds!r}: expected seconds above 0, e.g. 600 where "
+                "workers take long to be scheduled.",
+                setting="start_timeout_seconds",
             )
         if self.devices is not None:
             if isinstance(self.devices, str) or not all(isinstance(device, str) for device in self.devices):
@@ -252,6 +262,7 @@ class Distribution(Recipe):
         if name == "multi_worker":
             return {
                 "communication_timeout_seconds": float(self.communication_timeout_seconds),
+                "start_timeout_seconds": float(self.start_timeout_seconds),
                 "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config",
             }
         return {}

@@ -41,4 +41,7 @@ def start_process(document: RecipeDocument) -> Any | None:
     distribution = recipe_item_settings(document, "distribution")
     if distribution is None or distribution["strategy"] not in ("auto", "multi_worker"):
         return None
-    return runtime.join_cluster(communication_timeout_seconds=distribution["communication_timeout_seconds"])
+    return runtime.join_cluster(
+        communication_timeout_seconds=distribution["communication_timeout_seconds"],
+        start_timeout_seconds=distribution["start_timeout_seconds"],
+    )

@@ -34,8 +34,8 @@ from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.inputs import ConversionInput, conversion_input
 from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from tfopt.data.tfrecord.verify import verify
-from tfopt.data.tfrecord.workers import ShardWriterPool, write_shard
-from tfopt.errors import DataError, describe_error
+from tfopt.data.tfrecord.workers import KEPT, ShardWriterPool, write_shard
+from tfopt.errors import DataError, describe_error, storage_error
 
 logger = logging.getLogger("tfopt")
 
@@ -204,10 +204,16 @@ def _write_random_access(out_dir, conversion: ConversionInput, options: dict, wo
                 shard = processes.write(out_dir, index, conversion.task(start, stop), options["compression"])
             else:
                 shard = write_shard(out_dir, index, conversion.records(start, stop), options["compression"])
-            with journal_lock, open(out_dir / _JOURNAL_NAME, "a") as journal:
-                journal.write(json.dumps(dict(shard, index=index)) + "\n")
-                journal.flush()
-                os.fsync(journal.fileno())
+            try:
+                with journal_lock, open(out_dir / _JOURNAL_NAME, "a") as journal:
+                    journal.write(json.dumps(dict(shard, index=index)) + "\n")
+                    journal.flush()
+                    os.fsync(journal.fileno())
+            except OSError as error:  # a line torn here is where a resumed conversion stops reading
+                storage = storage_error(error, out_dir / _JOURNAL_NAME, KEPT)
+                if storage:
+                    raise storage from error
+                raise
             return shard
 
         written = dict(zip(todo, pool.map(write, todo)))

@@ -30,11 +30,14 @@ from collections.abc import Iterable, Iterator
 from tfopt.data import image_files
 from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.manifest import shard_file_name
-from tfopt.errors import DataError
+from tfopt.errors import DataError, StorageError, storage_error
 
 
 def write_shard(out_dir: pathlib.Path, index: int, records: Iterable[bytes], compression: str | None) -> dict:
     """Writes shard `index` under a temporary name and renames it into place once complete.
+
+    Raises:
+        StorageError: The disk refused the shard (full, ...); no part of it is left.
 
     Returns:
         The manifest entry of the shard: `{"file", "records", "bytes", "sha256"}`.
@@ -51,9 +54,21 @@ def write_shard(out_dir: pathlib.Path, index: int, records: Iterable[bytes], com
     try:
         info = codec.write_records(temporary, records, compression)
         os.replace(temporary, out_dir / name)
+    except OSError as error:
+        storage = storage_error(error, out_dir / name, KEPT)
+        if storage:
+            raise storage from error
+        raise
     finally:
         temporary.unlink(missing_ok=True)
     return {"file": name, **info}
+
+
+# What a conversion that failed for want of space leaves usable.
+KEPT = (
+    "The shards written before it are kept, with the journal of the finished ones: the same conversion run again "
+    "resumes from them where its input can be read from any point (an image folder, arrays), else starts afresh."
+)
 
 
 def task_records(task: dict) -> Iterator[bytes]:
@@ -146,7 +161,8 @@ class ShardWriterPool:
             )
         result = json.loads(answer)
         if "error" in result:
-            raise DataError(f"to_tfrecord: writing shard {index} failed: {result['error']}")
+            failure = StorageError if result.get("storage") else DataError
+            raise failure(f"to_tfrecord: writing shard {index} failed: {result['error']}")
         return result
 
     def __enter__(self) -> ShardWriterPool:
@@ -176,6 +192,8 @@ def serve() -> None:
                 answer = write_shard(
                     pathlib.Path(request["out_dir"]), request["index"], records, request["compression"]
                 )
+            except StorageError as error:  # the parent raises it again as it is
+                answer = {"error": str(error), "storage": True}
             except Exception as error:  # noqa: BLE001 - the parent turns it into a DataError naming the shard
                 answer = {"error": f"{type(error).__name__}: {error}"}
             sys.stdout.write(json.dumps(answer) + "\n")
