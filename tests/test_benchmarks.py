@@ -67,3 +67,10 @@ def test_the_scaling_benchmark_says_what_the_replicas_of_each_row_shared(machine
 def test_the_data_service_benchmark_names_the_machine(machine):
     header = load("data_service").header(FAKE_HARDWARE[machine])
     assert header.startswith(f"tfopt tf.data service benchmark. Measured on: {FAKE_HARDWARE[machine].describe()}. ")
+
+
+@pytest.mark.parametrize("machine", ["h100", "cpu_bf16"])
+def test_the_hand_tuned_benchmark_names_the_machine(monkeypatch, machine):
+    benchmark = load("hand_tuned")
+    monkeypatch.setattr(benchmark, "detect", lambda: FAKE_HARDWARE[machine])
+    assert benchmark.header() == f"Measured on: {FAKE_HARDWARE[machine].describe()}"

@@ -45,6 +45,7 @@ CARDS = (
     "batch_size",
     "grad_accum",
     "data_service",
+    "fused_layers",
 )
 
 

@@ -25,7 +25,7 @@ from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
 from tfopt.training.micro_batches import fitted
-from tfopt.verdict import candidates, decided
+from tfopt.verdict import candidates, decided, rewrites_decided, without_rewrites
 
 if TYPE_CHECKING:
     import keras
@@ -187,15 +187,15 @@ def resolve_recipes(recipes: str | Recipe | Sequence[Any]) -> Recipe:
 
     Example:
         >>> [recipe.name for recipe in resolve_recipes("default").recipes]
-        ['data_pipeline', 'mixed_precision', 'xla']
+        ['data_pipeline', 'mixed_precision', 'fused_layers', 'xla']
     """
-    from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+    from tfopt.recipes import DataPipeline, FusedLayers, MixedPrecision, Xla
     from tfopt.registry import from_item
 
     if isinstance(recipes, Recipe):
         return recipes
     if recipes == "default":
-        return chain(DataPipeline(), MixedPrecision(), Xla())
+        return chain(DataPipeline(), MixedPrecision(), FusedLayers(), Xla())
     if recipes == "auto":
         raise RecipeConfigError(
             "recipes='auto' is decided by timing trials of the model on its data, so it has "
@@ -234,7 +234,7 @@ def apply(
             `tfopt.model_copy`), never modified.
         dataset: A batched `tf.data.Dataset` of (inputs, targets), or a `tfopt.data` source (then
             `batch_size` is required and tfopt builds the pipeline itself).
-        recipes: "default" (data pipeline, mixed precision, XLA, each deciding by the hardware), "auto"
+        recipes: "default" (data pipeline, mixed precision, fused layers, XLA, each deciding by the hardware), "auto"
             (time each candidate on this machine and keep only what helps; see `tfopt.auto.tune`), a
             recipe, or a list of recipes, names or `{name: {settings}}` items.
         model_fn: Creates the model afresh instead of a copy of `model` (whose weights it starts from).
@@ -351,6 +351,9 @@ def _applied(
     rounds: tuple[float, ...] = ()
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
         if measuring:
+            if "fused_layers" in verifying and built.plan.layer_rewrites:
+                pair = (without_rewrites(built), built)
+                built = rewrites_decided(pair, _measured_side_by_side(list(pair), **evidence))
             setups = candidates(built_baseline, built, verifying)
             side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)
             verdict = decided(setups, side_by_side)
@@ -411,7 +414,7 @@ def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
     or `data_pipeline` named alone), `policy: auto`, `jit_compile: auto`. They are kept only where they measure
     faster (`tfopt.verdict`). A setting the user chose is kept as asked; "auto" mode (recipe None) has decided
     by timing already."""
-    from tfopt.recipes import DataPipeline, MixedPrecision, Xla
+    from tfopt.recipes import DataPipeline, FusedLayers, MixedPrecision, Xla
 
     items = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
     items = [getattr(item, "requested", item) for item in items]  # as given, before a chain adapted them
@@ -421,6 +424,7 @@ def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
         if (isinstance(item, DataPipeline) and item == DataPipeline())
         or (isinstance(item, MixedPrecision) and item.policy == "auto")
         or (isinstance(item, Xla) and item.jit_compile == "auto")
+        or (isinstance(item, FusedLayers) and item.verified)
     )
 
 

@@ -79,6 +79,8 @@ class Plan:
             process setting `enable_tensor_float_32_execution`, which `build()` applies).
         data_service: How `build()` offloads the pipeline to tf.data service workers (a
             `tfopt.data.service.Offload`), or None to run it in this process.
+        layer_rewrites: The rewrites `build()` makes on the model's layers (`tfopt.rewrites.REWRITES`: e.g.
+            "batch_norm", BatchNormalization through the fused kernel).
         applied: What every recipe did, in order.
 
     Example:
@@ -111,6 +113,7 @@ class Plan:
     strategy_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tf32: bool = True
     data_service: Any = None
+    layer_rewrites: tuple[str, ...] = ()
     applied: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
@@ -161,6 +164,13 @@ class Plan:
                 amended = dataclasses.replace(step, detail=f"{step.detail}; {detail}")
                 return self.replace(applied=(*self.applied[:index], amended, *self.applied[index + 1 :]))
         return self.record(recipe, detail)
+
+    def left_out(self, recipe: str, detail: str) -> Plan:
+        """Returns a copy whose steps of `recipe` are one skipped step saying `detail`, in the first one's place."""
+        steps = self.applied
+        first = next((index for index, step in enumerate(steps) if step.recipe == recipe), len(steps))
+        rest = (step for step in steps[first:] if step.recipe != recipe)
+        return self.replace(applied=(*steps[:first], Step(recipe, detail, skipped=True), *rest))
 
 
 def make_plan(

@@ -20,6 +20,7 @@ _RECIPES = {
     "data_pipeline": "tfopt.recipes.data_pipeline:DataPipeline",
     "data_service": "tfopt.recipes.data_service:DataService",
     "distribution": "tfopt.recipes.distribution:Distribution",
+    "fused_layers": "tfopt.recipes.fused_layers:FusedLayers",
     "grad_accum": "tfopt.recipes.grad_accum:GradAccum",
     "mixed_precision": "tfopt.recipes.mixed_precision:MixedPrecision",
     "xla": "tfopt.recipes.xla:Xla",

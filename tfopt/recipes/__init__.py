@@ -8,6 +8,7 @@ from tfopt.recipes.batch_size import BatchSize, find_batch_size, rebatch
 from tfopt.recipes.data_pipeline import DataPipeline, tune_pipeline
 from tfopt.recipes.data_service import DataService, offload_pipeline
 from tfopt.recipes.distribution import Distribution, choose_strategy
+from tfopt.recipes.fused_layers import FusedLayers
 from tfopt.recipes.grad_accum import GradAccum, with_gradient_accumulation
 from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, float32_matmul_scope, policy_scope
 from tfopt.recipes.xla import Xla
@@ -17,6 +18,7 @@ __all__ = [
     "DataPipeline",
     "DataService",
     "Distribution",
+    "FusedLayers",
     "GradAccum",
     "MixedPrecision",
     "Recipe",

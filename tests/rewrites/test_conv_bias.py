@@ -1,0 +1,128 @@
+"""A convolution's bias folded into the BatchNormalization after it: the same outputs in training and in
+inference, the same moving statistics (shifted by the bias), the same learning; and left alone wherever the
+bias does not cancel."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.rewrites.conv_bias import fold_conv_biases
+
+
+def model_and_copy(convolution=None, **normalization):
+    """A Conv -> BatchNormalization -> ReLU -> Dense model with a non-zero bias and moved statistics, and a copy."""
+
+    def make():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 6, 3))
+        conv = convolution() if convolution else keras.layers.Conv2D(4, 3, name="conv")
+        x = keras.layers.BatchNormalization(momentum=0.8, name="bn", **normalization)(conv(inputs))
+        outputs = keras.layers.Dense(2)(keras.layers.Flatten()(keras.layers.ReLU()(x)))
+        return keras.Model(inputs, outputs)
+
+    model, copy = make(), make()
+    rng = np.random.default_rng(1)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.weights])
+    bn = model.get_layer("bn")
+    bn.moving_variance.assign(np.abs(bn.moving_variance.numpy()) + 0.5)
+    copy.set_weights(model.get_weights())
+    return model, copy
+
+
+def images(seed=2):
+    return tf.constant(np.random.default_rng(seed).normal(size=(8, 6, 6, 3)).astype("float32"))
+
+
+@pytest.mark.parametrize(
+    "convolution",
+    [
+        None,
+        lambda: keras.layers.SeparableConv2D(4, 3, name="conv"),
+        lambda: keras.layers.DepthwiseConv2D(3, name="conv", depth_multiplier=2),
+    ],
+    ids=["Conv2D", "SeparableConv2D", "DepthwiseConv2D"],
+)
+def test_outputs_and_moving_statistics_are_the_same_with_the_bias_folded(convolution):
+    model, folded = model_and_copy(convolution)
+    bias = model.get_layer("conv").bias.numpy()
+    assert np.abs(bias).min() > 0
+    assert fold_conv_biases(folded) == (["conv"], [])
+    conv = folded.get_layer("conv")
+    assert not conv.use_bias and conv.bias is None and not conv.get_config()["use_bias"]
+    assert len(folded.trainable_weights) == len(model.trainable_weights) - 1
+    for training in (False, True, True, False):  # inference, two training calls moving the statistics, inference
+        x = images(seed=int(training) + 2)
+        np.testing.assert_allclose(folded(x, training=training), model(x, training=training), atol=2e-5)
+        np.testing.assert_allclose(
+            folded.get_layer("bn").moving_mean.numpy(), model.get_layer("bn").moving_mean.numpy() - bias, atol=2e-5
+        )
+
+
+def test_the_same_learning_with_the_bias_folded():
+    model, folded = model_and_copy()
+    fold_conv_biases(folded)
+    x, y = images(), tf.constant(np.random.default_rng(3).normal(size=(8, 2)).astype("float32"))
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    losses = []
+    for each in (model, folded):
+        each.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+        losses.append(each.fit(data, epochs=5, verbose=0, shuffle=False).history["loss"])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    np.testing.assert_allclose(folded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
+
+
+def test_a_folded_model_saves_and_loads_as_a_model_of_its_own(tmp_path):
+    _, folded = model_and_copy()
+    fold_conv_biases(folded)
+    folded.save(tmp_path / "folded.keras")
+    loaded = keras.saving.load_model(tmp_path / "folded.keras")
+    np.testing.assert_allclose(loaded(images()), folded(images()), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "convolution, normalization, why",
+    [
+        (lambda: keras.layers.Conv2D(4, 3, activation="relu", name="conv"), {}, "its activation (relu) comes between"),
+        (
+            lambda: keras.layers.Conv2D(4, 3, bias_regularizer="l2", name="conv"),
+            {},
+            "its bias has a regularizer or a constraint",
+        ),
+        (None, {"axis": 1}, "bn normalizes over axis 1, not its channels"),
+    ],
+)
+def test_where_the_bias_does_not_cancel_it_stays(convolution, normalization, why):
+    _, copy = model_and_copy(convolution, **normalization)
+    folded, kept = fold_conv_biases(copy)
+    assert folded == [] and len(kept) == 1 and kept[0].startswith("conv: ") and why in kept[0]
+    assert copy.get_layer("conv").use_bias
+
+
+def test_a_frozen_normalization_keeps_the_bias():
+    _, copy = model_and_copy()
+    copy.get_layer("bn").trainable = False
+    assert "a frozen layer" in fold_conv_biases(copy)[1][0]
+
+
+def test_a_convolution_feeding_more_than_the_normalization_keeps_its_bias():
+    inputs = keras.Input((6, 6, 3))
+    features = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+    x = keras.layers.add([keras.layers.BatchNormalization()(features), features])
+    model = keras.Model(inputs, x)
+    assert fold_conv_biases(model) == ([], ["conv: its output is used elsewhere too, or it is called more than once"])
+
+
+def test_an_optimizer_holding_the_bias_state_keeps_it():
+    model, _ = model_and_copy()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(images(), np.zeros((8, 2), "float32"), verbose=0)
+    assert fold_conv_biases(model) == ([], ["conv: the optimizer already keeps state for its bias"])
+
+
+def test_a_subclass_of_a_convolution_is_its_own():
+    class MyConv(keras.layers.Conv2D):
+        pass
+
+    _, copy = model_and_copy(lambda: MyConv(4, 3, name="conv"))
+    assert fold_conv_biases(copy) == ([], [])

@@ -1,0 +1,31 @@
+"""Rewrites of the layers of a model copy into faster equivalents with the same semantics.
+
+Keras 3 computes some layers in ways tf.keras 2 did not: `BatchNormalization` in two unfused passes with its
+backward pass left to autodiff, and `keras.applications` convolutions add a bias that the normalization after
+them cancels. A rewrite changes how the model computes, never what: the copy starts from the user's weights,
+keeps each layer's `training` behaviour, and its state evolves the same way. Which layers were rewritten, and
+why others were not, is said in `plan.applied`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import keras
+
+# Each rewrite, in the order the build makes them, with what it does to the layers it names.
+REWRITES = {"batch_norm": "BatchNormalization fused", "conv_bias": "convolution bias folded"}
+
+
+def rewrite(model: keras.Model, names: tuple[str, ...]) -> dict[str, tuple[list[str], list[str]]]:
+    """Makes the rewrites `names` (keys of `REWRITES`) on `model`'s layers, in place, once it has its weights.
+
+    Returns:
+        By rewrite: the layers rewritten, and "layer: why not" for each candidate layer left as it is.
+    """
+    from tfopt.rewrites.batch_norm import fuse_batch_norms
+    from tfopt.rewrites.conv_bias import fold_conv_biases
+
+    makers = {"batch_norm": fuse_batch_norms, "conv_bias": fold_conv_biases}
+    return {name: makers[name](model) for name in REWRITES if name in names}
