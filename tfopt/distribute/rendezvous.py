@@ -1,12 +1,13 @@
 """Before a worker joins its multi-worker cluster, it sees every peer started, within a deadline.
 
 TensorFlow's join (creating a MultiWorkerMirroredStrategy) waits in C++ until every task of the cluster has
-registered, holding Python's lock: a peer that never starts leaves the process hanging with no deadline and
-deaf to SIGTERM (see DESIGN.md, traps). So each worker first answers on its own cluster port with a greeting,
-and asks each peer's port until every one answers, either with that greeting (started, waiting here too) or
-as a gRPC server (TensorFlow's: it has joined already). Then it closes its greeting, and TensorFlow binds the
-port. This wait runs in Python: it says whom it waits for and until when, ends at its deadline with an error
-naming each missing task and its address, and ends at once on SIGTERM or Ctrl-C.
+registered, holding Python's lock (`TFE_EnableCollectiveOps`, TensorFlow 2.21): a peer that never starts
+leaves the process hanging with no deadline and deaf to SIGTERM. So each worker first answers on its own
+cluster port with a greeting, and asks each peer's port until every one answers, either with that greeting
+(started, waiting here too) or as a gRPC server (TensorFlow's: it has joined already). Then it closes its
+greeting, and TensorFlow binds the port. This wait runs in Python: it says whom it waits for and until when,
+ends at its deadline with an error naming each missing task and its address, and ends at once on SIGTERM or
+Ctrl-C.
 """
 
 from __future__ import annotations
