@@ -26,6 +26,13 @@ def test_one_device_and_mirrored_on_cpu():
     assert make_strategy("mirrored", devices=["/cpu:0"]).num_replicas_in_sync == 1
 
 
+def test_every_build_over_the_same_devices_shares_one_mirrored_strategy():
+    """Its collectives are numbered once for the process (two strategies' numbers collide: see the module)."""
+    first = make_strategy("mirrored", devices=["/cpu:0"])
+    assert make_strategy("mirrored", devices=["/cpu:0"]) is first
+    assert make_strategy("mirrored") is not first  # other devices: all of this machine's
+
+
 def test_communication_options_carry_the_timeout():
     assert communication_options(12.5).timeout_seconds == 12.5
     assert communication_options(0).timeout_seconds is None

@@ -178,3 +178,58 @@ def test_a_resnet_style_block_with_biases_folded_learns_as_keras_does():
     np.testing.assert_allclose(mine, theirs, rtol=2e-4)
     images = next(iter(data))[0]
     np.testing.assert_allclose(result.model.predict(images, verbose=0), user.predict(images, verbose=0), atol=2e-4)
+
+
+MIRRORED = """
+import json
+import tensorflow as tf
+
+tf.config.set_visible_devices([], "GPU")
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np, tfopt
+from tfopt.hardware import Hardware
+
+rng = np.random.default_rng(0)
+data = tf.data.Dataset.from_tensor_slices(
+    (rng.random((64, 8, 8, 3)).astype("float32"), rng.random((64, 2)).astype("float32"))
+).batch(16)
+losses, kinds = [], []
+for rewritten in (True, False):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.BatchNormalization(momentum=0.8)(keras.layers.Conv2D(4, 3, bias_initializer="ones")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(x)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    recipes = [
+        {"distribution": {"strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"], "scale_batch": False}},
+        {"fused_layers": {"batch_norm": rewritten, "conv_bias": rewritten}},
+    ]
+    result = tfopt.apply(model, data, recipes=recipes, hardware=Hardware(cpu_count=2), measure_speed=False)
+    strategy = result.strategy
+    kinds.append([type(strategy).__name__, strategy.num_replicas_in_sync, list(result.plan.layer_rewrites)])
+    losses.append(result.model.fit(result.dataset, epochs=3, verbose=0, shuffle=False).history["loss"])
+print("RESULT " + json.dumps({"losses": losses, "kinds": kinds}))
+"""
+
+
+def test_under_a_mirrored_strategy_it_learns_as_keras_own_layers_do():
+    """Two replicas (two logical CPUs, in a fresh process): each computes its batch statistics, the moving ones
+    are assigned as Keras assigns them, and the losses are plain Keras' under the same strategy. The second
+    apply packs its gradients to another size (the bias kept): under a strategy of its own it failed with
+    "Shape mismatch in the collective instance 100" (`tfopt.distribute.strategy`)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.processes import child_environment
+
+    finished = subprocess.run(
+        [sys.executable, "-c", MIRRORED], capture_output=True, text=True, env=child_environment(), timeout=300
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    (line,) = [line for line in finished.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT ") :])
+    assert result["kinds"] == [["MirroredStrategy", 2, ["batch_norm", "conv_bias"]], ["MirroredStrategy", 2, []]]
+    rewritten, plain = result["losses"]
+    np.testing.assert_allclose(rewritten, plain, rtol=2e-4)

@@ -74,7 +74,7 @@ def make_strategy(name: str, **options: Any) -> tf.distribute.Strategy:
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(options.get("device") or _first_device(tf))
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy(devices=options.get("devices"))
+        return _mirrored(tf, options.get("devices"))
     if name == "multi_worker":
         return _multi_worker(tf, **options)
     if name == "horovod":
@@ -110,6 +110,20 @@ def communication_options(timeout_seconds: float | None, implementation: str = "
     return tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeout_seconds or None, implementation=implementations[implementation]
     )
+
+
+# Each MirroredStrategy numbers its collectives from the same start, and TensorFlow keys what it knows of a
+# collective by that number and the devices: a second strategy over the same devices whose gradients are packed
+# to another size (a model with a bias folded away, beside the model without) fails "Shape mismatch in the
+# collective instance 100". So one strategy per set of devices serves every build of the process.
+_mirrored_by_devices: dict[tuple[str, ...] | None, Any] = {}
+
+
+def _mirrored(tf: Any, devices: list[str] | None) -> Any:
+    key = tuple(devices) if devices is not None else None
+    if key not in _mirrored_by_devices:
+        _mirrored_by_devices[key] = tf.distribute.MirroredStrategy(devices=devices)
+    return _mirrored_by_devices[key]
 
 
 # TensorFlow allows one MultiWorkerMirroredStrategy per process, created before the process's first op
