@@ -59,7 +59,17 @@ def without_dtypes(config):
 
 
 def layer_configs(model):
-    return [(type(layer), without_dtypes(layer.get_config())) for layer in model._flatten_layers(include_self=False)]
+    """Each layer's class and config; a layer `fused_layers` rewrote counts as the Keras class it computes as."""
+    return [
+        (_as_computed(type(layer)), without_dtypes(layer.get_config()))
+        for layer in model._flatten_layers(include_self=False)
+    ]
+
+
+def _as_computed(layer_class):
+    from tfopt.rewrites.batch_norm import FusedBatchNormalization
+
+    return keras.layers.BatchNormalization if layer_class is FusedBatchNormalization else layer_class
 
 
 def compile_configs(model):

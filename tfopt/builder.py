@@ -188,7 +188,7 @@ def _create_model(plan: Plan) -> keras.Model:
 
 def _rewritten(model: keras.Model, plan: Plan) -> Plan:
     """`model` with the plan's layer rewrites made (`tfopt.rewrites`), and the plan saying which layers."""
-    from tfopt.rewrites import REWRITES, rewrite
+    from tfopt.rewrites import rewrite
 
     said, made = [], []
     for name, (rewritten, kept) in rewrite(model, plan.layer_rewrites).items():
@@ -198,7 +198,7 @@ def _rewritten(model: keras.Model, plan: Plan) -> Plan:
             f" and {len(rewritten) - _NAMED} more" if len(rewritten) > _NAMED else ""
         )
         left = f" (left as they are: {'; '.join(kept)})" if kept else ""
-        said.append(f"{name}: {REWRITES[name]} in {len(rewritten)} layer(s){': ' + named if rewritten else ''}{left}")
+        said.append(f"{name} in {len(rewritten)} layer(s){': ' + named if rewritten else ''}{left}")
         made += [name] if rewritten else []
     if not made:
         why = f"no layer rewritten: {'; '.join(said)}" if said else "no layer to rewrite in this model"

@@ -69,8 +69,8 @@ class ApplyResult:
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
         >>> data = tf.data.Dataset.from_tensor_slices((tf.zeros((16, 4)), tf.zeros(16, "int32"))).batch(8)
         >>> result = apply(model, data, hardware=Hardware(cpu_flags=frozenset({"avx512_bf16"})), measure_speed=False)
-        >>> [(step.recipe, step.skipped) for step in result.plan.applied]
-        [('data_pipeline', False), ('mixed_precision', False), ('xla', True)]
+        >>> [(step.recipe, step.skipped) for step in result.plan.applied]  # no BatchNormalization: nothing to fuse
+        [('data_pipeline', False), ('mixed_precision', False), ('fused_layers', True), ('xla', True)]
         >>> [layer.compute_dtype for layer in result.model.layers]  # the output layer stays float32
         ['bfloat16', 'float32']
     """

@@ -26,6 +26,7 @@ BAD_SETTINGS = {
     "mixed_precision": ({"policy": "fp16"}, "Expected one of", "policy"),
     "xla": ({"jit_compile": "yes"}, "Expected 'auto'", "jit_compile"),
     "data_service": ({"workers": 0}, "must be a whole number of at least 1", "workers"),
+    "fused_layers": ({"conv_bias": "yes"}, "Expected 'auto', true or false", "conv_bias"),
 }
 
 

@@ -45,7 +45,7 @@ def test_a_rewritten_application_computes_what_it_computes(name, size, folds):
     folded, kept = made["conv_bias"]
     assert len(folded) == folds and kept == []
     for convolution in folded:
-        assert model.get_layer(convolution).use_bias and not rewritten.get_layer(convolution).use_bias
+        assert model.get_layer(convolution).bias.trainable and not rewritten.get_layer(convolution).bias.trainable
     x = tf.constant(rng.normal(0.5, 0.25, (8, size, size, 3)).astype("float32"))
     # How far the model itself moves for inputs a few float32 roundings away: deep networks in training mode
     # amplify rounding through their batch statistics (ResNet-50 here: 1e-6 on the inputs moves its logits by

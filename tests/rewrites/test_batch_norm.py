@@ -125,7 +125,7 @@ def test_rewrite_changes_the_class_of_the_layers_in_place_nested_models_too():
     model = keras.Model(inputs, outputs)
     weights = [w.numpy() for w in model.weights]
     bn = inner.layers[-1]
-    rewritten, kept = rewrite(model, ("batch_norm",))
+    ((rewritten, kept),) = rewrite(model, ("batch_norm",)).values()
     assert rewritten == [bn.name, "outer"] and type(bn) is FusedBatchNormalization
     assert kept == [
         "channels_first: axis=1 is not the last (channels_first): the fused kernel on CPU takes channels last"
@@ -133,7 +133,7 @@ def test_rewrite_changes_the_class_of_the_layers_in_place_nested_models_too():
     assert type(model.get_layer("channels_first")) is keras.layers.BatchNormalization
     for got, want in zip(model.weights, weights):
         np.testing.assert_array_equal(got.numpy(), want)
-    assert rewrite(model, ("batch_norm",)) == ([], kept)  # done once
+    assert rewrite(model, ("batch_norm",)) == {"batch_norm": ([], kept)}  # done once
     config = bn.get_config()
     assert config == keras.layers.BatchNormalization.from_config(config).get_config()
 
@@ -143,3 +143,31 @@ def test_float64_is_left_to_keras():
     x = np.random.default_rng(0).normal(size=(8, 6))
     np.testing.assert_array_equal(plain(x, training=True), fused(x, training=True))
     assert fused.moving_variance.dtype == "float64"
+
+
+def test_weight_files_of_the_rewritten_copy_and_of_the_users_model_load_into_each_other(tmp_path):
+    """Keras addresses a layer's variables in its files by the class name, which the rewrite keeps."""
+    from tfopt.model_copy import copy_model
+
+    inputs = keras.Input((4, 4, 3))
+    model = keras.Model(inputs, keras.layers.BatchNormalization()(keras.layers.Conv2D(6, 3)(inputs)))
+    for variable in model.weights:
+        variable.assign(np.random.default_rng(0).uniform(0.5, 1.5, variable.shape).astype("float32"))
+    rewritten = copy_model(model)
+    rewrite(rewritten, ("batch_norm",))
+    assert (
+        type(rewritten.layers[2]).__name__ == "BatchNormalization"
+        and type(rewritten.layers[2]) is FusedBatchNormalization
+    )
+    rewritten.save_weights(tmp_path / "rewritten.weights.h5")
+    twin = copy_model(model)
+    for variable in twin.weights:
+        variable.assign(np.zeros(variable.shape, "float32"))
+    twin.load_weights(tmp_path / "rewritten.weights.h5")
+    for mine, theirs in zip(twin.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    rewritten.save(tmp_path / "rewritten.keras")
+    loaded = keras.saving.load_model(tmp_path / "rewritten.keras")
+    assert type(loaded.layers[2]) is FusedBatchNormalization
+    x = np.random.default_rng(1).normal(size=(2, 4, 4, 3)).astype("float32")
+    np.testing.assert_allclose(loaded(x), model(x), atol=1e-5)

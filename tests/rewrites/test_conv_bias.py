@@ -49,7 +49,8 @@ def test_outputs_and_moving_statistics_are_the_same_with_the_bias_folded(convolu
     assert np.abs(bias).min() > 0
     assert fold_conv_biases(folded) == (["conv"], [])
     conv = folded.get_layer("conv")
-    assert not conv.use_bias and conv.bias is None and not conv.get_config()["use_bias"]
+    assert conv.get_config() == model.get_layer("conv").get_config() and len(folded.weights) == len(model.weights)
+    assert not conv.bias.trainable and not np.any(conv.bias.numpy())  # zero, and no gradient computed for it
     assert len(folded.trainable_weights) == len(model.trainable_weights) - 1
     for training in (False, True, True, False):  # inference, two training calls moving the statistics, inference
         x = images(seed=int(training) + 2)
@@ -72,12 +73,16 @@ def test_the_same_learning_with_the_bias_folded():
     np.testing.assert_allclose(folded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
 
 
-def test_a_folded_model_saves_and_loads_as_a_model_of_its_own(tmp_path):
-    _, folded = model_and_copy()
+def test_a_folded_model_saves_and_its_weights_load_into_the_users_model(tmp_path):
+    model, folded = model_and_copy()
     fold_conv_biases(folded)
     folded.save(tmp_path / "folded.keras")
     loaded = keras.saving.load_model(tmp_path / "folded.keras")
     np.testing.assert_allclose(loaded(images()), folded(images()), atol=1e-6)
+    folded.save_weights(tmp_path / "folded.weights.h5")
+    expected = model(images(), training=False)
+    model.load_weights(tmp_path / "folded.weights.h5")  # the user's own architecture, bias and all
+    np.testing.assert_allclose(model(images(), training=False), expected, atol=2e-5)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +101,15 @@ def test_where_the_bias_does_not_cancel_it_stays(convolution, normalization, why
     _, copy = model_and_copy(convolution, **normalization)
     folded, kept = fold_conv_biases(copy)
     assert folded == [] and len(kept) == 1 and kept[0].startswith("conv: ") and why in kept[0]
-    assert copy.get_layer("conv").use_bias
+    assert copy.get_layer("conv").bias.trainable
+
+
+def test_weight_decay_would_move_a_non_zero_bias():
+    _, copy = model_and_copy()
+    copy.compile(optimizer=keras.optimizers.AdamW(weight_decay=0.01), loss="mse")
+    assert fold_conv_biases(copy) == ([], ["conv: the optimizer's weight decay (0.01) would move its non-zero bias"])
+    copy.get_layer("conv").bias.assign(np.zeros(4, "float32"))  # zero stays zero under decay
+    assert fold_conv_biases(copy) == (["conv"], [])
 
 
 def test_a_frozen_normalization_keeps_the_bias():

@@ -61,13 +61,5 @@ class FusedLayers(Recipe):
                 self.name, "batch_norm=False and conv_bias=False requested", skipped=True
             )
         return plan.replace(layer_rewrites=rewrites).record(
-            self.name,
-            "the build rewrites the copy's layers with Keras' semantics (same variables, momentum, epsilon and "
-            "moving statistics): " + " and ".join(_WHAT[name] for name in rewrites),
+            self.name, "layers rewritten with Keras' semantics (variables, statistics, config kept)"
         )
-
-
-_WHAT = {
-    "batch_norm": "BatchNormalization through TensorFlow's fused kernel (one pass, analytic gradient)",
-    "conv_bias": "a convolution's bias folded into the BatchNormalization that cancels it",
-}

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import keras
 
-# Each rewrite, in the order the build makes them, with what it does to the layers it names.
-REWRITES = {"batch_norm": "BatchNormalization fused", "conv_bias": "convolution bias folded"}
+# The rewrites, in the order the build makes them: BatchNormalization through the fused kernel
+# (`batch_norm`), a convolution's bias folded into the BatchNormalization after it (`conv_bias`).
+REWRITES = ("batch_norm", "conv_bias")
 
 
 def rewrite(model: keras.Model, names: tuple[str, ...]) -> dict[str, tuple[list[str], list[str]]]:
-    """Makes the rewrites `names` (keys of `REWRITES`) on `model`'s layers, in place, once it has its weights.
+    """Makes the rewrites `names` (of `REWRITES`) on `model`'s layers, in place, once it has its weights.
 
     Returns:
         By rewrite: the layers rewritten, and "layer: why not" for each candidate layer left as it is.

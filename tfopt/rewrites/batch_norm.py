@@ -73,6 +73,11 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         return tf.cast(outputs, self.compute_dtype)
 
 
+# Keras' weight files address a layer's variables by its class name (`saving_lib`): under Keras' own, the copy's
+# weights and the user's model's load into each other. Its registered name stays tfopt's.
+FusedBatchNormalization.__name__ = FusedBatchNormalization.__qualname__ = "BatchNormalization"
+
+
 def fusable(layer: keras.layers.BatchNormalization) -> str | None:
     """Why the BatchNormalization `layer` is not rewritten, or None where `FusedBatchNormalization` computes it
     the same way."""

@@ -2,19 +2,21 @@
 
 `keras.applications` convolutions (ResNets, among others) carry a bias right before a BatchNormalization. In
 training the normalization subtracts the batch's mean, bias included, so the bias changes nothing: its
-gradient is zero and its add and gradient reduction are a wasted pass over the activations each. Taking the
-bias out of the convolution and out of the normalization's moving mean (`moving_mean - bias`) computes the
-same outputs in training and in inference, and the moving mean evolves as it would have, shifted by the
-constant bias.
+gradient is zero, and computing it is a reduction over the whole output gradient per convolution. Moving the
+bias's value into the normalization's moving mean (`moving_mean - bias`), leaving a bias of zero that does not
+train, computes the same outputs in training and in inference, and the moving mean evolves as it would have,
+shifted by the constant bias. The layers keep their config and variables (the bias is still there, zero and
+not trainable), so the copy saves and loads as the user's model does, and its weights load into it.
 
-Folded only where that holds exactly: the convolution feeds nothing but the normalization, over its channel
-axis, with no activation between, no regularizer or constraint on the bias (they would move it), both layers
-trainable (a frozen normalization runs on its moving statistics, where the bias does not cancel and trains),
-used once in the model, and no optimizer state kept for the bias yet. The copy then has convolutions without
-bias (`use_bias` False in their config): a saved copy is a model of its own, loadable as it is.
+Folded only where that holds: the convolution feeds nothing but the normalization, over its channel axis,
+with no activation between, no regularizer or constraint on the bias and no weight decay on a non-zero bias
+(they would move it), both layers trainable (a frozen normalization runs on its moving statistics, where the
+bias does not cancel and trains), used once in the model, and no optimizer state kept for the bias yet.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import keras
 
@@ -42,36 +44,42 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         The names of the convolutions folded, and "name: why not" for each convolution with a bias that feeds a
         BatchNormalization and was left as it is.
     """
-    held = getattr(model, "optimizer", None) is not None and model.optimizer.built
+    optimizer = getattr(model, "optimizer", None)
     folded, kept = [], []
     for normalization in model._flatten_layers(include_self=False, recursive=True):
         if type(normalization) not in _NORMALIZATIONS or len(normalization._inbound_nodes) != 1:
             continue
         parents = normalization._inbound_nodes[0].parent_nodes
         convolution = parents[0].operation if len(parents) == 1 else None
-        if type(convolution) not in _CONVOLUTIONS or not convolution.use_bias:
+        if type(convolution) not in _CONVOLUTIONS or not convolution.use_bias or not convolution.bias.trainable:
             continue
-        why_not = "the optimizer already keeps state for its bias" if held else _why_not(convolution, normalization)
+        why_not = _why_not(convolution, normalization, optimizer)
         if why_not:
             kept.append(f"{convolution.name}: {why_not}")
             continue
         bias = convolution.bias
         normalization.moving_mean.assign(normalization.moving_mean - keras.ops.cast(bias, "float32"))
-        convolution._trainable_variables = [v for v in convolution._trainable_variables if v is not bias]
-        convolution.bias = None
-        convolution.use_bias = False
+        bias.assign(keras.ops.zeros_like(bias))
+        bias.trainable = False
         folded.append(convolution.name)
     return folded, kept
 
 
-def _why_not(convolution: keras.layers.Layer, normalization: keras.layers.BatchNormalization) -> str | None:
+def _why_not(
+    convolution: keras.layers.Layer, normalization: keras.layers.BatchNormalization, optimizer: Any
+) -> str | None:
     """Why the bias of `convolution` does not cancel in `normalization`, or None where it does."""
+    if optimizer is not None and optimizer.built:
+        return "the optimizer already keeps state for its bias"
     if len(convolution._inbound_nodes) != 1 or len(convolution._outbound_nodes) != 1:
         return "its output is used elsewhere too, or it is called more than once"
     if convolution.activation not in (None, keras.activations.linear):
         return f"its activation ({convolution.activation.__name__}) comes between it and the normalization"
     if convolution.bias_regularizer is not None or convolution.bias_constraint is not None:
         return "its bias has a regularizer or a constraint, which move it"
+    decay = getattr(optimizer, "weight_decay", None)
+    if decay and bool(keras.ops.any(convolution.bias != 0)):
+        return f"the optimizer's weight decay ({decay:g}) would move its non-zero bias"
     if not (convolution.trainable and normalization.trainable):
         return "a frozen layer: the normalization runs on its moving statistics, where the bias does not cancel"
     rank = len(convolution.output.shape)
