@@ -15,6 +15,7 @@ from typing import ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.rewrites import REWRITES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +42,7 @@ class FusedLayers(Recipe):
     conv_bias: bool | str = "auto"
 
     def __post_init__(self) -> None:
-        for setting in ("batch_norm", "conv_bias"):
+        for setting in REWRITES:  # a setting per rewrite, named as the rewrite
             value = getattr(self, setting)
             if not (value == "auto" or isinstance(value, bool)):
                 raise RecipeConfigError(
@@ -52,10 +53,10 @@ class FusedLayers(Recipe):
     @property
     def verified(self) -> bool:
         """Whether the measurement decides (a rewrite left on "auto"), rather than the settings as asked."""
-        return "auto" in (self.batch_norm, self.conv_bias)
+        return any(getattr(self, name) == "auto" for name in REWRITES)
 
     def __call__(self, plan: Plan) -> Plan:
-        rewrites = tuple(name for name in ("batch_norm", "conv_bias") if getattr(self, name) is not False)
+        rewrites = tuple(name for name in REWRITES if getattr(self, name) is not False)
         if not rewrites:
             return plan.replace(layer_rewrites=()).record(
                 self.name, "batch_norm=False and conv_bias=False requested", skipped=True
