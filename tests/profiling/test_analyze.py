@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import tarfile
 from pathlib import Path
 
@@ -31,11 +32,14 @@ def test_breakdown_rejects_no_steps():
 
 
 def _assert_xprof_and_trace_agree_on_a_cpu(xprof, trace, steps, *, input_rel):
-    """On a CPU both read the same steps: xprof's "Input" is the IteratorGetNext waits, and a marked step and a
-    wall step differ only by the callbacks between steps (hence 0.5 ms; the input waits agree to 50 us)."""
+    """On a CPU both read the same steps: xprof's "Input" is the IteratorGetNext waits, and a marked step lies
+    within its wall step, which adds only the callbacks between steps (about 30 us here; a shared machine that
+    stalls the thread between two steps lengthens one of them by milliseconds, as CI did once, hence the median;
+    the input waits agree to 50 us)."""
     assert xprof.hardware_type == trace.hardware_type == "CPU_ONLY"
     assert len(xprof.step_seconds) == len(trace.step_seconds) == steps
-    assert xprof.step_seconds == pytest.approx(trace.step_seconds, rel=1e-3, abs=5e-4)  # + callbacks between steps
+    between_steps = [wall - marked for marked, wall in zip(xprof.step_seconds, trace.step_seconds, strict=True)]
+    assert min(between_steps) >= -1e-6 and statistics.median(between_steps) < 5e-4
     assert xprof.input_seconds == pytest.approx(trace.input_seconds, rel=input_rel, abs=5e-5)
 
 
