@@ -46,6 +46,7 @@ CARDS = (
     "grad_accum",
     "data_service",
     "fused_layers",
+    "steps_per_execution",
 )
 
 

@@ -286,9 +286,10 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
     scaling, if anything.
 
     A copy of the user's compiled model keeps what their compile made (optimizers with their state, loss and
-    metric objects, attributes their own `compile` set): XLA goes through Keras' `jit_compile` setter, and
-    only where a recipe changed another setting (the optimizer's learning rate, `steps_per_execution`) is
-    the copy compiled again, by `keras.Model.compile` itself, with its own objects and the changed ones.
+    metric objects, attributes their own `compile` set): XLA and the steps per call are set on the model (Keras
+    reads both when it makes the train function), and only where a recipe changed another setting (the
+    optimizer's learning rate) is the copy compiled again, by `keras.Model.compile` itself, with its own objects
+    and the changed ones.
     A model made by `model_fn`, or given `compile=`, is compiled with the plan's arguments: by its own
     `compile` where that takes them. Under mixed_float16 Keras' own `train_step` scales the loss for a
     `LossScaleOptimizer`, which Keras wraps only where the *model's* policy is mixed_float16 (a model_fn that
@@ -317,6 +318,7 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
         else:
             keras.Model.compile(model, **arguments)
     model.jit_compile = plan.jit_compile and not model.run_eagerly
+    model.steps_per_execution = plan.steps_per_call
     scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     if plan.dtype_policy != "mixed_float16":
         if scaled:
@@ -335,6 +337,8 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
     return None
 
 
+# Compile settings set on the compiled model, never a reason to compile it again.
+_SET_ON_THE_MODEL = ("jit_compile", "steps_per_execution")
 # Keras' compile defaults: arguments at these values are left out of a call to a model's own `compile`.
 _UNSET = object()
 _KERAS_COMPILE_DEFAULTS = {
@@ -359,7 +363,7 @@ def _changed_settings(plan: Plan) -> dict[str, Any]:
     return {
         key: config
         for key, config in plan.compile_config.items()
-        if key != "jit_compile"
+        if key not in _SET_ON_THE_MODEL
         and (key not in plan.compile_objects or serialized_setting(plan.compile_objects[key]) != config)
     }
 

@@ -24,8 +24,9 @@ from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
+from tfopt.recipes.steps_per_execution import steps_choices
 from tfopt.training.micro_batches import fitted
-from tfopt.verdict import candidates, decided, rewrites_decided, without_rewrites
+from tfopt.verdict import candidates, decided, decided_alone, with_steps_per_call, without_rewrites
 
 if TYPE_CHECKING:
     import keras
@@ -352,8 +353,12 @@ def _applied(
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
         if measuring:
             if "fused_layers" in verifying and built.plan.layer_rewrites:
-                pair = (without_rewrites(built), built)
-                built = rewrites_decided(pair, _measured_side_by_side(list(pair), **evidence))
+                sides = [("without fused_layers", without_rewrites(built)), ("", built)]
+                built = decided_alone("fused_layers", sides, _measured_alone(sides, evidence))
+            if "steps_per_execution" in verifying and steps_choices(built.plan):
+                sides = [(f"at {built.plan.steps_per_call} step(s) per call", built)]
+                sides += [(f"{n} steps per call", with_steps_per_call(built, n)) for n in steps_choices(built.plan)]
+                built = decided_alone("steps_per_execution", sides, _measured_alone(sides, evidence))
             setups = candidates(built_baseline, built, verifying)
             side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)
             verdict = decided(setups, side_by_side)
@@ -411,10 +416,10 @@ def _planned(
 
 def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
     """The recipes whose choice was left to tfopt: a pipeline rewrite with its default settings (the default's,
-    or `data_pipeline` named alone), `policy: auto`, `jit_compile: auto`. They are kept only where they measure
-    faster (`tfopt.verdict`). A setting the user chose is kept as asked; "auto" mode (recipe None) has decided
-    by timing already."""
-    from tfopt.recipes import DataPipeline, FusedLayers, MixedPrecision, Xla
+    or `data_pipeline` named alone), `policy: auto`, `jit_compile: auto`, fused_layers' and steps_per_execution's
+    "auto". They are kept only where they measure faster (`tfopt.verdict`). A setting the user chose is kept as
+    asked; "auto" mode (recipe None) has decided by timing already."""
+    from tfopt.recipes import DataPipeline, FusedLayers, MixedPrecision, StepsPerExecution, Xla
 
     items = getattr(recipe, "recipes", (recipe,)) if recipe is not None else ()
     items = [getattr(item, "requested", item) for item in items]  # as given, before a chain adapted them
@@ -424,8 +429,13 @@ def _left_to_tfopt(recipe: Recipe | None) -> frozenset[str]:
         if (isinstance(item, DataPipeline) and item == DataPipeline())
         or (isinstance(item, MixedPrecision) and item.policy == "auto")
         or (isinstance(item, Xla) and item.jit_compile == "auto")
-        or (isinstance(item, FusedLayers) and item.verified)
+        or (isinstance(item, (FusedLayers, StepsPerExecution)) and item.verified)
     )
+
+
+def _measured_alone(sides: list[tuple[str, Built]], evidence: dict[str, Any]) -> Any:
+    """A recipe's choices measured side by side (`tfopt.verdict.decided_alone`): the setups of (name, setup)."""
+    return _measured_side_by_side([built for _, built in sides], **evidence)
 
 
 def _measured_side_by_side(

@@ -132,6 +132,11 @@ class Plan:
         """Whether the model is compiled with XLA."""
         return bool(self.compile_config.get("jit_compile", False))
 
+    @property
+    def steps_per_call(self) -> int:
+        """The training steps one call of the train function runs (Keras' `steps_per_execution`)."""
+        return int(self.compile_config.get("steps_per_execution") or 1)
+
     def __repr__(self) -> str:
         # Not the dataclass repr: that prints the sample batch (a whole tensor), the dataset and the model.
         # The decisions are what a reader wants.

@@ -23,6 +23,7 @@ _RECIPES = {
     "fused_layers": "tfopt.recipes.fused_layers:FusedLayers",
     "grad_accum": "tfopt.recipes.grad_accum:GradAccum",
     "mixed_precision": "tfopt.recipes.mixed_precision:MixedPrecision",
+    "steps_per_execution": "tfopt.recipes.steps_per_execution:StepsPerExecution",
     "xla": "tfopt.recipes.xla:Xla",
 }
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tfopt.plan import Step
@@ -156,18 +156,45 @@ def without_rewrites(after: Built) -> Built:
     return dataclasses.replace(plain, dataset=after.dataset, plan=plan, service=after.service)
 
 
-def rewrites_decided(pair: tuple[Built, Built], measured: SideBySide) -> Built:
-    """The optimized setup with its layer rewrites where it measured faster than without them (`pair`: without,
-    with, as measured side by side) in every round, else without them, its plan saying which and by how much.
-    Asked first, of the rewrites alone and in the setup they go with: their effect turns with the rest (fused
-    BatchNormalization was faster than Keras' own on a CPU without XLA and slower with XLA). The other recipes'
-    question is then asked with the rewrites settled on both sides (`candidates`)."""
-    plain, rewritten = pair
-    kept, detail = _judged(measured.ratios(1, 0), "without fused_layers", rewritten.plan.hardware.describe())
+def with_steps_per_call(after: Built, steps: int) -> Built:
+    """The optimized setup built again running `steps` training steps per call, on the same pipeline."""
+    from tfopt.builder import build
+
+    plan = after.plan.with_compile(steps_per_execution=steps)
+    again = build(plan.replace(data_service=None))
+    return dataclasses.replace(again, dataset=after.dataset, plan=plan, service=after.service)
+
+
+def decided_alone(recipe: str, sides: Sequence[tuple[str, Built]], measured: SideBySide) -> Built:
+    """The fastest of a recipe's choices where it measured faster than the same setup without it in every round,
+    else the setup without it, its plan saying which and by how much.
+
+    Asked first, of one recipe alone in the setup it goes with (its effect turns with the rest: fused
+    BatchNormalization was faster than Keras' own on a CPU without XLA and slower with XLA; steps per call pay
+    where steps are short), and settled on both sides of the other recipes' question (`candidates`).
+
+    Args:
+        recipe: The recipe's name, whose step in the plan says the verdict.
+        sides: (what the setup is, setup) as measured side by side: first the setup without the recipe
+            ("without fused_layers"), then one per choice ("" where there is one, "16 steps per call").
+        measured: Their measurement side by side, in that order.
+    """
+    (without, plain), *choices = sides
+    hardware = plain.plan.hardware.describe()
+    judged = []
+    for index, (choice, built) in enumerate(choices, start=1):
+        rounds = measured.ratios(index, 0)
+        kept, detail = _judged(rounds, without, hardware)
+        median, low, high = spread(rounds)
+        judged.append((kept, median, choice, detail, f"{choice} {median:.2f}x [{low:.2f}-{high:.2f}]", built))
+    best = max(judged, key=lambda verdict: verdict[:2])
+    kept, _, choice, detail, _, built = best
+    others = [verdict[4] for verdict in judged if verdict is not best]
+    detail = (f"{choice}: {detail}" if choice else detail) + (f" (beside {', '.join(others)})" if others else "")
     if kept:
-        return dataclasses.replace(rewritten, plan=rewritten.plan.amend("fused_layers", detail))
-    _log.info("fused_layers: %s", detail)
-    return dataclasses.replace(plain, plan=plain.plan.left_out("fused_layers", detail))
+        return dataclasses.replace(built, plan=built.plan.amend(recipe, detail))
+    _log.info("%s: %s", recipe, detail)
+    return dataclasses.replace(plain, plan=plain.plan.left_out(recipe, detail))
 
 
 def _numerics_changed(baseline: Plan, optimized: Plan) -> list[str]:
@@ -226,7 +253,7 @@ def _examples_per_step(plan: Plan) -> tuple[int, int, str]:
 def _with_users_numerics(before: Built, after: Built) -> Built:
     """The optimized setup with the user's numerics (dtype policy, XLA, TF32) on its pipeline (offloaded, the one
     stream the service serves): the baseline's model itself where nothing else differs, else built anew. Layer
-    rewrites stay: they were decided on their own (`rewrites_decided`), so the question is the others'."""
+    rewrites stay: they were decided on their own (`decided_alone`), so the question is the others'."""
     from tfopt.builder import build
 
     plan = after.plan.with_compile(jit_compile=before.plan.jit_compile).replace(

@@ -119,11 +119,21 @@ def test_capture_checks_its_step_counts(tmp_path):
         capture(_small_model(), _numbers(16), steps=1, warmup_steps=1, batch_size=4, logdir=tmp_path)
 
 
-def test_several_steps_per_execution_is_refused(tmp_path):
+def test_several_steps_per_execution_are_measured_so_and_captured_one_by_one(tmp_path):
+    """The speed is measured at the model's 4 steps per call (windows of whole calls); the capture marks each step,
+    one per call; then the model runs 4 per call again, with the train function it had, and its weights."""
     model = _small_model()
     model.compile(optimizer="adam", loss="mse", steps_per_execution=4)
-    with pytest.raises(MeasurementError, match="steps_per_execution=4: Keras then runs 4 steps per call"):
-        profile(model, _numbers(64), steps=2, warmup_steps=1, logdir=tmp_path)
+    model.fit(_numbers(64), epochs=1, verbose=0)
+    function, weights = model.train_function, [weight.numpy() for weight in model.weights]
+    profiled = profile(model, _numbers(64), steps=6, warmup_steps=1, logdir=tmp_path)
+    assert profiled.measurement.real.window_steps % 4 == 0 and profiled.measurement.ceiling.window_steps % 4 == 0
+    assert profiled.capture.step_numbers == tuple(range(1, 7)) and len(profiled.breakdown.step_seconds) == 6
+    assert model.steps_per_execution == 4 and model.train_function is function
+    for kept, weight in zip(weights, model.weights, strict=True):
+        np.testing.assert_array_equal(kept, weight.numpy())
+    history = model.fit(_numbers(64), epochs=1, verbose=0)  # 16 batches: 4 calls of 4 steps
+    assert model.optimizer.iterations.numpy() == 16 + 16 and np.isfinite(history.history["loss"][0])
 
 
 def test_failed_capture_stops_the_profiler_and_leaves_reports_untouched(tmp_path, make_fake_profile):

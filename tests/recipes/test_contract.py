@@ -27,6 +27,7 @@ BAD_SETTINGS = {
     "xla": ({"jit_compile": "yes"}, "Expected 'auto'", "jit_compile"),
     "data_service": ({"workers": 0}, "must be a whole number of at least 1", "workers"),
     "fused_layers": ({"conv_bias": "yes"}, "Expected 'auto', true or false", "conv_bias"),
+    "steps_per_execution": ({"steps": 0}, "Expected 'auto' or a whole number", "steps"),
 }
 
 

@@ -14,7 +14,7 @@ from tfopt.plan import make_plan
 from tfopt.profiling.measurement import SideBySide
 from tfopt.recipes import FusedLayers
 from tfopt.rewrites.batch_norm import FusedBatchNormalization
-from tfopt.verdict import rewrites_decided, without_rewrites
+from tfopt.verdict import decided_alone, without_rewrites
 
 BUILD_ONLY = dict(measure_speed=False)
 FORCED = [{"fused_layers": {"batch_norm": True, "conv_bias": True}}]
@@ -119,12 +119,13 @@ def test_auto_keeps_the_rewrite_only_where_faster_in_every_round():
     def measured(faster):
         return SideBySide(measurements=(None, None), rounds=((1.0, 1.0, 1.0), faster))
 
-    kept = rewrites_decided(pair, measured((1.5, 1.4, 1.6)))
+    sides = [("without fused_layers", pair[0]), ("", pair[1])]
+    kept = decided_alone("fused_layers", sides, measured((1.5, 1.4, 1.6)))
     assert kept.model is rewritten.model and kept.plan.layer_rewrites == ("batch_norm",)
     assert "; kept: measured 1.50x [1.40-1.60] over 3 rounds against the same setup without fused_layers" in str(
         kept.plan.applied[-1]
     )
-    noisy = rewrites_decided(pair, measured((1.5, 0.9, 1.6)))
+    noisy = decided_alone("fused_layers", sides, measured((1.5, 0.9, 1.6)))
     assert noisy.model is pair[0].model and noisy.plan.layer_rewrites == ()
     step = noisy.plan.applied[-1]
     assert step.skipped and step.detail.startswith("left out: measured 1.50x [0.90-1.60]")

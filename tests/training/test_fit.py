@@ -74,6 +74,35 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("steps_per_epoch", [None, 8], ids=["one_pass_per_epoch", "stream"])
+def test_at_four_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(tmp_path, steps_per_epoch):
+    """Keras calls back once per call of 4 steps. Given steps_per_epoch it runs whole calls (10 steps an epoch
+    at 4 per call would train 12), so an epoch of 10 (one pass) trains at 2 per call (calls end at steps 2, 4, 6,
+    ...) and one of 8 at 4. Checkpoints are written at the end of a call that crossed an interval of 4 steps
+    (the crash at the end of step 20, before its checkpoint, leaves the one at 16), and training resumes from
+    there to the weights of an uninterrupted run at one step per call."""
+
+    def four_per_call(seed=0):
+        built = make_built(seed=seed)
+        built.model.steps_per_execution = 4
+        return built
+
+    epochs = 3
+    reference = make_built()
+    train(reference, epochs=epochs, steps_per_epoch=steps_per_epoch)
+    every = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path, checkpoint_every_steps=4)
+    crashed = four_per_call()
+    with pytest.raises(Crash):
+        train(crashed, callbacks=[CrashAt(5 if steps_per_epoch else 10)], **every)  # the call ending at step 20
+    assert crashed.model.steps_per_execution == 4  # as it was, after training at 2 per call
+    resumed = train(four_per_call(seed=5), **every)
+    assert resumed.resumed_from_step == 16
+    assert resumed.global_step == epochs * (steps_per_epoch or STEPS_PER_EPOCH)
+    assert int(resumed_model_iterations(tmp_path)) == resumed.global_step
+    for expected, actual in zip(weights(reference), resumed_weights(tmp_path), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
 def resumed_model_iterations(directory):
     built = make_built(seed=9)
     TrainingCheckpoint(directory, built.model, steps_per_epoch=built_steps(directory)).restore()

@@ -37,6 +37,7 @@ from tfopt.profiling.measurement import Measurement, measure
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.timing import StepTimes, WindowTimer, training_state_restored
+from tfopt.training.calls import steps_per_call
 from tfopt.training.peak_memory import track_peak_memory
 
 if TYPE_CHECKING:
@@ -188,7 +189,6 @@ def profile(
         >>> result.diagnosis.summary  # doctest: +SKIP
         'cpu_preprocessing (high, 74.0%) -> data_pipeline'
     """
-    _check_model(model)
     steps_per_epoch, batch_size = _check_dataset(dataset)
     if hardware is None:
         from tfopt.hardware import detect
@@ -270,14 +270,15 @@ def capture(
         raise MeasurementError(
             f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, warmup_steps={warmup_steps}."
         )
-    _check_model(model)
     logdir = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfopt-profile-"))
     logdir.mkdir(parents=True, exist_ok=True)
     known = _captures(logdir)
     marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
     sampler = DeviceSampler(interval_seconds=monitor_interval_seconds)
     try:
-        with sampler, track_peak_memory(gpu_count) as peak:
+        # Step markers and step timing need Keras to call back once per step: a model at N steps per call is
+        # captured one per call. The capture shows where a step's time goes; the speed at N is `measure`'s.
+        with sampler, track_peak_memory(gpu_count) as peak, steps_per_call(model, 1):
             model.fit(
                 dataset.repeat(),
                 steps_per_epoch=warmup_steps + steps + 1,
@@ -383,17 +384,6 @@ def _captures(logdir: Path) -> dict[Path, int]:
     """The captures under a logdir and when each was written: runs are named by the second they
     started in, so two captures within one second write the same file, and only its time tells."""
     return {path: path.stat().st_mtime_ns for path in logdir.glob("plugins/profile/*/*.xplane.pb")}
-
-
-def _check_model(model: keras.Model) -> None:
-    """Step markers and step timing need Keras to call back once per step."""
-    per_call = getattr(model, "steps_per_execution", 1)
-    if per_call != 1:
-        raise MeasurementError(
-            f"The model is compiled with steps_per_execution={per_call}: Keras then runs {per_call} steps per "
-            "call and reports them as one, so steps cannot be timed or marked one by one. Profile a copy "
-            "compiled with steps_per_execution=1 (the default)."
-        )
 
 
 def _check_dataset(dataset: object) -> tuple[int | None, int]:

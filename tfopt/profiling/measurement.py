@@ -356,9 +356,11 @@ def measure_side_by_side(
     much of a difference is noise. Each model's variables and its optimizer's are put back as they were.
 
     Args:
-        sides: The setups, each timed `steps` steps over the rounds.
+        sides: The setups, each timed at least `steps` steps over the rounds.
         steps: Steps timed on each side, in windows as `window_layout` splits them; a round holds one window,
-            or two where windows are of one step.
+            or two where windows are of one step. Every side is timed in as many rounds as the side with the
+            most (a side running 16 steps per call makes fewer, longer windows of the same steps), so that each
+            ratio has its rounds.
         warmup_steps: Untimed steps before each side's first round (later rounds warm up one step).
         hardware: The machine; on accelerators the step's FLOPs are counted for MFU. Detected by default.
 
@@ -371,14 +373,14 @@ def measure_side_by_side(
         from tfopt.hardware import detect
 
         hardware = detect()
-    layouts = []
+    layouts, rounds = [], 0
     for side in sides:
         per_call = check_step_counts(side.model, steps, warmup_steps)
         windows, window_steps = window_layout(steps, steps_per_call=per_call)
         # A round times whole windows, at least 2 steps (a timed fit needs 2): one window of 5 steps, two of 1.
         per_round = -(-2 // window_steps)
-        layouts.append((per_round, -(-windows // per_round), window_steps))
-    rounds = max(count for _, count, _ in layouts)
+        layouts.append((per_round, window_steps))
+        rounds = max(rounds, -(-windows // per_round))
     real: list[list[float]] = [[] for _ in sides]
     ceiling: list[list[float]] = [[] for _ in sides]
     per_round: list[list[float]] = [[] for _ in sides]
@@ -392,9 +394,7 @@ def measure_side_by_side(
                 by_model[id(side.model)] = prepare_ceiling(side.model, side.dataset)
         prepared = [by_model[id(side.model)] for side in sides]
         for index in range(rounds):
-            for number, (side, (windows_per_round, count, window_steps)) in enumerate(zip(sides, layouts)):
-                if index >= count:
-                    continue
+            for number, (side, (windows_per_round, window_steps)) in enumerate(zip(sides, layouts)):
                 warmup = warmup_steps if index == 0 else 1
                 timing = dict(batch_size=side.batch_size, window_steps=window_steps)
                 if side.before_round is not None:
@@ -416,7 +416,7 @@ def measure_side_by_side(
                     ).seconds
                 )
     measurements = []
-    for number, (side, (_, _, window_steps)) in enumerate(zip(sides, layouts)):
+    for number, (side, (_, window_steps)) in enumerate(zip(sides, layouts)):
         flops = peak = precision = None
         if hardware.accelerator != "cpu":
             precision = precision_in_use(side.model, hardware)

@@ -11,6 +11,7 @@ from tfopt.recipes.distribution import Distribution, choose_strategy
 from tfopt.recipes.fused_layers import FusedLayers
 from tfopt.recipes.grad_accum import GradAccum, with_gradient_accumulation
 from tfopt.recipes.mixed_precision import MixedPrecision, choose_policy, float32_matmul_scope, policy_scope
+from tfopt.recipes.steps_per_execution import StepsPerExecution
 from tfopt.recipes.xla import Xla
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "MixedPrecision",
     "Recipe",
     "Stage",
+    "StepsPerExecution",
     "Xla",
     "chain",
     "choose_policy",

@@ -3,7 +3,7 @@
 The rewrites themselves are `tfopt.rewrites`; this recipe only records which the build makes, since the layers
 exist only once the build has created the model. The build then says which layers it rewrote and why others
 were left as they are. With "auto" the rewrite is kept only where the optimized setup measures faster with it
-than without it, side by side on this machine (`tfopt.verdict.rewrites_decided`): fused BatchNormalization
+than without it, side by side on this machine (`tfopt.verdict.decided_alone`): fused BatchNormalization
 was faster than Keras' own on a CPU without XLA and slower with XLA there (docs/recipes/fused_layers.md).
 """
 
