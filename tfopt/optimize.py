@@ -26,7 +26,7 @@ from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
 from tfopt.recipes.steps_per_execution import steps_choices
 from tfopt.training.micro_batches import fitted
-from tfopt.verdict import candidates, decided, decided_alone, with_steps_per_call, without_rewrites
+from tfopt.verdict import built_again, candidates, decided, decided_alone
 
 if TYPE_CHECKING:
     import keras
@@ -353,11 +353,16 @@ def _applied(
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)
         if measuring:
             if "fused_layers" in verifying and built.plan.layer_rewrites:
-                sides = [("without fused_layers", without_rewrites(built)), ("", built)]
+                sides = [
+                    ("without fused_layers", built_again(built, built.plan.replace(layer_rewrites=()))),
+                    ("", built),
+                ]
                 built = decided_alone("fused_layers", sides, _measured_alone(sides, evidence))
             if "steps_per_execution" in verifying and steps_choices(built.plan):
                 sides = [(f"at {built.plan.steps_per_call} step(s) per call", built)]
-                sides += [(f"{n} steps per call", with_steps_per_call(built, n)) for n in steps_choices(built.plan)]
+                for steps in steps_choices(built.plan):
+                    plan = built.plan.with_compile(steps_per_execution=steps)
+                    sides.append((f"{steps} steps per call", built_again(built, plan)))
                 built = decided_alone("steps_per_execution", sides, _measured_alone(sides, evidence))
             setups = candidates(built_baseline, built, verifying)
             side_by_side = _measured_side_by_side(list(setups.setups.values()), **evidence)

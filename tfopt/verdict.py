@@ -147,20 +147,11 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
     return Verdict(chosen=chosen, built=dataclasses.replace(setups[chosen], plan=plan))
 
 
-def without_rewrites(after: Built) -> Built:
-    """The optimized setup built again without its layer rewrites (`fused_layers`), on the same pipeline."""
+def built_again(after: Built, plan: Plan) -> Built:
+    """The optimized setup built again as `plan` says (without its layer rewrites, at another number of steps per
+    call), on the same pipeline and its tf.data service."""
     from tfopt.builder import build
 
-    plan = after.plan.replace(layer_rewrites=())
-    plain = build(plan.replace(data_service=None))
-    return dataclasses.replace(plain, dataset=after.dataset, plan=plan, service=after.service)
-
-
-def with_steps_per_call(after: Built, steps: int) -> Built:
-    """The optimized setup built again running `steps` training steps per call, on the same pipeline."""
-    from tfopt.builder import build
-
-    plan = after.plan.with_compile(steps_per_execution=steps)
     again = build(plan.replace(data_service=None))
     return dataclasses.replace(again, dataset=after.dataset, plan=plan, service=after.service)
 

@@ -14,7 +14,7 @@ from tfopt.plan import make_plan
 from tfopt.profiling.measurement import SideBySide
 from tfopt.recipes import FusedLayers
 from tfopt.rewrites.batch_norm import FusedBatchNormalization
-from tfopt.verdict import decided_alone, without_rewrites
+from tfopt.verdict import built_again, decided_alone
 
 BUILD_ONLY = dict(measure_speed=False)
 FORCED = [{"fused_layers": {"batch_norm": True, "conv_bias": True}}]
@@ -112,7 +112,7 @@ def test_layers_left_to_keras_are_named_with_why():
 def test_auto_keeps_the_rewrite_only_where_faster_in_every_round():
     plan = FusedLayers()(make_plan(make_cnn(), make_images(), hardware=FAKE_HARDWARE["cpu_plain"]))
     rewritten = build(plan)
-    pair = (without_rewrites(rewritten), rewritten)
+    pair = (built_again(rewritten, rewritten.plan.replace(layer_rewrites=())), rewritten)
     assert type(pair[0].model.layers[2]) is keras.layers.BatchNormalization and pair[0].dataset is rewritten.dataset
     assert type(pair[1].model.layers[2]) is FusedBatchNormalization
 

@@ -18,7 +18,7 @@ from tfopt.plan import make_plan
 from tfopt.profiling.measurement import SideBySide
 from tfopt.recipes import StepsPerExecution
 from tfopt.registry import from_item
-from tfopt.verdict import decided_alone, with_steps_per_call
+from tfopt.verdict import built_again, decided_alone
 
 BUILD_ONLY = dict(measure_speed=False)
 FOUR = [{"steps_per_execution": {"steps": 4}}]
@@ -135,10 +135,10 @@ def test_a_model_with_its_own_compile_and_train_step_runs_four_steps_per_call():
 
 def test_auto_keeps_the_fastest_number_faster_in_every_round():
     plan = StepsPerExecution()(make_plan(mlp(), numbers(), hardware=FAKE_HARDWARE["cpu_plain"]))
-    assert "against 4, 16;" in plan.applied[-1].detail
+    assert plan.applied[-1].detail.startswith("1 step(s) per call unless 4 or 16 measure faster side by side")
     own = build(plan)
     sides = [("at 1 step(s) per call", own)]
-    sides += [(f"{n} steps per call", with_steps_per_call(own, n)) for n in (4, 16)]
+    sides += [(f"{n} steps per call", built_again(own, own.plan.with_compile(steps_per_execution=n))) for n in (4, 16)]
     assert [built.model.steps_per_execution for _, built in sides] == [1, 4, 16]
     assert sides[2][1].dataset is own.dataset and sides[2][1].model is not own.model
 
@@ -183,7 +183,7 @@ def test_auto_through_apply_measures_the_numbers_side_by_side():
     else:
         assert result.model.steps_per_execution in (4, 16) and "kept: measured" in step.detail
         assert (
-            step.detail.startswith("measured after the build")
+            step.detail.startswith("1 step(s) per call unless 4 or 16")
             and f"{result.model.steps_per_execution} steps" in step.detail
         )
     assert result.after.real.window_steps % result.model.steps_per_execution == 0

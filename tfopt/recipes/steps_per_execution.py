@@ -73,8 +73,8 @@ class StepsPerExecution(Recipe):
                 )
             return plan.record(
                 self.name,
-                f"measured after the build: the setup at {plan.steps_per_call} step(s) per call against "
-                f"{', '.join(map(str, steps_choices(plan)))}; {CALLBACKS}",
+                f"{plan.steps_per_call} step(s) per call unless {' or '.join(map(str, steps_choices(plan)))} measure "
+                f"faster side by side after the build; {CALLBACKS}",
             )
         return plan.with_compile(steps_per_execution=self.steps).record(
             self.name, f"{self.steps} training steps per call of the train function; {CALLBACKS}"
