@@ -8,8 +8,12 @@ of a pair of setups that differ in nothing else:
 
 - Do the recipes that change how the model computes (mixed precision, XLA) pay? The optimized setup
   against the user's model on the optimized pipeline.
-- Does the pipeline rewrite pay? The model that is kept (optimized or the user's) on the rewritten
-  pipeline against the same model on the user's own pipeline.
+- Does the pipeline rewrite pay? The model that is kept (optimized, or with the user's numerics) on the
+  rewritten pipeline against the same model on the user's own pipeline.
+
+Recipes decided on their own before (`decided_alone`: fused_layers, steps_per_execution) are on every side but
+the user's own setup: "your numerics" keeps them, and where its model is not the user's, it is measured on the
+user's pipeline too ("your numerics and pipeline"), so that neither question counts their gain.
 
 Recipes the user set explicitly are kept as asked: they are never the question.
 """
@@ -35,6 +39,8 @@ BEFORE, AFTER = "before", "after"
 # The optimized setup with the user's numerics (their model on the rewritten pipeline), and with the user's
 # pipeline (the optimized model on it).
 USERS_NUMERICS, USERS_PIPELINE = "your numerics", "your pipeline"
+# The setup with the user's numerics on the user's pipeline, where its model is not the user's own.
+USERS_BOTH = "your numerics and pipeline"
 # The fewest rounds whose spread can show a ratio beyond noise.
 MIN_ROUNDS = 3
 
@@ -103,7 +109,9 @@ def candidates(before: Built, after: Built, verifying: frozenset[str]) -> Candid
     setups = {BEFORE: before}
     if numerics:
         setups[USERS_NUMERICS] = _with_users_numerics(before, after)
-    if pipeline and (changed or _compiled_otherwise(before.plan, after.plan)):
+        if pipeline and setups[USERS_NUMERICS].model is not before.model:
+            setups[USERS_BOTH] = _with_users_pipeline(before, setups[USERS_NUMERICS])
+    if pipeline and (changed or _compiled_otherwise(before.plan, after.plan) or _rewritten_otherwise(before, after)):
         setups[USERS_PIPELINE] = _with_users_pipeline(before, after)
     setups[AFTER] = after
     return Candidates(setups=setups, numerics=numerics, pipeline=pipeline)
@@ -127,6 +135,7 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
 
     hardware = setups[AFTER].plan.hardware.describe()
     users_pipeline = USERS_PIPELINE if USERS_PIPELINE in setups else BEFORE
+    users_both = USERS_BOTH if USERS_BOTH in setups else BEFORE
     verdicts: list[tuple[tuple[str, ...], str, bool]] = []
     numerics_kept = pipeline_kept = True
     if candidates.numerics:
@@ -134,14 +143,14 @@ def decided(candidates: Candidates, measured: SideBySide) -> Verdict:
         numerics_kept, detail = _judged(rounds, f"without {' and '.join(candidates.numerics)}", hardware)
         verdicts.append((candidates.numerics, detail, numerics_kept))
     if candidates.pipeline:
-        rounds = ratios(AFTER, users_pipeline) if numerics_kept else ratios(USERS_NUMERICS, BEFORE)
+        rounds = ratios(AFTER, users_pipeline) if numerics_kept else ratios(USERS_NUMERICS, users_both)
         pipeline_kept, detail = _judged(rounds, "on your own pipeline", hardware)
         verdicts.append((("data_pipeline",), detail, pipeline_kept))
     chosen = {
         (True, True): AFTER,
         (True, False): users_pipeline,
         (False, True): USERS_NUMERICS,
-        (False, False): BEFORE,
+        (False, False): users_both,
     }[numerics_kept, pipeline_kept]
     plan = setups[chosen].plan.replace(applied=_applied_steps(setups[AFTER].plan, verdicts))
     return Verdict(chosen=chosen, built=dataclasses.replace(setups[chosen], plan=plan))
@@ -236,6 +245,11 @@ def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
     return training(baseline) != training(optimized)
 
 
+def _rewritten_otherwise(baseline: Built, optimized: Built) -> bool:
+    """Whether the optimized model's layers were rewritten (`fused_layers`) where the baseline's were not."""
+    return optimized.plan.layer_rewrites != baseline.plan.layer_rewrites
+
+
 def _examples_per_step(plan: Plan) -> tuple[int, int, str]:
     """The batch of each step, the steps per batch of the user's pipeline (micro-batches), and the strategy."""
     return plan.batch_size, plan.micro_batches, plan.strategy
@@ -252,7 +266,7 @@ def _with_users_numerics(before: Built, after: Built) -> Built:
     )
     users = before
     # A learning rate or steps per execution of its own, or rewritten layers.
-    if _compiled_otherwise(before.plan, after.plan) or after.plan.layer_rewrites != before.plan.layer_rewrites:
+    if _compiled_otherwise(before.plan, after.plan) or _rewritten_otherwise(before, after):
         users = build(plan.replace(data_service=None))
     return dataclasses.replace(users, dataset=after.dataset, plan=plan, service=after.service)
 

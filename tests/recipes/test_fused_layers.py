@@ -145,6 +145,33 @@ def test_the_other_recipes_are_judged_with_the_rewrite_on_both_sides():
     assert type(setups["before"].model.layers[2]) is keras.layers.BatchNormalization
 
 
+def test_the_pipeline_question_does_not_count_the_rewrites_gain():
+    """With mixed precision left out, the pipeline rewrite is judged on the model with the user's numerics and
+    the rewrites, on both pipelines; left out too, that model on the user's pipeline is given back (not the
+    user's own setup, which the rewrites were measured faster than)."""
+    from tests.test_fidelity import measured_as
+    from tfopt.verdict import candidates, decided
+
+    data = make_images()
+    plan = make_plan(make_cnn(), data, hardware=FAKE_HARDWARE["cpu_bf16"])
+    tuned = FusedLayers()(plan.replace(dtype_policy="mixed_bfloat16").record("mixed_precision", "bf16"))
+    tuned = tuned.record("data_pipeline", "tuned")
+    setups = candidates(build(plan), build(tuned), frozenset({"mixed_precision", "data_pipeline", "fused_layers"}))
+    names = ["before", "your numerics", "your numerics and pipeline", "your pipeline", "after"]
+    assert list(setups.setups) == names
+    both = setups.setups["your numerics and pipeline"]
+    assert both.model is setups.setups["your numerics"].model and both.plan.dataset is data
+    assert type(both.model.layers[2]) is FusedBatchNormalization and both.plan.dtype_policy == "float32"
+    # The rewrites made every setup but the user's 1.5x as fast; neither bf16 nor the pipeline adds to that.
+    rounds = dict(before=(1.0,) * 3, your_pipeline=(1.5,) * 3, after=(1.5, 1.4, 1.6))
+    verdict = decided(
+        setups, measured_as(setups, your_numerics=(1.5,) * 3, your_numerics_and_pipeline=(1.5,) * 3, **rounds)
+    )
+    assert verdict.chosen == "your numerics and pipeline" and verdict.built.model is both.model
+    pipeline = next(step for step in verdict.built.plan.applied if step.recipe == "data_pipeline")
+    assert pipeline.skipped and pipeline.detail.startswith("left out: measured 1.00x [1.00-1.00]")
+
+
 def test_a_resnet_style_block_with_biases_folded_learns_as_keras_does():
     """Convolutions with a bias before each BatchNormalization, as keras.applications writes ResNets: both
     rewrites made, the biases (non-zero here) gone into the moving means, the same losses and predictions."""
