@@ -43,8 +43,11 @@ def test_diagnosis_decides_input_boundness_and_names_recipes_it_cannot_compare()
     diagnosis = diagnose_breakdown(starved, FAKE_HARDWARE["a100"])
     chosen = choose_candidates(FAKE_HARDWARE["a100"], input_efficiency=0.95, diagnosis=diagnosis)
     assert list(chosen.recipes) == ["data_pipeline", "mixed_bfloat16", "xla"]
-    assert "changes the batch size" in chosen.not_tried["batch_size"]
+    assert "the loss trajectory is not compared step by step" in chosen.not_tried["steps_per_execution"]
     assert "input_bound (moderate, 10.0%) -> data_pipeline" in chosen.notes[0]
+    called = diagnose_breakdown(starved, FAKE_HARDWARE["a100"], steps_per_call=4)  # then a larger batch is next
+    chosen = choose_candidates(FAKE_HARDWARE["a100"], input_efficiency=0.95, diagnosis=called)
+    assert "changes the batch size" in chosen.not_tried["batch_size"]
 
 
 def test_a_parallel_pipeline_on_a_saturated_host_tries_local_service_workers():

@@ -170,11 +170,24 @@ def test_an_idle_accelerator_fed_in_time_is_dispatch_bound(busy_ms, severity):
     assert finding.percent == pytest.approx(100.0 - busy_ms)
 
 
-def test_dispatch_bound_under_xla_goes_to_a_larger_batch_or_grad_accum_when_memory_is_full():
+def test_dispatch_bound_under_xla_goes_to_steps_per_execution_then_a_larger_batch_or_grad_accum():
+    """With XLA on, what is left of an idle step is the cost of each call from Python: several steps per call
+    pay it once and learn the same. Where the model runs several per call already, a larger batch (or, with
+    the memory full, gradient accumulation) is what is left, and it changes the learning."""
     idle_under_xla = breakdown(device=30.0, xla=100.0)
-    assert only(diagnose_breakdown(idle_under_xla, V100)).recipe == "batch_size"
-    assert only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.5)).recipe == "batch_size"
-    full = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.9))
+    beyond = {
+        None: "a larger batch (batch_size; device memory in use was not read",
+        0.5: "a larger batch (batch_size; the allocator peaked at 50% of device memory)",
+        0.9: "peaked at 90% of device memory, so a larger batch would not fit: accumulating gradients",
+    }
+    for memory, then in beyond.items():
+        finding = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=memory))
+        assert (finding.bottleneck, finding.recipe) == (d.DISPATCH_BOUND, "steps_per_execution")
+        assert "steps_per_execution pays once per several steps with the same learning" in finding.reason
+        assert then in finding.reason
+    called = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.5, steps_per_call=8))
+    assert called.recipe == "batch_size" and "runs 8 steps per call already" in called.reason
+    full = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.9, steps_per_call=8))
     assert (full.bottleneck, full.recipe) == (d.DISPATCH_BOUND, "grad_accum") and "peaked at 90%" in full.reason
     # A starved accelerator is idle too, but that is the input's doing: no dispatch claim.
     assert d.DISPATCH_BOUND not in diagnose_breakdown(breakdown(input_=60.0, device=5.0), V100).bottlenecks

@@ -83,14 +83,14 @@ def test_an_idle_gpu_fed_in_time_is_dispatch_bound_never_grad_accum(diagnosed, c
         {"in_memory_dense": 2.5, "resnet_small_batch_fp32": 17.0}[case], abs=2.0
     )
     assert diagnosis.findings[0].bottleneck == d.DISPATCH_BOUND
-    assert set(diagnosis.recipes) <= {"xla", "batch_size"} and "grad_accum" not in diagnosis.recipes
+    assert set(diagnosis.recipes) <= {"xla", "steps_per_execution"} and "grad_accum" not in diagnosis.recipes
 
 
-def test_dispatch_bound_without_xla_is_sent_to_xla_and_with_xla_to_a_larger_batch(diagnosed):
+def test_dispatch_bound_without_xla_is_sent_to_xla_and_with_xla_to_several_steps_per_call(diagnosed):
     assert diagnosed["resnet_small_batch_fp32"][0].xla_kernel_percent < 5.0
     assert diagnosed["resnet_small_batch_fp32"][2].recipes == ("xla",)
     assert diagnosed["in_memory_dense"][0].xla_kernel_percent > 95.0
-    assert diagnosed["in_memory_dense"][2].recipes == ("batch_size",)
+    assert diagnosed["in_memory_dense"][2].recipes == ("steps_per_execution",)
 
 
 def test_bf16_under_xla_reads_as_16_bit_and_mostly_busy(diagnosed):
@@ -121,9 +121,14 @@ def test_a_tuned_jpeg_pipeline_is_not_highly_input_bound(captures, diagnosed):
 
 
 def test_memory_full_by_the_allocator_is_the_only_way_to_grad_accum(diagnosed):
+    """Once the model runs several steps per call (the first fix, with the same learning), a larger batch is
+    next, or gradient accumulation where the allocator's peak leaves no room for one."""
     breakdown, hardware, _ = diagnosed["in_memory_dense"]
-    assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=0.05).recipes == ("batch_size",)
-    assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=0.95).recipes == ("grad_accum",)
+    for memory, recipe in ((0.05, "batch_size"), (0.95, "grad_accum")):
+        assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=memory, steps_per_call=16).recipes == (
+            recipe,
+        )
+        assert diagnose_breakdown(breakdown, hardware, peak_memory_fraction=memory).recipes == ("steps_per_execution",)
 
 
 def test_the_public_diagnose_takes_a_logdir_and_says_what_it_cannot_conclude(captures):

@@ -29,6 +29,8 @@ NOT_COMPARABLE = {
     "apply it explicitly",
     "distribution": "it changes the device layout; auto mode tunes one process on the devices it has",
     "tfrecord": "it writes the data to TFRecord files first; apply it explicitly",
+    "steps_per_execution": "Keras reports the loss once per call of several steps, so the loss trajectory is "
+    "not compared step by step; apply it explicitly (steps: auto measures it side by side)",
 }
 
 

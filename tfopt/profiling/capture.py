@@ -59,6 +59,8 @@ class Capture:
         samples: NVML and host readings taken during the run.
         peak_memory_bytes: The peak of TensorFlow's allocator over the GPUs during the run (this
             process's peak RSS on a CPU-only machine).
+        steps_per_call: The model's steps per call of its train function (Keras' `steps_per_execution`); the
+            capture itself ran one per call, to mark each step.
     """
 
     logdir: Path
@@ -67,6 +69,7 @@ class Capture:
     step_numbers: tuple[int, ...]
     samples: Samples
     peak_memory_bytes: int | None = None
+    steps_per_call: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +147,7 @@ class Profile:
             "samples": self.samples.to_dict(),
             "metrics": self.metrics.to_dict(),
             "peak_memory_bytes": self.capture.peak_memory_bytes,
+            "steps_per_call": self.capture.steps_per_call,
             "hardware": self.hardware.describe(),
             "logdir": str(self.logdir),
             "steps_per_epoch": self.steps_per_epoch,
@@ -215,6 +219,7 @@ def profile(
         hardware,
         measurement=measurement,
         peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware),
+        steps_per_call=captured.steps_per_call,
     )
     hotspots = find_hotspots(
         captured.xplane_path,
@@ -324,6 +329,7 @@ def capture(
         step_times=StepTimes(seconds=tuple(marker.seconds), batch_size=batch_size, window_steps=steps),
         step_numbers=tuple(range(warmup_steps, warmup_steps + steps)),
         peak_memory_bytes=peak.peak_bytes,
+        steps_per_call=model.steps_per_execution,
     )
 
 

@@ -15,9 +15,11 @@ input-bound" and kernel-launch/collectives statements), so tfopt and TensorBoard
 
 Device compute in 16-bit types below 10% means mixed precision is left on the table (where device
 compute dominates the step). An accelerator busy less than half the wall step while the input keeps up
-is `dispatch_bound`: per-step costs (op dispatch, kernel launches, Python) dominate, which XLA (fewer,
-fused kernels) and a larger batch amortise; gradient accumulation does not (it keeps the per-example
-dispatch cost) and is advised only when the allocator's peak is near the device's memory.
+is `dispatch_bound`: per-step costs (op dispatch, kernel launches, Python) dominate. Without XLA, XLA is the
+fix (fewer, fused kernels); with it, what is left is the cost of each call from Python, which
+`steps_per_execution` pays once per several steps with the same learning. A larger batch amortises it too,
+but changes the learning, so it is named second; gradient accumulation does not amortise it (it keeps the
+per-example dispatch cost) and is named instead only when the allocator's peak is near the device's memory.
 
 Input work can also cost without visible waits: on a CPU-only machine the pipeline competes with
 training for the same cores, and on a GPU host its threads compete with dispatch. The measured input
@@ -193,6 +195,7 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
             hardware or profile.hardware,
             peak_memory_fraction=profile.peak_memory_fraction,
             measurement=profile.measurement,
+            steps_per_call=profile.capture.steps_per_call,
         )
     raise TypeError(
         f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
@@ -236,6 +239,7 @@ def diagnose_breakdown(
     *,
     peak_memory_fraction: float | None = None,
     measurement: Measurement | None = None,
+    steps_per_call: int = 1,
 ) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
@@ -244,11 +248,13 @@ def diagnose_breakdown(
         hardware: The machine it ran on (decides whether 16-bit compute and bigger batches apply).
         peak_memory_fraction: TensorFlow's allocator peak over the device's memory (0..1), where read.
         measurement: The run's `measurement.Measurement` (input efficiency and its noise), where measured.
+        steps_per_call: The training steps the model runs per call of its train function (Keras'
+            `steps_per_execution`): past 1, a dispatch-bound step is sent to a larger batch.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
-    dispatch = _dispatch(breakdown, hardware, peak_memory_fraction)
+    dispatch = _dispatch(breakdown, hardware, peak_memory_fraction, steps_per_call)
     findings = [
         finding
         for finding in (
@@ -423,7 +429,9 @@ def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
     )
 
 
-def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction: float | None) -> Finding | None:
+def _dispatch(
+    breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction: float | None, steps_per_call: int
+) -> Finding | None:
     busy = breakdown.busy_percent
     if (
         hardware.accelerator == "cpu"
@@ -444,28 +452,36 @@ def _dispatch(breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction
             f"{idle}: per-step costs (op dispatch, one launch per op, Python) dominate. XLA compiles "
             "the step into a few fused kernels.",
         )
-    if peak_memory_fraction is not None and peak_memory_fraction >= MEMORY_FULL_FRACTION:
+    full = peak_memory_fraction is not None and peak_memory_fraction >= MEMORY_FULL_FRACTION
+    if full:
+        larger = (
+            f"TensorFlow's allocator peaked at {peak_memory_fraction:.0%} of device memory, so a larger batch "
+            "would not fit: accumulating gradients over micro-batches (grad_accum) gives the effect of one"
+        )
+    else:
+        headroom = (
+            "device memory in use was not read: check that it fits"
+            if peak_memory_fraction is None
+            else f"the allocator peaked at {peak_memory_fraction:.0%} of device memory"
+        )
+        larger = f"a larger batch (batch_size; {headroom}) spreads it over more examples"
+    if steps_per_call > 1:
         return Finding(
             DISPATCH_BOUND,
             severity,
             100.0 - busy,
-            "grad_accum",
-            f"{idle}, XLA is on and TensorFlow's allocator peaked at {peak_memory_fraction:.0%} of "
-            "device memory, so a larger batch would not fit: accumulating gradients over "
-            "micro-batches gives the effect of one.",
+            "grad_accum" if full else "batch_size",
+            f"{idle}, XLA is on and the model runs {steps_per_call} steps per call already: the rest is fixed "
+            f"per-step cost; {larger}, which changes the learning.",
         )
-    headroom = (
-        "device memory in use was not read: check that a larger batch fits"
-        if peak_memory_fraction is None
-        else f"the allocator peaked at {peak_memory_fraction:.0%} of device memory"
-    )
     return Finding(
         DISPATCH_BOUND,
         severity,
         100.0 - busy,
-        "batch_size",
-        f"{idle} and XLA is on ({headroom}): the rest is fixed per-step cost that a larger batch "
-        "spreads over more examples.",
+        "steps_per_execution",
+        f"{idle} and XLA is on: the rest is the fixed cost of each call from Python (the call, the iterator's "
+        "handover, the read of the step's logs), which steps_per_execution pays once per several steps with the "
+        f"same learning. Beyond that, {larger}, which changes the learning.",
     )
 
 

@@ -95,7 +95,9 @@ def _profile_record(directory: Path, step: int, hardware: Hardware, model: keras
         _log.warning("tfopt.Monitor: the capture in %s could not be analysed: %s", directory, error)
         return None
     hotspots = find_hotspots(find_xplane(directory), hardware, model=model, step_seconds=breakdown.step_seconds_mean)
-    diagnosis = refine_diagnosis(diagnose_breakdown(breakdown, hardware), hotspots)
+    diagnosis = refine_diagnosis(
+        diagnose_breakdown(breakdown, hardware, steps_per_call=model.steps_per_execution), hotspots
+    )
     stage = hotspots.stages.bottleneck if hotspots.stages else None
     layer = hotspots.layers.top if hotspots.layers else None
     return {
