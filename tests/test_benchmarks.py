@@ -70,7 +70,8 @@ def test_the_data_service_benchmark_names_the_machine(machine):
 
 
 @pytest.mark.parametrize("machine", ["h100", "cpu_bf16"])
-def test_the_hand_tuned_benchmark_names_the_machine(monkeypatch, machine):
-    benchmark = load("hand_tuned")
+@pytest.mark.parametrize("name", ["hand_tuned", "steps_per_execution"])
+def test_the_hand_tuned_and_steps_per_call_benchmarks_name_the_machine(monkeypatch, machine, name):
+    benchmark = load(name)
     monkeypatch.setattr(benchmark, "detect", lambda: FAKE_HARDWARE[machine])
     assert benchmark.header() == f"Measured on: {FAKE_HARDWARE[machine].describe()}"
