@@ -132,3 +132,20 @@ def test_mirrored_two_cpus_matches_single_device():
         np.testing.assert_allclose(run["loss"], results["single"]["loss"], rtol=1e-5)
         for got, want in zip(run["weights"], results["single"]["weights"]):
             np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["keras", "tfopt"])
+def test_a_model_at_four_steps_per_call_trains_every_epoch_exactly(engine, caplog):
+    """6 batches an epoch: Keras' fit, given steps_per_epoch, would run its last call of 4 whole (8 steps an
+    epoch), so it trains at 2 per call; tfopt's own loop runs one per call, and says that the number is not
+    used. Either way 12 updates in 2 epochs, the loss of Keras' fit at one step per call, and the model's
+    number kept."""
+    reference = make_model()
+    expected = reference.fit(make_dataset(), epochs=2, verbose=0, shuffle=False).history["loss"]
+    model = make_model()
+    model.steps_per_execution = 4
+    history = fit(model, make_dataset(), epochs=2, engine=engine)
+    assert int(model.optimizer.iterations.numpy()) == 12 and model.steps_per_execution == 4
+    np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
+    said = "runs one step per call: the model's steps_per_execution=4 is not used here"
+    assert (said in caplog.text) == (engine == "tfopt")

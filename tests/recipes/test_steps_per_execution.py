@@ -187,3 +187,29 @@ def test_auto_through_apply_measures_the_numbers_side_by_side():
             and f"{result.model.steps_per_execution} steps" in step.detail
         )
     assert result.after.real.window_steps % result.model.steps_per_execution == 0
+
+
+def test_with_fused_layers_and_gradient_accumulation_it_learns_as_gradient_accumulation_alone_does():
+    """The recipes decided on their own compose with the optimizer's accumulation: fused BatchNormalization,
+    biases folded, 2 micro-batches per update and 4 steps per call train as Keras' own layers at one step
+    per call with the same accumulation (each micro-batch normalised by its own statistics in both)."""
+    from tests.conftest import make_images
+    from tests.recipes.test_fused_layers import cnn
+    from tfopt.rewrites.batch_norm import FusedBatchNormalization
+
+    data = make_images(count=48, batch_size=8)  # 6 steps an epoch: calls of 4 and 2, 3 updates
+    accumulated = [{"grad_accum": {"steps": 2}}]
+    fused = [*accumulated, {"fused_layers": {"batch_norm": True, "conv_bias": True}}, *FOUR]
+    histories, outputs = [], []
+    for recipes in (fused, accumulated):
+        result = tfopt.apply(
+            cnn(use_bias=True), data, recipes=recipes, hardware=FAKE_HARDWARE["cpu_plain"], **BUILD_ONLY
+        )
+        assert (type(result.model.get_layer("bn0")) is FusedBatchNormalization) == (recipes is fused)
+        assert result.model.optimizer.gradient_accumulation_steps == 2
+        histories.append(result.model.fit(result.dataset, epochs=3, verbose=0, shuffle=False).history)
+        assert result.model.optimizer.iterations.numpy() == 3 * 6 // 2
+        # The folded biases live in the moving means: the models are compared by what they compute.
+        outputs.append(np.concatenate([result.model(images, training=False) for images, _ in data]))
+    np.testing.assert_allclose(histories[0]["loss"], histories[1]["loss"], rtol=2e-4)
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=2e-4, atol=2e-5)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfopt.distribute.checkpoints import WorkerCheckpoint
 from tfopt.errors import DistributionError, RecipeConfigError
+from tfopt.training.calls import steps_per_call, whole_calls
 
 if TYPE_CHECKING:
     import keras
@@ -154,9 +155,10 @@ def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_di
     length = int(dataset.cardinality())
     if one_iterator and steps_per_epoch is None and length > 0:
         dataset, steps_per_epoch = dataset.repeat(), length
-    return model.fit(
-        dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose, shuffle=False
-    )
+    with steps_per_call(model, whole_calls(model, steps_per_epoch)):
+        return model.fit(
+            dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose, shuffle=False
+        )
 
 
 class _Loop:
@@ -179,6 +181,13 @@ class _Loop:
                 "inside strategy.scope() before training."
             )
         self.model, self.strategy, self.steps_per_epoch = model, strategy, steps_per_epoch
+        if model.steps_per_execution > 1:
+            _log.warning(
+                "tfopt's training loop (for %s, where Keras' fit fails) runs one step per call: the model's "
+                "steps_per_execution=%d is not used here",
+                type(strategy).__name__,
+                model.steps_per_execution,
+            )
         self.horovod = isinstance(strategy, HorovodStrategy)
         self.worker_index, self.is_chief = worker_role(strategy)
         self.lost_worker_errors = (

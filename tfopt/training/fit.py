@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, NonFiniteLossError, describe_error
-from tfopt.training.calls import steps_per_call
+from tfopt.training.calls import steps_per_call, whole_calls
 from tfopt.training.checkpointing import CheckpointCallback, TrainingCheckpoint
 from tfopt.training.guards import NonFiniteLossGuard
 from tfopt.training.stopping import StopAtStepEnd, stops_at_step_ends
 
 if TYPE_CHECKING:
-    import keras
     import tensorflow as tf
 
     from tfopt.builder import Built
@@ -169,7 +167,7 @@ def train(
                     run_callbacks.append(saver)
                 run_callbacks.append(StopAtStepEnd())  # last: the step is counted and checkpointed first
                 # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
-                with steps_per_call(model, _whole_calls(model, fit_kwargs["steps_per_epoch"])):
+                with steps_per_call(model, whole_calls(model, fit_kwargs["steps_per_epoch"])):
                     fitted = model.fit(
                         callbacks=run_callbacks,
                         validation_data=validation_data,
@@ -234,24 +232,6 @@ def _segments(dataset: tf.data.Dataset, start: int, total_steps: int, steps_per_
             total_steps - first,
             dict(x=data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch * pieces),
         )
-
-
-def _whole_calls(model: keras.Model, steps_per_epoch: int | None) -> int:
-    """The steps per call an epoch of `steps_per_epoch` steps trains exactly at: the model's own where they divide
-    it, else the largest number that divides both. Given steps_per_epoch, Keras' loop counts calls and each call
-    runs its N steps while the data lasts, so 10 steps an epoch at 4 per call train 12 (one pass over a finite
-    dataset, steps_per_epoch None, ends with the data)."""
-    own = int(model.steps_per_execution)
-    whole = math.gcd(own, steps_per_epoch) if steps_per_epoch else own
-    if whole != own:
-        _log.info(
-            "training %d steps per call, not the model's %d: an epoch of %d steps is not a whole number of its calls, "
-            "and Keras would run the last call whole",
-            whole,
-            own,
-            steps_per_epoch,
-        )
-    return whole
 
 
 def _check_arguments(epochs: int, steps_per_epoch: int | None, checkpoint_every_steps: int) -> None:
