@@ -137,7 +137,7 @@ def test_mirrored_two_cpus_matches_single_device():
 @pytest.mark.parametrize("engine", ["keras", "tfopt"])
 def test_a_model_at_four_steps_per_call_trains_every_epoch_exactly(engine, caplog):
     """6 batches an epoch: Keras' fit, given steps_per_epoch, would run its last call of 4 whole (8 steps an
-    epoch), so it trains at 2 per call; tfopt's own loop runs one per call, and says that the number is not
+    epoch), so it trains at 3 per call; tfopt's own loop runs one per call, and says that the number is not
     used. Either way 12 updates in 2 epochs, the loss of Keras' fit at one step per call, and the model's
     number kept."""
     reference = make_model()

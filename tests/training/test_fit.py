@@ -74,13 +74,18 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("steps_per_epoch", [None, 8], ids=["one_pass_per_epoch", "stream"])
-def test_at_four_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(tmp_path, steps_per_epoch):
-    """Keras calls back once per call of 4 steps. Given steps_per_epoch it runs whole calls (10 steps an epoch
-    at 4 per call would train 12), so an epoch of 10 (one pass) trains at 2 per call (calls end at steps 2, 4, 6,
-    ...) and one of 8 at 4. Checkpoints are written at the end of a call that crossed an interval of 4 steps
-    (the crash at the end of step 20, before its checkpoint, leaves the one at 16), and training resumes from
-    there to the weights of an uninterrupted run at one step per call."""
+# One pass of 10 steps an epoch trains at 5 per call (calls end at steps 5, 10, 15, 20); a stream of 8 at 4.
+@pytest.mark.parametrize(
+    "steps_per_epoch, calls_to_step_20, newest_checkpoint", [(None, 4, 15), (8, 5, 16)], ids=["one_pass", "stream"]
+)
+def test_at_four_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(
+    tmp_path, steps_per_epoch, calls_to_step_20, newest_checkpoint
+):
+    """Keras calls back once per call. Given steps_per_epoch it runs whole calls (10 steps an epoch at 4 per
+    call would train 12), so an epoch of 10 trains at the divisor of 10 nearest to 4, and one of 8 at 4.
+    Checkpoints are written at the end of a call that crossed an interval of 4 steps (the crash at the end of
+    step 20, before its checkpoint, leaves the one before), and training resumes from there to the weights of
+    an uninterrupted run at one step per call."""
 
     def four_per_call(seed=0):
         built = make_built(seed=seed)
@@ -93,10 +98,10 @@ def test_at_four_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(
     every = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path, checkpoint_every_steps=4)
     crashed = four_per_call()
     with pytest.raises(Crash):
-        train(crashed, callbacks=[CrashAt(5 if steps_per_epoch else 10)], **every)  # the call ending at step 20
-    assert crashed.model.steps_per_execution == 4  # as it was, after training at 2 per call
+        train(crashed, callbacks=[CrashAt(calls_to_step_20)], **every)
+    assert crashed.model.steps_per_execution == 4  # as it was, after training at 5 per call
     resumed = train(four_per_call(seed=5), **every)
-    assert resumed.resumed_from_step == 16
+    assert resumed.resumed_from_step == newest_checkpoint
     assert resumed.global_step == epochs * (steps_per_epoch or STEPS_PER_EPOCH)
     assert int(resumed_model_iterations(tmp_path)) == resumed.global_step
     for expected, actual in zip(weights(reference), resumed_weights(tmp_path), strict=True):

@@ -9,7 +9,7 @@ goes through the same `train_step` in the same order. What changes is how often 
 `on_train_batch_begin`/`end` runs once per N batches (Keras' own batch-level callbacks, ModelCheckpoint and
 BackupAndRestore, count the batches between calls), and the loss shown per batch is the last one's. And given
 `steps_per_epoch`, Keras' loop counts calls and runs each whole while the data lasts: 10 steps an epoch at 4
-per call train 12 (`tfopt.training.fit` trains such an epoch at a number of steps per call that divides it).
+per call train 12 (`tfopt.training.calls.whole_calls` trains such an epoch at a number that divides it).
 Hence this recipe is not in the default chain: a callback of yours that acts per batch would act once per N.
 
 With "auto" the number is chosen by measurement (`tfopt.verdict.steps_per_execution_decided`): the
