@@ -15,7 +15,7 @@ from tfopt.builder import build
 from tfopt.fidelity import TOLERANCE, agreement, outcome
 from tfopt.plan import make_plan
 from tfopt.policies import set_dtype_policy
-from tfopt.verdict import candidates, decided
+from tfopt.verdict import built_again, candidates, decided
 
 BUILD_ONLY = dict(measure_speed=False)
 
@@ -67,6 +67,10 @@ def test_vae_keeps_its_class_train_step_and_weights_and_its_failing_layer_in_flo
         np.testing.assert_array_equal(mine, theirs)
     history = model.fit(result.dataset, epochs=1, verbose=0).history
     assert sorted(history) == ["kl_loss", "loss"] and np.isfinite(history["loss"][0])
+    # A setup built again from the plan (measured beside it: at other steps per call, without rewrites) too.
+    assert result.plan.float32_layers == (sampling.name,)
+    again = built_again(result, result.plan.with_compile(steps_per_execution=4)).model
+    assert next(layer for layer in again._flatten_layers() if layer.name == sampling.name).compute_dtype == "float32"
 
 
 def test_loss_layer_model_on_dict_inputs_only(cpu_hardware):

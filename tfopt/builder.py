@@ -94,6 +94,9 @@ def build(plan: Plan) -> Built:
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
         kept_float32 = set_dtype_policy(model, plan.dtype_policy, plan.sample_inputs)
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if layer.name in plan.float32_layers:  # failed in 16 bits on the first batch of an earlier build
+                layer.dtype_policy = "float32"
         if kept_float32:
             plan = plan.amend("mixed_precision", "kept float32: " + "; ".join(kept_float32))
         if plan.weights_from is not None:
@@ -319,6 +322,8 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
             keras.Model.compile(model, **arguments)
     model.jit_compile = plan.jit_compile and not model.run_eagerly
     model.steps_per_execution = plan.steps_per_call
+    if model._compile_config is not None:  # what get_compile_config() and a saved copy say
+        model._compile_config.config["steps_per_execution"] = plan.steps_per_call
     scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     if plan.dtype_policy != "mixed_float16":
         if scaled:

@@ -193,7 +193,7 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
         if tf.distribute.has_strategy():
             data = strategy.experimental_distribute_dataset(data)
         steps = iter(data)
-        for _ in range(pieces):
+        for _ in range(-(-pieces // model.steps_per_execution)):  # a call runs up to steps_per_execution pieces
             logs = model.train_function(steps)
         logs = {name: np.asarray(value) for name, value in logs.items()} if isinstance(logs, dict) else {}
     if pieces > 1 and updates is not None and _updates(model) != updates + 1:
@@ -379,6 +379,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                 return Checked(built, mixed_precision_fails=why)
             layer.dtype_policy = "float32"
             model.train_function = None  # traced with the layer in 16 bits
+            plan = plan.replace(float32_layers=(*plan.float32_layers, layer.name))  # for builds from the plan
             kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)

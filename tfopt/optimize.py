@@ -380,6 +380,9 @@ def _applied(
     except BaseException:
         built.close()
         raise
+    if not measuring and "steps_per_execution" in verifying and steps_choices(built.plan):
+        why = f"not measured (measure_speed=False): {built.plan.steps_per_call} step(s) per call, as before"
+        built = dataclasses.replace(built, plan=built.plan.left_out("steps_per_execution", why))
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(
         model=built.model,

@@ -81,6 +81,9 @@ class Plan:
             `tfopt.data.service.Offload`), or None to run it in this process.
         layer_rewrites: The rewrites `build()` makes on the model's layers (`tfopt.rewrites.REWRITES`: e.g.
             "batch_norm", BatchNormalization through the fused kernel).
+        float32_layers: Names of layers `build()` keeps in float32 under a mixed policy because they failed in
+            16 bits on the first batch (`tfopt.fidelity.first_batch_checked`), so a setup built again from the
+            plan keeps them so too.
         applied: What every recipe did, in order.
 
     Example:
@@ -114,6 +117,7 @@ class Plan:
     tf32: bool = True
     data_service: Any = None
     layer_rewrites: tuple[str, ...] = ()
+    float32_layers: tuple[str, ...] = ()
     applied: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
@@ -237,7 +241,8 @@ def make_plan(
     return Plan(
         model_fn=functools.partial(copy_model, model) if model_fn is None else model_fn,
         dataset=dataset,
-        compile_config={**_serialized(compile_objects), "jit_compile": False},
+        # The steps per call the model runs, set by compile or on the model itself (as tfopt sets it).
+        compile_config={**_serialized(compile_objects), "jit_compile": False, **_steps_per_call(model, compile)},
         compile_objects=compile_objects,
         hardware=hardware,
         sample_inputs=sample_inputs,
@@ -280,6 +285,14 @@ def _compile_objects(model: keras.Model, compile_kwargs: Mapping[str, Any] | Non
             "loss=..., metrics=...) to tfopt.apply."
         )
     return dict(given.config)
+
+
+def _steps_per_call(model: keras.Model | None, compile_kwargs: Mapping[str, Any] | None) -> dict[str, int]:
+    """The model's own steps per call where its compile is kept: Keras reads the attribute, which may differ
+    from what its compile was given."""
+    if compile_kwargs is not None or model is None:
+        return {}
+    return {"steps_per_execution": int(model.steps_per_execution)}
 
 
 def _serialized(compile_objects: Mapping[str, Any]) -> dict[str, Any]:

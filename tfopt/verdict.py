@@ -166,8 +166,8 @@ def built_again(after: Built, plan: Plan) -> Built:
 
 
 def decided_alone(recipe: str, sides: Sequence[tuple[str, Built]], measured: SideBySide) -> Built:
-    """The fastest of a recipe's choices where it measured faster than the same setup without it in every round,
-    else the setup without it, its plan saying which and by how much.
+    """Of a recipe's choices measured faster than the same setup without it in every round, the one of highest
+    median; else the setup without it; its plan saying which and by how much.
 
     Asked first, of one recipe alone in the setup it goes with (its effect turns with the rest: fused
     BatchNormalization was faster than Keras' own on a CPU without XLA and slower with XLA; steps per call pay
@@ -175,8 +175,9 @@ def decided_alone(recipe: str, sides: Sequence[tuple[str, Built]], measured: Sid
 
     Args:
         recipe: The recipe's name, whose step in the plan says the verdict.
-        sides: (what the setup is, setup) as measured side by side: first the setup without the recipe
-            ("without fused_layers"), then one per choice ("" where there is one, "16 steps per call").
+        sides: (what the setup is, setup) as measured side by side: first the setup without the recipe's
+            change ("without fused_layers", "at 1 step(s) per call"), then one per choice ("" where there is
+            one, "16 steps per call").
         measured: Their measurement side by side, in that order.
     """
     (without, plain), *choices = sides
@@ -239,8 +240,8 @@ def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
     """Whether recipes changed a compile setting other than XLA, or the examples per step, or the strategy."""
 
     def training(plan: Plan) -> tuple[dict, tuple[int, int, str]]:
-        settings = {key: value for key, value in plan.compile_config.items() if key != "jit_compile"}
-        return settings, _examples_per_step(plan)
+        settings = {key: value for key, value in plan.compile_config.items() if key not in _STEPS_AND_XLA}
+        return {**settings, "steps_per_execution": plan.steps_per_call}, _examples_per_step(plan)
 
     return training(baseline) != training(optimized)
 
@@ -248,6 +249,10 @@ def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
 def _rewritten_otherwise(baseline: Built, optimized: Built) -> bool:
     """Whether the optimized model's layers were rewritten (`fused_layers`) where the baseline's were not."""
     return optimized.plan.layer_rewrites != baseline.plan.layer_rewrites
+
+
+# Read through the plan (steps per call: 1 where unset), not as the compile arguments say them.
+_STEPS_AND_XLA = ("jit_compile", "steps_per_execution")
 
 
 def _examples_per_step(plan: Plan) -> tuple[int, int, str]:

@@ -189,6 +189,9 @@ def test_dispatch_bound_under_xla_goes_to_steps_per_execution_then_a_larger_batc
     assert called.recipe == "batch_size" and "runs 8 steps per call already" in called.reason
     full = only(diagnose_breakdown(idle_under_xla, V100, peak_memory_fraction=0.9, steps_per_call=8))
     assert (full.bottleneck, full.recipe) == (d.DISPATCH_BOUND, "grad_accum") and "peaked at 90%" in full.reason
+    # tfopt.profile captures one step per call to mark each: a model at 8 per call does not pay what it shows.
+    profiled = diagnose_breakdown(idle_under_xla, V100, steps_per_call=8, captured_steps_per_call=1)
+    assert profiled.findings == () and "the capture ran 1 step(s) per call" in " ".join(profiled.notes).lower()
     # A starved accelerator is idle too, but that is the input's doing: no dispatch claim.
     assert d.DISPATCH_BOUND not in diagnose_breakdown(breakdown(input_=60.0, device=5.0), V100).bottlenecks
     # On a CPU-only machine there is no accelerator to be idle: no claim.

@@ -161,6 +161,15 @@ def test_auto_keeps_the_fastest_number_faster_in_every_round():
     assert step.detail.endswith("within noise (beside 4 steps per call 1.00x [0.90-1.10])")
 
 
+def test_auto_without_a_measurement_leaves_the_number_as_it_was_and_says_so():
+    result = tfopt.apply(
+        mlp(), numbers(), recipes=["steps_per_execution"], hardware=FAKE_HARDWARE["cpu_plain"], **BUILD_ONLY
+    )
+    step = next(step for step in result.plan.applied if step.recipe == "steps_per_execution")
+    assert step.skipped and step.detail == "not measured (measure_speed=False): 1 step(s) per call, as before"
+    assert result.model.steps_per_execution == 1
+
+
 def test_a_model_at_sixteen_steps_per_call_has_no_larger_number_to_try():
     model = mlp()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=16)

@@ -74,38 +74,57 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
-# One pass of 10 steps an epoch trains at 5 per call (calls end at steps 5, 10, 15, 20); a stream of 8 at 4.
+# (steps_per_epoch, the model's steps per call, calls up to the crash, the newest checkpoint then): one pass of
+# 10 steps an epoch trains at 5 per call for 4 (calls end at steps 5, 10, 15, 20) and at 2 for 3, whose resumed
+# rest of epoch 2 (8 steps) trains at 4; a stream of 8 steps an epoch at 4.
 @pytest.mark.parametrize(
-    "steps_per_epoch, calls_to_step_20, newest_checkpoint", [(None, 4, 15), (8, 5, 16)], ids=["one_pass", "stream"]
+    "steps_per_epoch, per_call, calls, newest_checkpoint",
+    [(None, 4, 4, 15), (None, 3, 7, 12), (8, 4, 5, 16)],
+    ids=["one_pass_at_4", "one_pass_at_3", "stream_at_4"],
 )
-def test_at_four_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(
-    tmp_path, steps_per_epoch, calls_to_step_20, newest_checkpoint
+def test_at_several_steps_per_call_a_resumed_run_ends_where_one_step_per_call_does(
+    tmp_path, steps_per_epoch, per_call, calls, newest_checkpoint
 ):
     """Keras calls back once per call. Given steps_per_epoch it runs whole calls (10 steps an epoch at 4 per
-    call would train 12), so an epoch of 10 trains at the divisor of 10 nearest to 4, and one of 8 at 4.
-    Checkpoints are written at the end of a call that crossed an interval of 4 steps (the crash at the end of
-    step 20, before its checkpoint, leaves the one before), and training resumes from there to the weights of
-    an uninterrupted run at one step per call."""
+    call would train 12), and it numbers a call cut short by the data's end as if it were whole: so each epoch,
+    and the rest of a resumed one, trains at the divisor of its steps nearest to the model's number.
+    Checkpoints are written at the end of a call that crossed an interval of 4 steps, each named by the updates
+    it holds (the crash at the end of a call, before its checkpoint, leaves the one before), and training
+    resumes from there to the weights of an uninterrupted run at one step per call."""
 
-    def four_per_call(seed=0):
+    def at_several_per_call(seed=0):
         built = make_built(seed=seed)
-        built.model.steps_per_execution = 4
+        built.model.steps_per_execution = per_call
         return built
 
     epochs = 3
     reference = make_built()
     train(reference, epochs=epochs, steps_per_epoch=steps_per_epoch)
     every = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, checkpoint_dir=tmp_path, checkpoint_every_steps=4)
-    crashed = four_per_call()
+    crashed = at_several_per_call()
     with pytest.raises(Crash):
-        train(crashed, callbacks=[CrashAt(calls_to_step_20)], **every)
-    assert crashed.model.steps_per_execution == 4  # as it was, after training at 5 per call
-    resumed = train(four_per_call(seed=5), **every)
+        train(crashed, callbacks=[CrashAt(calls)], **every)
+    assert crashed.model.steps_per_execution == per_call  # as it was, after training at another number
+    assert_checkpoints_named_by_their_updates(tmp_path)
+    resumed = train(at_several_per_call(seed=5), **every)
     assert resumed.resumed_from_step == newest_checkpoint
     assert resumed.global_step == epochs * (steps_per_epoch or STEPS_PER_EPOCH)
+    assert_checkpoints_named_by_their_updates(tmp_path)
     assert int(resumed_model_iterations(tmp_path)) == resumed.global_step
     for expected, actual in zip(weights(reference), resumed_weights(tmp_path), strict=True):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def assert_checkpoints_named_by_their_updates(directory):
+    """Every checkpoint kept is named by the step it says it is at, and its optimizer made that many updates."""
+    import tensorflow as tf
+
+    for index in Path(directory).glob("ckpt-*.index"):
+        path = str(index.with_suffix(""))
+        reader = tf.train.load_checkpoint(path)
+        step = int(path.rsplit("-", 1)[1])
+        assert int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == step
+        assert int(reader.get_tensor("optimizer_variables/0/.ATTRIBUTES/VARIABLE_VALUE")) == step, path
 
 
 def resumed_model_iterations(directory):

@@ -138,6 +138,22 @@ def test_a_batch_that_does_not_fit_trains_as_micro_batches_with_plain_kerass_upd
     assert int(result.model.optimizer.iterations.numpy()) == 3 * 4  # updates: one per batch of 16
 
 
+def test_a_model_at_four_steps_per_call_keeps_them_in_micro_batches(cpu_hardware):
+    """A model the user runs at 4 steps per call (set on it, not through compile) keeps its number, which now
+    counts micro-batches: the first-batch check runs the 2 pieces of its batch in one call, and the copy
+    trains as plain Keras does (16 micro-batches an epoch: whole calls)."""
+    model = regression(fits=8)
+    model.steps_per_execution = 4
+    twin = plain_twin(model)
+    result = tfopt.apply(
+        model, regression_data(), recipes=["data_pipeline"], hardware=cpu_hardware, measure_speed=False
+    )
+    assert (result.plan.micro_batches, result.model.steps_per_execution) == (2, 4)
+    assert result.model.get_compile_config()["steps_per_execution"] == 4
+    assert_same_training(result, twin, regression_data(), epochs=2)
+    assert int(result.model.optimizer.iterations.numpy()) == 2 * 4
+
+
 def test_bf16_and_xla_forced_keep_the_micro_batches(cpu_hardware):
     model = regression(fits=8)
     result = tfopt.apply(model, regression_data(), recipes=FORCED, hardware=cpu_hardware, measure_speed=False)

@@ -155,7 +155,9 @@ def _keras_fit(model, dataset, epochs, steps_per_epoch, callbacks, checkpoint_di
     length = int(dataset.cardinality())
     if one_iterator and steps_per_epoch is None and length > 0:
         dataset, steps_per_epoch = dataset.repeat(), length
-    with steps_per_call(model, whole_calls(model, steps_per_epoch)):
+    # Whole calls where the epoch's length is known: Keras numbers a call cut short by the data's end as if it
+    # had run all its steps.
+    with steps_per_call(model, whole_calls(model, steps_per_epoch or (length if length > 0 else None))):
         return model.fit(
             dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose, shuffle=False
         )

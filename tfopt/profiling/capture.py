@@ -220,6 +220,7 @@ def profile(
         measurement=measurement,
         peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware),
         steps_per_call=captured.steps_per_call,
+        captured_steps_per_call=1,
     )
     hotspots = find_hotspots(
         captured.xplane_path,

@@ -196,6 +196,7 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
             peak_memory_fraction=profile.peak_memory_fraction,
             measurement=profile.measurement,
             steps_per_call=profile.capture.steps_per_call,
+            captured_steps_per_call=1,
         )
     raise TypeError(
         f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
@@ -240,6 +241,7 @@ def diagnose_breakdown(
     peak_memory_fraction: float | None = None,
     measurement: Measurement | None = None,
     steps_per_call: int = 1,
+    captured_steps_per_call: int | None = None,
 ) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
@@ -250,11 +252,21 @@ def diagnose_breakdown(
         measurement: The run's `measurement.Measurement` (input efficiency and its noise), where measured.
         steps_per_call: The training steps the model runs per call of its train function (Keras'
             `steps_per_execution`): past 1, a dispatch-bound step is sent to a larger batch.
+        captured_steps_per_call: The steps per call the capture ran, where not the model's (`tfopt.profile`
+            marks each step: one per call). Its per-call cost is then not the model's: no dispatch finding.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
     dispatch = _dispatch(breakdown, hardware, peak_memory_fraction, steps_per_call)
+    notes = list(breakdown.notes)
+    if dispatch is not None and captured_steps_per_call not in (None, steps_per_call):
+        notes.append(
+            f"The capture ran {captured_steps_per_call} step(s) per call to mark each step, and the model runs "
+            f"{steps_per_call}: the cost of each call from Python it shows is not the model's, so whether the "
+            "accelerator idles for per-step costs is not concluded (tfopt.Monitor measures the model as it runs)."
+        )
+        dispatch = None
     findings = [
         finding
         for finding in (
@@ -269,7 +281,6 @@ def diagnose_breakdown(
         if finding is not None
     ]
     findings.sort(key=lambda finding: (finding.severity != "high", -finding.percent))
-    notes = list(breakdown.notes)
     if measurement is None:
         notes.append(
             "No timed measurement next to the trace: the input efficiency (real steps against the "

@@ -12,9 +12,9 @@ BackupAndRestore, count the batches between calls), and the loss shown per batch
 per call train 12 (`tfopt.training.calls.whole_calls` trains such an epoch at a number that divides it).
 Hence this recipe is not in the default chain: a callback of yours that acts per batch would act once per N.
 
-With "auto" the number is chosen by measurement (`tfopt.verdict.steps_per_execution_decided`): the
-optimized setup measured side by side at its own number and at each larger candidate, the fastest kept only
-where faster than one call per step in every round, else left as it was with its ratio.
+With "auto" the number is chosen by measurement (`tfopt.verdict.decided_alone`): the optimized setup measured
+side by side at its own number and at each larger candidate; of those faster than its own number in every
+round, the one of highest median is kept, else the setup is left as it was, with the ratios.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ class StepsPerExecution(Recipe):
 # What changes for the user's `fit` at N steps per call, said wherever N > 1 is planned.
 CALLBACKS = (
     "Keras calls back once per call (on_train_batch_begin/end; its ModelCheckpoint and BackupAndRestore count the "
-    "batches), and given steps_per_epoch it runs whole calls: fit with a multiple of the steps per call, or one "
-    "pass over a finite dataset (tfopt-recipe run does)"
+    "batches), and given steps_per_epoch (or evaluate's and predict's steps) it runs whole calls: give a multiple "
+    "of the steps per call, or one pass over a finite dataset (tfopt-recipe run does)"
 )
 
 

@@ -1,9 +1,10 @@
 """Running a compiled model at another number of steps per call of its train function, for a while.
 
-Keras reads `steps_per_execution` when it makes the train function, so changing it means making the function
-again (a new trace, an XLA compilation); the model's own function is put back afterwards, so its next `fit` runs
-as before without tracing again. Used where Keras' calls must be of another size than the model's: a capture
-marks each step (one per call), and an epoch that is not a whole number of the model's calls (`whole_calls`).
+Keras reads `steps_per_execution` when it makes the train, test and predict functions, so changing it means
+making them again (a new trace, an XLA compilation); the model's own are put back afterwards, so its next
+`fit`, `evaluate` and `predict` run as before without tracing again. Used where Keras' calls must be of another
+size than the model's: a capture marks each step (one per call), and an epoch that is not a whole number of
+the model's calls (`whole_calls`).
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ def steps_per_call(model: keras.Model, steps: int) -> Iterator[None]:
     if steps == own:
         yield
         return
-    function = model.train_function
-    model.steps_per_execution, model.train_function = steps, None
+    # Keras makes each of them with the number in force: fit's validation and a callback's predict too.
+    functions = (model.train_function, model.test_function, model.predict_function)
+    model.steps_per_execution = steps
+    model.train_function = model.test_function = model.predict_function = None
     try:
         yield
     finally:
-        model.steps_per_execution, model.train_function = own, function
+        model.steps_per_execution = own
+        model.train_function, model.test_function, model.predict_function = functions
 
 
 def whole_calls(model: keras.Model, steps_per_epoch: int | None) -> int:

@@ -167,7 +167,9 @@ def train(
                     run_callbacks.append(saver)
                 run_callbacks.append(StopAtStepEnd())  # last: the step is counted and checkpointed first
                 # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
-                with steps_per_call(model, whole_calls(model, fit_kwargs["steps_per_epoch"])):
+                # The rest of a resumed epoch (steps_per_epoch None: to the end of the data) is whole calls too:
+                # Keras numbers a call cut short by the data's end as if it had run all its steps.
+                with steps_per_call(model, whole_calls(model, fit_kwargs["steps_per_epoch"] or steps * pieces)):
                     fitted = model.fit(
                         callbacks=run_callbacks,
                         validation_data=validation_data,
