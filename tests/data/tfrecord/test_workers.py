@@ -80,6 +80,28 @@ def test_a_dead_worker_is_a_clear_error_and_the_others_fail_fast(tmp_path):
         assert pool.write(tmp_path, 0, task, None)["records"] == 0  # an empty shard is still a valid file
 
 
+def test_a_conversion_stopped_mid_shard_leaves_no_half_written_shard(tmp_path):
+    """A worker killed while it writes (the conversion failed elsewhere, or Ctrl-C) leaves its shard under a
+    temporary name: the pool removes it as it stops. Here the worker waits on a named pipe that nobody writes,
+    its temporary shard open, when the block is left by an error."""
+    import threading
+    import time
+
+    fifo = tmp_path / "never-written.jpg"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    out.mkdir()
+    task = {"kind": "image_files", "files": [str(fifo)], "labels": [0]}
+    with pytest.raises(KeyboardInterrupt), ShardWriterPool(1) as pool:
+        threading.Thread(target=pool.write, args=(out, 0, task, None), daemon=True).start()
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".part-00000.tfrecord.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(out.glob(".part-00000.tfrecord.tmp-*"))  # the shard being written
+        raise KeyboardInterrupt
+    assert list(out.iterdir()) == []
+
+
 def test_workers_import_neither_tensorflow_nor_the_callers_script():
     code = (
         "import sys, tfopt.data.tfrecord.workers, tfopt.data.tfrecord.inputs; "

@@ -126,6 +126,7 @@ class ShardWriterPool:
         ]
         self._idle: queue.Queue[subprocess.Popen] = queue.Queue()
         self._workers = []
+        self._out_dirs: set[pathlib.Path] = set()  # where killed workers may leave a shard half-written
         try:
             for _ in range(count):
                 worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -141,6 +142,7 @@ class ShardWriterPool:
         Raises:
             DataError: The worker could not write the shard (e.g. a file vanished), or died.
         """
+        self._out_dirs.add(pathlib.Path(out_dir))
         worker = self._idle.get()
         answer = ""
         try:
@@ -180,6 +182,9 @@ class ShardWriterPool:
         for worker in self._workers:
             worker.wait()
             worker.stdout.close()
+            for out_dir in self._out_dirs:  # a killed worker's shard, under its temporary name (`write_shard`)
+                for temporary in out_dir.glob(f".part-*.tmp-{worker.pid}"):
+                    temporary.unlink(missing_ok=True)
 
 
 def serve() -> None:
