@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
-from tfopt.plan import Plan, serialized_setting
+from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting
 from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
 from tfopt.training.micro_batches import split_batches
 
@@ -342,8 +342,6 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
     return None
 
 
-# Compile settings set on the compiled model, never a reason to compile it again.
-_SET_ON_THE_MODEL = ("jit_compile", "steps_per_execution")
 # Keras' compile defaults: arguments at these values are left out of a call to a model's own `compile`.
 _UNSET = object()
 _KERAS_COMPILE_DEFAULTS = {
@@ -368,7 +366,7 @@ def _changed_settings(plan: Plan) -> dict[str, Any]:
     return {
         key: config
         for key, config in plan.compile_config.items()
-        if key not in _SET_ON_THE_MODEL
+        if key not in SET_ON_THE_MODEL
         and (key not in plan.compile_objects or serialized_setting(plan.compile_objects[key]) != config)
     }
 

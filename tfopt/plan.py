@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from tfopt.data.source import DataSource
 
 
+# Compile settings Keras reads from the compiled model's attributes when it makes the train function: the build
+# sets them on the model, and compiling again is never needed for them.
+SET_ON_THE_MODEL = ("jit_compile", "steps_per_execution")
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """What one recipe did to a plan, or why it did nothing.

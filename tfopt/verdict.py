@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from tfopt.plan import Step
+from tfopt.plan import SET_ON_THE_MODEL, Step
 from tfopt.profiling.metrics import spread
 
 if TYPE_CHECKING:
@@ -240,7 +240,8 @@ def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
     """Whether recipes changed a compile setting other than XLA, or the examples per step, or the strategy."""
 
     def training(plan: Plan) -> tuple[dict, tuple[int, int, str]]:
-        settings = {key: value for key, value in plan.compile_config.items() if key not in _STEPS_AND_XLA}
+        # The steps per call read through the plan (1 where unset), not as the compile arguments say them.
+        settings = {key: value for key, value in plan.compile_config.items() if key not in SET_ON_THE_MODEL}
         return {**settings, "steps_per_execution": plan.steps_per_call}, _examples_per_step(plan)
 
     return training(baseline) != training(optimized)
@@ -249,10 +250,6 @@ def _compiled_otherwise(baseline: Plan, optimized: Plan) -> bool:
 def _rewritten_otherwise(baseline: Built, optimized: Built) -> bool:
     """Whether the optimized model's layers were rewritten (`fused_layers`) where the baseline's were not."""
     return optimized.plan.layer_rewrites != baseline.plan.layer_rewrites
-
-
-# Read through the plan (steps per call: 1 where unset), not as the compile arguments say them.
-_STEPS_AND_XLA = ("jit_compile", "steps_per_execution")
 
 
 def _examples_per_step(plan: Plan) -> tuple[int, int, str]:
