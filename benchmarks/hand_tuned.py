@@ -167,14 +167,15 @@ def main() -> None:
         print("|---|---:|---:|---:|")
         for index, side in enumerate(names):
             print(
-                f"| {side} | {_spread(measured.rounds[index], 1)} | {_spread(measured.ratios(index, 0))}x | "
-                f"{_spread(measured.ratios(index, 1))}x |"
+                f"| {side} | {spread(measured.rounds[index], 1)} | {spread(measured.ratios(index, 0))}x | "
+                f"{spread(measured.ratios(index, 1))}x |"
             )
         with_rewrite, without = (2, 3) if kept else (3, 2)
-        print(f"\nfused_layers' own ratio (with / without): {_spread(measured.ratios(with_rewrite, without))}x\n")
+        print(f"\nfused_layers' own ratio (with / without): {spread(measured.ratios(with_rewrite, without))}x\n")
 
 
-def _spread(values, digits: int = 2) -> str:
+def spread(values, digits: int = 2) -> str:
+    """The median [min-max] of `values`."""
     values = list(values)
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 

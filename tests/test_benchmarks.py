@@ -70,8 +70,8 @@ def test_the_data_service_benchmark_names_the_machine(machine):
 
 
 @pytest.mark.parametrize("machine", ["h100", "cpu_bf16"])
-@pytest.mark.parametrize("name", ["hand_tuned", "steps_per_execution"])
-def test_the_hand_tuned_and_steps_per_call_benchmarks_name_the_machine(monkeypatch, machine, name):
+@pytest.mark.parametrize("name", ["hand_tuned", "steps_per_execution", "gpu_threads"])
+def test_the_hand_tuned_steps_per_call_and_gpu_threads_benchmarks_name_the_machine(monkeypatch, machine, name):
     benchmark = load(name)
     monkeypatch.setattr(benchmark, "detect", lambda: FAKE_HARDWARE[machine])
     assert benchmark.header() == f"Measured on: {FAKE_HARDWARE[machine].describe()}"

@@ -1,11 +1,14 @@
-"""Tests of tfopt.runtime: GPU memory is set before TensorFlow starts the GPUs, or the error says how."""
+"""Tests of tfopt.runtime: GPU memory and the GPUs' threads are set before TensorFlow starts the GPUs, or the
+error says how."""
+
+import os
 
 import pytest
 import tensorflow as tf
 
-from tfopt import registry
+from tfopt import registry, runtime
 from tfopt.errors import RecipeConfigError
-from tfopt.runtime import configure_gpu_memory, gpu_memory_in_force
+from tfopt.runtime import configure_gpu_memory, configure_gpu_threads, gpu_memory_in_force, gpu_thread_mode_in_force
 
 
 class FakeGpuConfig:
@@ -14,7 +17,8 @@ class FakeGpuConfig:
     answer for the code under test."""
 
     def __init__(self, monkeypatch, initialised=False):
-        monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+        for variable in ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT"):
+            monkeypatch.delenv(variable, raising=False)  # and each is restored after the test
         self.gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
         self.growth, self.limits, self.initialised = {}, {}, initialised
         monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: self.gpus if kind == "GPU" else [])
@@ -22,6 +26,7 @@ class FakeGpuConfig:
         monkeypatch.setattr(tf.config.experimental, "get_memory_growth", lambda gpu: self.growth.get(gpu.name, False))
         monkeypatch.setattr(tf.config, "set_logical_device_configuration", self.set_limit)
         monkeypatch.setattr(tf.config, "get_logical_device_configuration", lambda gpu: self.limits.get(gpu.name))
+        monkeypatch.setattr(runtime, "_devices_started", lambda: self.initialised)
 
     def set_growth(self, gpu, enable):
         if self.initialised:
@@ -110,3 +115,48 @@ def test_bad_settings(monkeypatch, settings, words, setting):
 def test_gpu_memory_is_no_recipe_and_the_error_says_where_it_went():
     with pytest.raises(RecipeConfigError, match=r"runtime: \{gpu_memory_growth: true\}.*configure_gpu_memory"):
         registry.from_item({"gpu_memory": {"growth": True}})
+
+
+def test_gpu_threads_are_set_where_tensorflow_reads_them(monkeypatch):
+    FakeGpuConfig(monkeypatch)
+    assert gpu_thread_mode_in_force() == "global"  # TensorFlow's default
+    assert configure_gpu_threads("gpu_private", count=4) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
+    assert (os.environ["TF_GPU_THREAD_MODE"], os.environ["TF_GPU_THREAD_COUNT"]) == ("gpu_private", "4")
+    configure_gpu_threads("gpu_shared")  # no count: TensorFlow's own, not the 4 left from before
+    assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_shared" and "TF_GPU_THREAD_COUNT" not in os.environ
+    monkeypatch.setenv("TF_GPU_THREAD_MODE", " GPU_Private ")  # TensorFlow lower-cases it
+    assert gpu_thread_mode_in_force() == "gpu_private"
+
+
+def test_gpu_threads_too_late_say_how_and_change_nothing(monkeypatch):
+    fake = FakeGpuConfig(monkeypatch)
+    configure_gpu_threads("gpu_private")
+    fake.initialised = True  # the next cells trained a model
+    assert configure_gpu_threads("gpu_private") == ["/physical_device:GPU:0", "/physical_device:GPU:1"]  # run again
+    for mode, count in (("global", None), ("gpu_private", 3)):
+        with pytest.raises(RecipeConfigError, match="TensorFlow started the GPUs with TF_GPU_THREAD_MODE=gpu_private"):
+            configure_gpu_threads(mode, count=count)
+    assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private" and "TF_GPU_THREAD_COUNT" not in os.environ
+
+
+def test_gpu_threads_change_nothing_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    monkeypatch.delenv("TF_GPU_THREAD_MODE", raising=False)
+    assert configure_gpu_threads("gpu_private") == []  # this process' devices started long ago: no matter
+    assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private"  # its GPU-less children inherit a harmless value
+
+
+@pytest.mark.parametrize(
+    "settings, words, setting",
+    [
+        ({"mode": "private"}, "Expected one of global, gpu_private, gpu_shared", "mode"),
+        ({"mode": "gpu_private", "count": 0}, "at least 1", "count"),
+        ({"mode": "gpu_private", "count": True}, "at least 1", "count"),
+        ({"mode": "global", "count": 2}, "changes nothing", "count"),
+    ],
+)
+def test_bad_gpu_thread_settings(monkeypatch, settings, words, setting):
+    FakeGpuConfig(monkeypatch)
+    with pytest.raises(RecipeConfigError, match=words) as error:
+        configure_gpu_threads(**settings)
+    assert error.value.setting == setting and "TF_GPU_THREAD_MODE" not in os.environ

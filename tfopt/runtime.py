@@ -1,5 +1,5 @@
-"""Settings of the process, which TensorFlow fixes when it initialises its devices: GPU memory, and
-joining a multi-worker cluster.
+"""Settings of the process, which TensorFlow fixes when it initialises its devices: GPU memory, the GPUs'
+threads, and joining a multi-worker cluster.
 
 They are not recipes: a recipe changes a Plan, and by the time a plan exists TensorFlow has usually
 touched its devices already (its first op or device query initialises them), after which neither can be
@@ -12,6 +12,13 @@ changed. So they are made at the start of a process: `tfopt-recipe run` applies 
   GPU) fails. `set_memory_growth` makes it allocate as needed; a logical device with `memory_limit` caps
   it. The two exclude each other (TensorFlow refuses growth on a device with a virtual-device
   configuration). Peak memory is measured with `tfopt.training.peak_memory.track_peak_memory`.
+- **GPU threads.** By default TensorFlow launches every GPU op from the process-wide inter-op thread pool,
+  which the input pipeline's threads and every CPU op share: when they keep it busy, kernel launches wait
+  and the GPU idles. `TF_GPU_THREAD_MODE=gpu_private` gives each GPU threads of its own (TF_GPU_THREAD_COUNT,
+  2 by default), `gpu_shared` one pool for all GPUs; TensorFlow reads both when it creates each GPU device.
+  NVIDIA's and the Model Garden's training scripts set `gpu_private`. It is not tfopt's default: no GPU run
+  has measured it beside TensorFlow's own yet (`benchmarks/gpu_threads.py` does, in child processes, since a
+  process cannot try both).
 - **The cluster.** TensorFlow allows one MultiWorkerMirroredStrategy per process, made before its first
   op ("Collective ops must be configured at program startup"; a second one hangs), so a worker joins at
   start and the run's build is handed the same strategy (`tfopt.distribute.strategy` keeps it).
@@ -23,6 +30,7 @@ import logging
 import os
 from typing import Any
 
+from tfopt import environment_variables
 from tfopt.errors import RecipeConfigError
 
 _log = logging.getLogger("tfopt")
@@ -76,6 +84,105 @@ def configure_gpu_memory(*, growth: bool = True, limit_bytes: int | None = None)
                 + _TOO_LATE.format(args=f"growth={growth}, limit_bytes={limit_bytes}")
             ) from error
     return [gpu.name for gpu in gpus]
+
+
+GPU_THREAD_MODES = ("global", "gpu_private", "gpu_shared")
+"""TF_GPU_THREAD_MODE's values; TensorFlow refuses to start a GPU with any other (and "global" is its default)."""
+
+
+def configure_gpu_threads(mode: str = "gpu_private", count: int | None = None) -> list[str]:
+    """Sets how TensorFlow's GPUs get the threads that launch their kernels. Call it before any TensorFlow work.
+
+    It sets TF_GPU_THREAD_MODE (and TF_GPU_THREAD_COUNT, where given) in this process' environment, which
+    TensorFlow reads when it creates the GPU devices; child processes inherit it.
+
+    Args:
+        mode: One of `GPU_THREAD_MODES`.
+        count: Threads per GPU (gpu_private) or for all GPUs (gpu_shared); None keeps TensorFlow's 2.
+
+    Returns:
+        The GPUs it applies to (empty on a machine without GPUs, where it changes nothing).
+
+    Raises:
+        RecipeConfigError: The settings are invalid, or TensorFlow already started the GPUs with other ones
+            (the message says how to get them in force).
+
+    Example:
+        >>> configure_gpu_threads("gpu_private")  # at the top of a script  # doctest: +SKIP
+        ['/physical_device:GPU:0']
+    """
+    import tensorflow as tf
+
+    check_gpu_threads(mode=mode, count=count)
+    gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+    wanted = {"TF_GPU_THREAD_MODE": mode, "TF_GPU_THREAD_COUNT": None if count is None else str(count)}
+    if gpus and _devices_started() and _gpu_threads_in_environment() != wanted:
+        raise RecipeConfigError(
+            f"gpu_threads: TensorFlow started the GPUs with TF_GPU_THREAD_MODE={gpu_thread_mode_in_force()}, "
+            "and reads it only then. Call tfopt.runtime.configure_gpu_threads"
+            f"({mode!r}, count={count}) at the top of your script, before building models or datasets; in a "
+            "notebook, restart the kernel and call it in the first cell. Or set TF_GPU_THREAD_MODE="
+            f"{mode} before Python starts, or write `runtime: {{gpu_thread_mode: {mode}}}` in the recipe file: "
+            "`tfopt-recipe run` applies it first.",
+            setting="mode",
+        )
+    for name, value in wanted.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return gpus
+
+
+def check_gpu_threads(*, mode: Any, count: Any) -> None:
+    """Refuses GPU thread settings TensorFlow would refuse (or ignore), naming the setting.
+
+    Raises:
+        RecipeConfigError: With `setting` the argument to change.
+
+    Example:
+        >>> check_gpu_threads(mode="global", count=4)
+        Traceback (most recent call last):
+        ...
+        tfopt.errors.RecipeConfigError: gpu_threads: count=4 with mode 'global' ...
+    """
+    if mode not in GPU_THREAD_MODES:
+        raise RecipeConfigError(
+            f"gpu_threads: mode={mode!r}. Expected one of {', '.join(GPU_THREAD_MODES)} (TensorFlow refuses to "
+            "start a GPU with any other).",
+            setting="mode",
+        )
+    if count is None:
+        return
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise RecipeConfigError(
+            f"gpu_threads: count={count!r}. Expected a number of threads of at least 1, or null for TensorFlow's 2.",
+            setting="count",
+        )
+    if mode == "global":
+        raise RecipeConfigError(
+            f"gpu_threads: count={count} with mode 'global' changes nothing: the GPUs share TensorFlow's inter-op "
+            "pool, whose size is set apart. Give the GPUs threads of their own (mode gpu_private), or drop count.",
+            setting="count",
+        )
+
+
+def gpu_thread_mode_in_force() -> str:
+    """TF_GPU_THREAD_MODE as TensorFlow reads it (lower case; "global" where unset)."""
+    return (environment_variables.text("TF_GPU_THREAD_MODE") or "global").strip().lower()
+
+
+def _gpu_threads_in_environment() -> dict[str, str | None]:
+    count = environment_variables.text("TF_GPU_THREAD_COUNT")
+    return {"TF_GPU_THREAD_MODE": gpu_thread_mode_in_force(), "TF_GPU_THREAD_COUNT": count and count.strip()}
+
+
+def _devices_started() -> bool:
+    """Whether TensorFlow created its devices in this process (its first op did; listing them does not).
+    TensorFlow has no public question for it: its eager context holds a handle from then on."""
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
 
 
 def check_gpu_memory(*, growth: Any, limit_bytes: Any) -> None:

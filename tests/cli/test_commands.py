@@ -624,7 +624,12 @@ def test_gpu_memory_is_configured_before_the_recipe_is_loaded(tmp_path, capsys, 
     assert exit_code == 0, err
     assert calls[:2] == [("gpu", {"growth": True, "limit_bytes": None}), ("load",)]
     saved = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
-    assert saved["runtime"] == {"gpu_memory_growth": True, "gpu_memory_limit_bytes": None}
+    assert saved["runtime"] == {
+        "gpu_memory_growth": True,
+        "gpu_memory_limit_bytes": None,
+        "gpu_thread_mode": None,
+        "gpu_thread_count": None,
+    }
 
 
 KILLED_CHILD = textwrap.dedent("""

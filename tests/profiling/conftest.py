@@ -22,6 +22,7 @@ from tfopt.profiling.diagnose import diagnose_breakdown
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.sampler import HOST, Sample, Samples
 from tfopt.profiling.timing import StepTimes
+from tfopt.runtime import gpu_thread_mode_in_force
 
 FEATURES = 64
 BATCH = 32
@@ -160,8 +161,12 @@ def fake_profile(
         measurement=measurement,
         capture=capture,
         breakdown=breakdown,
-        diagnosis=diagnose_breakdown(
-            breakdown, hardware, peak_memory_fraction=peak / (40 * 2**30) if gpus else None, measurement=measurement
+        diagnosis=diagnose_breakdown(  # as tfopt.profile diagnoses its own capture
+            breakdown,
+            hardware,
+            peak_memory_fraction=peak / (40 * 2**30) if gpus else None,
+            measurement=measurement,
+            gpu_thread_mode=gpu_thread_mode_in_force(),
         ),
         hardware=hardware,
         steps_per_epoch=steps_per_epoch,

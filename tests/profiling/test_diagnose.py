@@ -275,6 +275,29 @@ def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
     assert only(on_gpu).bottleneck == "cpu_contention" and "dispatch" in only(on_gpu).reason
 
 
+def test_launches_waiting_on_the_host_name_the_gpus_own_threads_where_they_were_not_in_force():
+    """On a GPU, TensorFlow launches kernels from the inter-op pool the pipeline shares (TF_GPU_THREAD_MODE
+    global): a dispatch-bound or contended step names gpu_private, unless it was in force; CPUs never."""
+    contended = StepBreakdown(
+        source="trace", hardware_type="GPU", step_seconds=(0.1,), input_seconds=0.002, device_busy_seconds=0.09
+    )
+    cases = {
+        "dispatch": (breakdown(device=10.0), {}),
+        "dispatch under XLA": (breakdown(device=30.0, xla=100.0), {}),
+        "contention": (contended, {"measurement": _measured(0.6)}),
+    }
+    for name, (step, settings) in cases.items():
+        for mode, named in (("global", "TF_GPU_THREAD_MODE=global"), (None, "TF_GPU_THREAD_MODE is not known")):
+            finding = only(diagnose_breakdown(step, V100, gpu_thread_mode=mode, **settings))
+            assert named in finding.reason and "`runtime: {gpu_thread_mode: gpu_private}`" in finding.reason, name
+            assert "tfopt.runtime.configure_gpu_threads()" in finding.reason
+        in_force = only(diagnose_breakdown(step, V100, gpu_thread_mode="gpu_private", **settings))
+        assert "gpu_private" not in in_force.reason and in_force.recipe == finding.recipe, name
+    cpu = dataclasses.replace(contended, hardware_type="CPU_ONLY", device_busy_seconds=None)
+    on_cpu = only(diagnose_breakdown(cpu, CPU, measurement=_measured(0.6), gpu_thread_mode="global"))
+    assert on_cpu.bottleneck == "cpu_contention" and "TF_GPU_THREAD_MODE" not in on_cpu.reason
+
+
 def test_a_dispatch_bound_step_is_not_blamed_on_the_pipeline():
     # fit's own per-step costs make a dispatch-bound step slower than the ceiling's direct calls too.
     idle = breakdown(device=10.0)

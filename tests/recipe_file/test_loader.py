@@ -82,7 +82,12 @@ def test_defaults_are_filled_in(tmp_path):
     assert resolved["profile"] == {"steps": 20, "warmup_steps": 5, "logdir": None, "tune_budget_seconds": 120.0}
     assert resolved["report"] == {"formats": ["html", "markdown", "json"], "price_per_hour": None}
     assert resolved["recipes"] == "default"
-    assert resolved["runtime"] == {"gpu_memory_growth": None, "gpu_memory_limit_bytes": None}  # TensorFlow's own
+    assert resolved["runtime"] == {  # TensorFlow's own
+        "gpu_memory_growth": None,
+        "gpu_memory_limit_bytes": None,
+        "gpu_thread_mode": None,
+        "gpu_thread_count": None,
+    }
     assert resolved["model"] == {
         "name": "small_cnn",
         "input_shape": [64, 64, 3],
@@ -455,10 +460,12 @@ def test_the_runtime_section_is_read_without_tensorflow_and_checked_with_its_lin
     path = write(
         tmp_path,
         "runtime:\n  gpu_memory_growth: false\n  gpu_memory_limit_bytes: 1073741824\n"
+        "  gpu_thread_mode: gpu_private\n  gpu_thread_count: 3\n"
         "model: {name: small_cnn}\n" + TINY_DATA,
     )
-    assert runtime_settings(read_recipe(path)) == RuntimeSection(gpu_memory_growth=False, gpu_memory_limit_bytes=2**30)
-    assert load_recipe(path).to_dict()["runtime"] == {"gpu_memory_growth": False, "gpu_memory_limit_bytes": 2**30}
+    settings = {"gpu_memory_growth": False, "gpu_memory_limit_bytes": 2**30, "gpu_thread_mode": "gpu_private"}
+    assert runtime_settings(read_recipe(path)) == RuntimeSection(**settings, gpu_thread_count=3)
+    assert load_recipe(path).to_dict()["runtime"] == {**settings, "gpu_thread_count": 3}
     assert runtime_settings(read_recipe(write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA))) == RuntimeSection()
     clash = write(
         tmp_path,
@@ -471,6 +478,18 @@ def test_the_runtime_section_is_read_without_tensorflow_and_checked_with_its_lin
         RecipeFileError, match=r'runtime.gpu_memory_growth: "yes" is a string; expected true or false or null'
     ):
         runtime_settings(read_recipe(path, ["runtime.gpu_memory_growth='yes'"]))
+    typo = write(tmp_path, "runtime:\n  gpu_thread_mode: private\nmodel: {name: small_cnn}\n" + TINY_DATA, "typo.yaml")
+    with pytest.raises(
+        RecipeFileError,
+        match=r"runtime.gpu_thread_mode: 'private' is not one of global, gpu_private, gpu_shared. Did you mean "
+        r"'gpu_private'\? \(.*typo.yaml, line 2\)\.$",
+    ):
+        runtime_settings(read_recipe(typo))
+    counted = write(tmp_path, "runtime:\n  gpu_thread_count: 3\nmodel: {name: small_cnn}\n" + TINY_DATA, "count.yaml")
+    with pytest.raises(RecipeFileError, match=r"gpu_thread_count: 3 needs threads of the GPUs' own.*line 2\)"):
+        runtime_settings(read_recipe(counted))
+    with pytest.raises(RecipeFileError, match=r"gpu_thread_count: 3 needs threads.*count.yaml, line 2\)"):
+        runtime_settings(read_recipe(counted, ["runtime.gpu_thread_mode=global"]))  # global counts no threads
     old_style = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - gpu_memory: {growth: true}\n")
     with pytest.raises(RecipeFileError, match=r"not a recipe.*runtime: \{gpu_memory_growth: true\}.*line 4\)"):
         load_recipe(old_style)

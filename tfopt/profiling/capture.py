@@ -37,6 +37,7 @@ from tfopt.profiling.measurement import Measurement, measure
 from tfopt.profiling.metrics import Metrics
 from tfopt.profiling.sampler import DeviceSampler, Samples
 from tfopt.profiling.timing import StepTimes, WindowTimer, training_state_restored
+from tfopt.runtime import gpu_thread_mode_in_force
 from tfopt.training.calls import steps_per_call
 from tfopt.training.peak_memory import track_peak_memory
 
@@ -221,6 +222,7 @@ def profile(
         peak_memory_fraction=_memory_fraction(captured.peak_memory_bytes, hardware),
         steps_per_call=captured.steps_per_call,
         captured_steps_per_call=1,
+        gpu_thread_mode=gpu_thread_mode_in_force(),
     )
     hotspots = find_hotspots(
         captured.xplane_path,

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.hardware import Hardware
 from tfopt.profiling.breakdown import StepBreakdown
 from tfopt.profiling.layers import TOP_LAYER_SHARE
+from tfopt.runtime import gpu_thread_mode_in_force
 
 if TYPE_CHECKING:
     from tfopt.profiling.hotspots import Hotspots
@@ -197,6 +198,7 @@ def diagnose(profile_or_breakdown: Any, hardware: Hardware | None = None) -> Dia
             measurement=profile.measurement,
             steps_per_call=profile.capture.steps_per_call,
             captured_steps_per_call=1,
+            gpu_thread_mode=gpu_thread_mode_in_force(),  # a Profile is this process' own
         )
     raise TypeError(
         f"diagnose() takes a Profile (from tfopt.profile), a StepBreakdown or a capture's path; "
@@ -242,6 +244,7 @@ def diagnose_breakdown(
     measurement: Measurement | None = None,
     steps_per_call: int = 1,
     captured_steps_per_call: int | None = None,
+    gpu_thread_mode: str | None = None,
 ) -> Diagnosis:
     """The pure classification behind `diagnose`.
 
@@ -254,11 +257,15 @@ def diagnose_breakdown(
             `steps_per_execution`): past 1, a dispatch-bound step is sent to a larger batch.
         captured_steps_per_call: The steps per call the capture ran, where not the model's (`tfopt.profile`
             marks each step: one per call). Its per-call cost is then not the model's: no dispatch finding.
+        gpu_thread_mode: TF_GPU_THREAD_MODE of the process that ran (`tfopt.runtime.gpu_thread_mode_in_force`),
+            None where not known (a capture read later). On a GPU, findings of launches waiting for the host's
+            threads name the GPUs' own threads where they were not in force.
 
     Returns:
         The findings, high severity first, then by share of step time.
     """
-    dispatch = _dispatch(breakdown, hardware, peak_memory_fraction, steps_per_call)
+    threads = _gpu_threads(hardware, gpu_thread_mode)
+    dispatch = _dispatch(breakdown, hardware, peak_memory_fraction, steps_per_call, threads)
     notes = list(breakdown.notes)
     if dispatch is not None and captured_steps_per_call not in (None, steps_per_call):
         notes.append(
@@ -272,7 +279,7 @@ def diagnose_breakdown(
         for finding in (
             # A dispatch-bound step is slower than the ceiling's direct calls by fit's own per-step costs too:
             # that gap is not the pipeline's, so it is not read as contention there.
-            _input(breakdown, hardware, None if dispatch else measurement),
+            _input(breakdown, hardware, None if dispatch else measurement, threads),
             *_share_findings(breakdown),
             _memory_bound(breakdown),
             _precision(breakdown, hardware),
@@ -306,11 +313,11 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measurement) -> Finding | None:
+def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measurement, threads: str) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
     if severity is None:
-        return _contention(percent, hardware, measurement)
+        return _contention(percent, hardware, measurement, threads)
     split = breakdown.input_split or {}
     waiting = f"{percent:.1f}% of each wall step waits for input"
     if split.get("file_read", 0.0) >= INPUT_CAUSE_FRACTION:
@@ -341,7 +348,7 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measuremen
     )
 
 
-def _contention(input_percent: float, hardware: Hardware, measurement: Measurement) -> Finding | None:
+def _contention(input_percent: float, hardware: Hardware, measurement: Measurement, threads: str) -> Finding | None:
     """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores."""
     efficiency = measurement.input_efficiency if measurement is not None else None
     if efficiency is None:
@@ -361,7 +368,20 @@ def _contention(input_percent: float, hardware: Hardware, measurement: Measureme
         f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling although only "
         f"{input_percent:.1f}% of each step visibly waits for input: the input pipeline competes with "
         f"{competitor} for {hardware.cpu_count} CPU core(s); caching decoded data and parallel, "
-        "prefetched stages cut its cost.",
+        f"prefetched stages cut its cost.{threads}",
+    )
+
+
+def _gpu_threads(hardware: Hardware, gpu_thread_mode: str | None) -> str:
+    """The sentence naming the GPUs' own launch threads (`tfopt.runtime.configure_gpu_threads`) for a finding
+    of launches waiting on the host, or "" where they were in force or there is no GPU."""
+    if hardware.accelerator != "gpu" or gpu_thread_mode == "gpu_private":
+        return ""
+    now = f"TF_GPU_THREAD_MODE={gpu_thread_mode}" if gpu_thread_mode else "the run's TF_GPU_THREAD_MODE is not known"
+    return (
+        f" Kernel launches share TensorFlow's inter-op threads with the pipeline and the CPU ops ({now}): "
+        "`runtime: {gpu_thread_mode: gpu_private}` in a recipe file, or tfopt.runtime.configure_gpu_threads() at "
+        "the top of a script, gives the GPUs threads of their own (benchmarks/gpu_threads.py measures it)."
     )
 
 
@@ -441,7 +461,11 @@ def _precision(breakdown: StepBreakdown, hardware: Hardware) -> Finding | None:
 
 
 def _dispatch(
-    breakdown: StepBreakdown, hardware: Hardware, peak_memory_fraction: float | None, steps_per_call: int
+    breakdown: StepBreakdown,
+    hardware: Hardware,
+    peak_memory_fraction: float | None,
+    steps_per_call: int,
+    threads: str,
 ) -> Finding | None:
     busy = breakdown.busy_percent
     if (
@@ -461,7 +485,7 @@ def _dispatch(
             100.0 - busy,
             "xla",
             f"{idle}: per-step costs (op dispatch, one launch per op, Python) dominate. XLA compiles "
-            "the step into a few fused kernels.",
+            f"the step into a few fused kernels.{threads}",
         )
     full = peak_memory_fraction is not None and peak_memory_fraction >= MEMORY_FULL_FRACTION
     if full:
@@ -483,7 +507,7 @@ def _dispatch(
             100.0 - busy,
             "grad_accum" if full else "batch_size",
             f"{idle}, XLA is on and the model runs {steps_per_call} steps per call already: the rest is fixed "
-            f"per-step cost; {larger}, which changes the learning.",
+            f"per-step cost; {larger}, which changes the learning.{threads}",
         )
     return Finding(
         DISPATCH_BOUND,
@@ -492,7 +516,7 @@ def _dispatch(
         "steps_per_execution",
         f"{idle} and XLA is on: the rest is the fixed cost of each call from Python (the call, the iterator's "
         "handover, the read of the step's logs), which steps_per_execution pays once per several steps with the "
-        f"same learning. Beyond that, {larger}, which changes the learning.",
+        f"same learning. Beyond that, {larger}, which changes the learning.{threads}",
     )
 
 

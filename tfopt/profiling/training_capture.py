@@ -88,6 +88,7 @@ def _profile_record(directory: Path, step: int, hardware: Hardware, model: keras
     from tfopt.profiling.analyze import analyze, find_xplane
     from tfopt.profiling.diagnose import diagnose_breakdown, refine_diagnosis
     from tfopt.profiling.hotspots import find_hotspots
+    from tfopt.runtime import gpu_thread_mode_in_force
 
     try:
         breakdown = analyze(directory)
@@ -96,7 +97,13 @@ def _profile_record(directory: Path, step: int, hardware: Hardware, model: keras
         return None
     hotspots = find_hotspots(find_xplane(directory), hardware, model=model, step_seconds=breakdown.step_seconds_mean)
     diagnosis = refine_diagnosis(
-        diagnose_breakdown(breakdown, hardware, steps_per_call=model.steps_per_execution), hotspots
+        diagnose_breakdown(
+            breakdown,
+            hardware,
+            steps_per_call=model.steps_per_execution,
+            gpu_thread_mode=gpu_thread_mode_in_force(),
+        ),
+        hotspots,
     )
     stage = hotspots.stages.bottleneck if hotspots.stages else None
     layer = hotspots.layers.top if hotspots.layers else None

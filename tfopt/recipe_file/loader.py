@@ -61,7 +61,7 @@ class RecipeFile:
             what helps, within `profile.tune_budget_seconds`).
         profile: How the before/after measurements are taken.
         report: What the report contains.
-        runtime: How the process is set up before TensorFlow starts (GPU memory).
+        runtime: How the process is set up before TensorFlow starts (GPU memory, the GPUs' threads).
 
     Example:
         >>> recipe = load_recipe("recipes/small_cnn.yaml")
@@ -184,11 +184,11 @@ def runtime_settings(document: RecipeDocument) -> RuntimeSection:
     it before `load_recipe`, which initialises TensorFlow's devices).
 
     Raises:
-        RecipeFileError: A setting is invalid or the GPU memory settings exclude each other (naming the line).
+        RecipeFileError: A setting is invalid, or settings exclude each other (naming the line).
 
     Example:
         >>> runtime_settings(read_recipe("recipes/small_cnn.yaml", ["runtime.gpu_memory_growth=true"]))
-        RuntimeSection(gpu_memory_growth=True, gpu_memory_limit_bytes=None)
+        RuntimeSection(gpu_memory_growth=True, gpu_memory_limit_bytes=None, gpu_thread_mode=None, gpu_thread_count=None)
     """
     return _runtime(document.raw, document.locations, _bases(document.path))
 
@@ -327,5 +327,12 @@ def _runtime(raw: dict, locations: Locations, bases: dict) -> RuntimeSection:
             f"runtime: gpu_memory_growth: true and gpu_memory_limit_bytes: {section.gpu_memory_limit_bytes} "
             "exclude each other (TensorFlow refuses memory growth on a device with a memory limit). Set "
             "gpu_memory_growth: false to cap memory, or drop gpu_memory_limit_bytes to grow as needed",
+        )
+    if section.gpu_thread_count is not None and section.gpu_thread_mode in (None, "global"):
+        raise fail(
+            locations,
+            ("runtime", "gpu_thread_count"),
+            f"runtime: gpu_thread_count: {section.gpu_thread_count} needs threads of the GPUs' own to count: add "
+            "gpu_thread_mode: gpu_private (or gpu_shared), or drop gpu_thread_count",
         )
     return section

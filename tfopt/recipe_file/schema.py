@@ -17,6 +17,7 @@ from typing import Any
 
 from tfopt.errors import RecipeFileError
 from tfopt.recipe_file.reader import Locations, dotted, show, type_name
+from tfopt.runtime import GPU_THREAD_MODES
 from tfopt.suggest import did_you_mean
 
 REPORT_FORMATS = ("html", "markdown", "json")
@@ -86,10 +87,16 @@ class RuntimeSection:
     `gpu_memory_growth: true` allocates GPU memory as needed (by default TensorFlow reserves nearly all of
     every GPU at start); `gpu_memory_limit_bytes` caps this process' memory on each GPU instead (with
     growth false or unset). Both unset: TensorFlow's default.
+
+    `gpu_thread_mode: gpu_private` gives each GPU threads of its own to launch kernels from
+    (TF_GPU_THREAD_MODE; `gpu_thread_count` of them, TensorFlow's 2 where unset). Unset: the environment's
+    TF_GPU_THREAD_MODE, else TensorFlow's `global`.
     """
 
     gpu_memory_growth: bool | None = _setting(None, bool, nullable=True)
     gpu_memory_limit_bytes: int | None = _setting(None, int, at_least=2**20, nullable=True)
+    gpu_thread_mode: str | None = _setting(None, str, nullable=True, choices=GPU_THREAD_MODES)
+    gpu_thread_count: int | None = _setting(None, int, at_least=1, nullable=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +197,13 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
     if not valid_type or out_of_range:
         problem = "is out of range" if out_of_range else f"is a {type_name(value)}"
         raise fail(locations, path, f"{dotted(path)}: {show(value)} {problem}; expected {_expected(metadata)}")
+    if kind is str and metadata["choices"] and value not in metadata["choices"]:
+        raise fail(
+            locations,
+            path,
+            f"{dotted(path)}: {value!r} is not one of {', '.join(metadata['choices'])}."
+            + did_you_mean(value, metadata["choices"]),
+        )
     if kind is list:
         for index, item in enumerate(value):
             if metadata["choices"] and item not in metadata["choices"]:

@@ -1,6 +1,6 @@
 """What a `tfopt-recipe` process does before anything initialises TensorFlow's devices.
 
-The recipe file says how the process must run (its `runtime:` section: GPU memory growth or a limit)
+The recipe file says how the process must run (its `runtime:` section: GPU memory, the GPUs' threads)
 and whether a worker joins a multi-worker cluster (its `distribution` item). TensorFlow fixes both at its
 first op or device query (see `tfopt.runtime`), which loading the whole recipe reaches (it checks
 optimizer names and data sources), so these are read from the file without TensorFlow and applied first.
@@ -38,6 +38,14 @@ def start_process(document: RecipeDocument) -> Any | None:
         memory = {"growth": bool(settings.gpu_memory_growth), "limit_bytes": settings.gpu_memory_limit_bytes}
         configured = runtime.configure_gpu_memory(**memory)
         _log.info("gpu memory: %s applied to %d GPU(s) before TensorFlow initialised them", memory, len(configured))
+    if settings.gpu_thread_mode is not None:
+        configured = runtime.configure_gpu_threads(settings.gpu_thread_mode, settings.gpu_thread_count)
+        _log.info(
+            "gpu threads: %s (count %s) applied to %d GPU(s) before TensorFlow initialised them",
+            settings.gpu_thread_mode,
+            settings.gpu_thread_count or "TensorFlow's 2",
+            len(configured),
+        )
     distribution = recipe_item_settings(document, "distribution")
     if distribution is None or distribution["strategy"] not in ("auto", "multi_worker"):
         return None
