@@ -25,6 +25,16 @@ def test_not_input_bound_plain_cpu_tries_only_xla():
     assert "lacks bfloat16 instructions" in chosen.not_tried["mixed_precision"]
 
 
+def test_batch_norms_the_fused_kernel_computes_make_fused_layers_a_candidate():
+    chosen = choose_candidates(FAKE_HARDWARE["cpu_plain"], input_efficiency=0.97, fusable_batch_norms=3)
+    assert list(chosen.recipes) == ["xla", "fused_layers"]
+    assert chosen.recipes["fused_layers"].get_config() == {"batch_norm": True, "conv_bias": True}  # trials decide
+    assert (
+        "no BatchNormalization layer"
+        in choose_candidates(FAKE_HARDWARE["cpu_plain"], input_efficiency=0.97).not_tried["fused_layers"]
+    )
+
+
 def test_v100_tries_float16():
     assert list(choose_candidates(FAKE_HARDWARE["v100"], input_efficiency=0.9).recipes) == ["mixed_float16", "xla"]
 

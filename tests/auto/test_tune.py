@@ -12,7 +12,7 @@ from tfopt.auto.trials import TrialRunner, _per_step_losses
 from tfopt.errors import RecipeConfigError
 from tfopt.optimize import resolve_recipes
 from tfopt.plan import make_plan
-from tfopt.recipes import DataPipeline, DataService, MixedPrecision, Xla
+from tfopt.recipes import DataPipeline, DataService, FusedLayers, MixedPrecision, Xla
 
 FAST = dict(steps=3, warmup_steps=1, numerics_steps=3)
 
@@ -110,11 +110,13 @@ def test_tune_end_to_end(cpu_hardware):
     labels = {row.configuration for row in table.rows}
     assert {"mixed_bfloat16", "xla"} <= labels
     assert {decision.candidate for decision in table.decisions} >= {"mixed_bfloat16", "xla"}
+    assert "fused_layers" in labels  # the CNN has a BatchNormalization
     assert set(tuning.recipe.recipes) == {
         {
             "data_pipeline": DataPipeline(),
             "mixed_bfloat16": MixedPrecision(policy="mixed_bfloat16"),
             "xla": Xla(jit_compile=True),
+            "fused_layers": FusedLayers(batch_norm=True, conv_bias=True),
         }[label]
         for label in table.chosen
     }
@@ -167,11 +169,13 @@ def test_trial_models_build_their_optimizer_in_the_plans_strategy(cpu_hardware):
     assert len(model.optimizer.variables) == 2 + 2 * len(model.trainable_variables)  # Adam: 2 slots each
 
 
-def test_tf32_is_part_of_the_trial_model_key(cpu_hardware):
+def test_what_the_build_changes_is_part_of_the_trial_model_key(cpu_hardware):
     from tfopt.auto.trials import _model_key
 
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     assert _model_key(plan) != _model_key(plan.replace(tf32=not plan.tf32))
+    for built_otherwise in ({"layer_rewrites": ("batch_norm",)}, {"float32_layers": ("dense",)}, {"micro_batches": 2}):
+        assert _model_key(plan) != _model_key(plan.replace(**built_otherwise)), built_otherwise
     assert _model_key(plan) == _model_key(plan.replace(dataset=make_images(count=16)))  # data alone: shared
 
 

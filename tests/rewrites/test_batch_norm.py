@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfopt.rewrites import rewrite
-from tfopt.rewrites.batch_norm import FusedBatchNormalization, fusable
+from tfopt.rewrites.batch_norm import FusedBatchNormalization, fusable, fusable_batch_norms
 
 SHAPES = [(16, 6), (8, 5, 6), (4, 3, 5, 6), (2, 3, 3, 2, 6)]  # dense, sequence, image, volume; 6 channels
 
@@ -125,6 +125,7 @@ def test_rewrite_changes_the_class_of_the_layers_in_place_nested_models_too():
     model = keras.Model(inputs, outputs)
     weights = [w.numpy() for w in model.weights]
     bn = inner.layers[-1]
+    assert fusable_batch_norms(model) == [bn.name, "outer"] and type(bn) is keras.layers.BatchNormalization  # asks
     ((rewritten, kept),) = rewrite(model, ("batch_norm",)).values()
     assert rewritten == [bn.name, "outer"] and type(bn) is FusedBatchNormalization
     assert kept == [
@@ -134,6 +135,7 @@ def test_rewrite_changes_the_class_of_the_layers_in_place_nested_models_too():
     for got, want in zip(model.weights, weights):
         np.testing.assert_array_equal(got.numpy(), want)
     assert rewrite(model, ("batch_norm",)) == {"batch_norm": ([], kept)}  # done once
+    assert fusable_batch_norms(model) == []
     config = bn.get_config()
     assert config == keras.layers.BatchNormalization.from_config(config).get_config()
 

@@ -56,7 +56,11 @@ class Candidates:
 
 
 def choose_candidates(
-    hardware: Hardware, *, input_efficiency: float | None, diagnosis: Diagnosis | None = None
+    hardware: Hardware,
+    *,
+    input_efficiency: float | None,
+    diagnosis: Diagnosis | None = None,
+    fusable_batch_norms: int = 0,
 ) -> Candidates:
     """Picks the recipes worth a trial on this hardware for this bottleneck.
 
@@ -64,6 +68,9 @@ def choose_candidates(
       less than `INPUT_BOUND_EFFICIENCY` of the compute-only ceiling.
     - mixed precision in the 16-bit type the hardware computes natively (`choose_policy`), if any.
     - XLA, always: whether it pays off depends on the model and the machine, which is what trials measure.
+    - fused_layers (both rewrites), where the model has BatchNormalization layers the fused kernel computes:
+      the rewrite changes how, not what, the model computes, and whether it is faster depends on the machine
+      and on XLA (the trials' greedy combination measures both).
     - data_service with 1 and (on 4 cores or more) 2 local worker processes, where the diagnosis says the
       input pipeline is parallel already and the host's cores are its limit (`tfopt.profiling.stages`):
       whether workers beside training on the same cores help is what trials measure; workers on other hosts
@@ -73,6 +80,7 @@ def choose_candidates(
         hardware: The machine.
         input_efficiency: On-device ceiling step time / real step time of the baseline, where measured.
         diagnosis: A `tfopt.profiling.diagnose.Diagnosis` of the baseline, where profiling worked.
+        fusable_batch_norms: The model's BatchNormalization layers `fused_layers` would rewrite.
 
     Returns:
         The candidates.
@@ -83,7 +91,7 @@ def choose_candidates(
         >>> list(chosen.recipes)
         ['data_pipeline', 'mixed_bfloat16', 'xla']
     """
-    from tfopt.recipes import DataPipeline, DataService, MixedPrecision, Xla, choose_policy
+    from tfopt.recipes import DataPipeline, DataService, FusedLayers, MixedPrecision, Xla, choose_policy
 
     recipes: dict[str, Recipe] = {}
     not_tried: dict[str, str] = {}
@@ -110,6 +118,10 @@ def choose_candidates(
     else:
         recipes[policy] = MixedPrecision(policy=policy)
     recipes["xla"] = Xla(jit_compile=True)
+    if fusable_batch_norms:
+        recipes["fused_layers"] = FusedLayers(batch_norm=True, conv_bias=True)
+    else:
+        not_tried["fused_layers"] = "the model has no BatchNormalization layer the fused kernel computes"
     stages = diagnosis.hotspots.stages if diagnosis is not None and diagnosis.hotspots is not None else None
     if input_bound and stages is not None and stages.recipe == "data_service":
         for workers in (1, 2) if hardware.cpu_count >= 4 else (1,):

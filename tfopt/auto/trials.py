@@ -270,7 +270,8 @@ def _per_step_losses(running_means: list[float], batch_sizes: list[int]) -> tupl
 
 def _model_key(plan: Plan) -> str:
     """What decides the built model: configurations with the same key differ only in their data. TF32 is
-    part of it: float32 math in TF32 or IEEE float32 is another model to time (and, under XLA, to compile)."""
+    part of it: float32 math in TF32 or IEEE float32 is another model to time (and, under XLA, to compile);
+    so are the layers the build rewrites or keeps in float32, and the micro-batches it trains in."""
     return repr(
         (
             plan.dtype_policy,
@@ -278,5 +279,8 @@ def _model_key(plan: Plan) -> str:
             plan.strategy,
             sorted(plan.strategy_options.items()),
             sorted(plan.compile_config.items()),
+            plan.layer_rewrites,
+            plan.float32_layers,
+            plan.micro_batches,
         )
     )

@@ -23,6 +23,7 @@ from tfopt.auto.trials import TrialRunner
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, chain
+from tfopt.rewrites.batch_norm import fusable_batch_norms
 
 if TYPE_CHECKING:
     import keras
@@ -139,11 +140,15 @@ def tune(
     )
     if profile is None:
         profile = budget_seconds >= PROFILE_MIN_BUDGET_SECONDS
-    diagnosis, measurement = _diagnose(
-        runner.baseline(start + budget_seconds).model, plan, steps=steps, warmup_steps=warmup_steps, profile=profile
-    )
+    baseline = runner.baseline(start + budget_seconds).model
+    diagnosis, measurement = _diagnose(baseline, plan, steps=steps, warmup_steps=warmup_steps, profile=profile)
     input_efficiency = measurement.input_efficiency
-    candidates = choose_candidates(plan.hardware, input_efficiency=input_efficiency, diagnosis=diagnosis)
+    candidates = choose_candidates(
+        plan.hardware,
+        input_efficiency=input_efficiency,
+        diagnosis=diagnosis,
+        fusable_batch_norms=len(fusable_batch_norms(baseline)),
+    )
     runner.steps = _steps_for_budget(
         steps,
         warmup_steps + numerics_steps,

@@ -15,6 +15,7 @@ kernel accepts. A call with a mask, or on float64, falls back to Keras' own comp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -104,13 +105,22 @@ def fuse_batch_norms(model: keras.Model) -> tuple[list[str], list[str]]:
         The names of the layers rewritten, and "name: why not" for each one left as it is.
     """
     rewritten, kept = [], []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if not isinstance(layer, keras.layers.BatchNormalization) or isinstance(layer, FusedBatchNormalization):
-            continue
-        why_not = fusable(layer)
+    for layer, why_not in _batch_norms(model):
         if why_not is None:
             layer.__class__ = FusedBatchNormalization
             rewritten.append(layer.name)
         else:
             kept.append(f"{layer.name}: {why_not}")
     return rewritten, kept
+
+
+def fusable_batch_norms(model: keras.Model) -> list[str]:
+    """The names of the layers `fuse_batch_norms` would rewrite in `model`, which stays as it is."""
+    return [layer.name for layer, why_not in _batch_norms(model) if why_not is None]
+
+
+def _batch_norms(model: keras.Model) -> Iterator[tuple[keras.layers.BatchNormalization, str | None]]:
+    """Each BatchNormalization of `model` (nested models included) not rewritten yet, and why it would stay."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and not isinstance(layer, FusedBatchNormalization):
+            yield layer, fusable(layer)
