@@ -15,6 +15,7 @@ scratch" (separable convolutions, BatchNormalization, residual adds), both endin
 
     python benchmarks/hand_tuned.py [--image-size 64] [--batch 16] [--steps 12]   # a CPU: minutes per model
     python benchmarks/hand_tuned.py --image-size 224 --batch 128 --steps 60        # one GPU
+    python benchmarks/hand_tuned.py --model ResNet-50 ...                           # one of the models
 
 The timed steps are split into about four windows, one per round (`tfopt.profiling.timing.window_layout`).
 """
@@ -144,6 +145,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--model", choices=sorted(MODELS), action="append", help="one model (default: every one)")
     args = parser.parse_args()
     from tfopt.profiling.measurement import Side, measure_side_by_side
 
@@ -154,6 +156,8 @@ def main() -> None:
         "rounds; examples/s median [min-max] over rounds, ratios round by round.\n"
     )
     for name, make in MODELS.items():
+        if args.model and name not in args.model:
+            continue
         sides, kept, decision = setups(make, args.image_size, args.batch, args.steps)
         measured = measure_side_by_side(
             [Side(model, data, args.batch) for model, data in sides.values()],
