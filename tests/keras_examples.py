@@ -35,6 +35,58 @@ def transformer_classifier(vocab_size=20000, maxlen=16, count=64, batch_size=16)
     return model, tf.data.Dataset.from_tensor_slices((ids, labels)).batch(batch_size)
 
 
+class TransformerBlock(layers.Layer):
+    """keras-io text_classification_with_transformer: MultiHeadAttention, its feed-forward part a Sequential
+    made in __init__, LayerNormalization and Dropout; no get_config."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+        super().__init__()
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs, training=False):
+        attn_output = self.dropout1(self.att(inputs, inputs), training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        return self.layernorm2(out1 + self.dropout2(self.ffn(out1), training=training))
+
+
+def transformer_block_classifier(vocab_size=200, maxlen=16, count=64, batch_size=16):
+    """The keras-io Transformer classifier whole: integer ids, the block above, softmax over 2 classes."""
+    inputs = layers.Input(shape=(maxlen,))
+    x = TokenAndPositionEmbedding(maxlen, vocab_size, 8)(inputs)
+    x = TransformerBlock(8, 2, 16)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    outputs = layers.Dense(2, activation="softmax")(layers.Dropout(0.1)(x))
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    ids = np.random.default_rng(0).integers(0, vocab_size, (count, maxlen)).astype("int32")
+    labels = (ids[:, 0] > vocab_size / 2).astype("int32")
+    return model, tf.data.Dataset.from_tensor_slices((ids, labels)).batch(batch_size)
+
+
+def augmented_cnn(count=32, batch_size=8, image_size=16):
+    """keras-io image_classification_from_scratch: `data_augmentation = keras.Sequential([...])` called on the
+    inputs of a functional model, Rescaling, a logit output and binary cross-entropy."""
+    data_augmentation = keras.Sequential([layers.RandomFlip("horizontal"), layers.RandomRotation(0.1)])
+    inputs = keras.Input((image_size, image_size, 3))
+    x = layers.Rescaling(1.0 / 255)(data_augmentation(inputs))
+    x = layers.Conv2D(8, 3, strides=2, padding="same")(x)
+    x = layers.Activation("relu")(layers.BatchNormalization()(x))
+    x = layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, layers.Dense(1)(layers.Dropout(0.25)(x)))
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-4), loss=keras.losses.BinaryCrossentropy(from_logits=True), metrics=["acc"]
+    )
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (count, image_size, image_size, 3)).astype("float32")
+    labels = rng.integers(0, 2, (count, 1)).astype("float32")
+    return model, tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
+
+
 class Sampling(layers.Layer):
     """keras-io vae: float32 keras.random.normal times the layer's own inputs."""
 

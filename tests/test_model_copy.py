@@ -153,6 +153,27 @@ def test_what_cannot_be_copied_is_named_by_its_attribute_path():
     assert "__deepcopy__" in message and "model_fn=" in message
 
 
+class KerasInternal:
+    """Stands in for an object of Keras' own that the copy fails on."""
+
+    __module__ = "keras.src.utils.stand_in"
+
+    def __deepcopy__(self, memo):
+        raise AttributeError("'Tracker' object has no attribute 'config'")
+
+
+def test_a_keras_object_the_copy_fails_on_is_called_tfopts_bug_not_yours():
+    inputs = keras.Input((3,))
+    user = keras.Model(inputs, Scaled(name="scaled")(inputs), name="internal")
+    user.get_layer("scaled").state = [KerasInternal()]
+    with pytest.raises(IncompatibleModelError) as caught:
+        copy_model(user)
+    message = str(caught.value)
+    assert "model 'internal'._layers[1].state[0] (in it) cannot be copied (AttributeError" in message
+    assert "Keras' or TensorFlow's own KerasInternal" in message and "a bug in tfopt" in message
+    assert "__deepcopy__" not in message and "model_fn=" in message
+
+
 def test_a_trained_optimizer_is_copied_with_its_state_and_follows_the_copied_variables():
     user, images = keras_examples.vae()
     user.fit(images, epochs=1, verbose=0)
@@ -268,3 +289,84 @@ def test_a_closure_over_a_list_of_layers_calls_the_copies_and_trackers_know_thei
     assert stored == {id(held[0].kernel), id(held[0].bias)}  # the copy's tracker knows the copy's variables
     x = np.ones((1, 3), "float32")
     np.testing.assert_allclose(twin(x), user(x), rtol=1e-6)
+
+
+class FeedForwardBlock(keras.layers.Layer):
+    """keras-io's TransformerBlock shape: a layer whose __init__ makes a Sequential (its feed-forward part)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ffn = keras.Sequential([keras.layers.Dense(6, activation="relu"), keras.layers.Dense(4)])
+
+    def call(self, x):
+        return x + self.ffn(x)
+
+
+class BlockStack(keras.Model):
+    """A model subclass holding its blocks in a list and a dict, one of them a Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = [keras.Sequential([keras.layers.Dense(4)]), FeedForwardBlock()]
+        self.heads = {"out": keras.layers.Dense(1)}
+
+    def call(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.heads["out"](x)
+
+
+def _inside_functional(inner):
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(1)(inner(inputs)))
+
+
+NESTINGS = {
+    "a layer holding a Sequential": lambda: _inside_functional(FeedForwardBlock()),
+    "a Sequential in a functional model": lambda: _inside_functional(
+        keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(4)])
+    ),
+    "a Sequential without Input in a functional model": lambda: _inside_functional(
+        keras.Sequential([keras.layers.Dense(6), keras.layers.Dense(4)])
+    ),
+    "a Sequential in a Sequential": lambda: keras.Sequential(
+        [keras.Input((4,)), keras.Sequential([keras.Input((4,)), keras.layers.Dense(6)]), keras.layers.Dense(1)]
+    ),
+    "a functional model in a functional model": lambda: _inside_functional(
+        _inside_functional(keras.Sequential([keras.layers.Dense(4)]))
+    ),
+    "a model subclass holding blocks in a list and a dict": BlockStack,
+}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["uncompiled", "compiled"])
+@pytest.mark.parametrize("make", NESTINGS.values(), ids=list(NESTINGS))
+def test_nested_models_copy_with_trackers_of_their_own_and_train_as_the_original(make, compiled):
+    """Keras' compile() keys a dict by every nested layer, which reaches nested layers before their trackers:
+    TensorFlow's tracking wrappers, copying themselves, set attributes on layers whose trackers must be
+    copied already (a compiled model holding a Sequential could not be copied before)."""
+    keras.utils.set_random_seed(0)
+    user = make()
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    user(x)
+    if compiled:
+        user.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    twin = copy_model(user)
+    originals, copies = user._flatten_layers(include_self=False), twin._flatten_layers(include_self=False)
+    assert [type(layer) for layer in copies] == [type(layer) for layer in originals]
+    assert not {id(layer) for layer in copies} & {id(layer) for layer in originals}
+    assert len(twin.weights) == len(user.weights) and not {id(w) for w in twin.weights} & {id(w) for w in user.weights}
+    for layer in copies:  # each tracker holds its own layer's variables, once
+        stored = layer._tracker.stored_ids["trainable_variables"]
+        assert stored == {id(variable) for variable in layer._trainable_variables}, layer.name
+        assert len(layer._trainable_variables) == len(stored), layer.name
+    np.testing.assert_allclose(twin(x), user(x), rtol=1e-6)
+    if compiled:
+        before = values(user)
+        theirs = user.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history["loss"]
+        mine = twin.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history["loss"]
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+        for a, b in zip(twin.get_weights(), user.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert any(not np.array_equal(a, b) for a, b in zip(before, user.get_weights()))  # it did train

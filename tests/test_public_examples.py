@@ -82,6 +82,33 @@ def test_a_distiller_whose_compute_loss_takes_no_training_argument(recipes, cpu_
     assert np.isfinite(history["loss"][0]) and "sparse_categorical_accuracy" in history
 
 
+@pytest.mark.parametrize(
+    "make", [keras_examples.transformer_block_classifier, keras_examples.augmented_cnn], ids=["transformer", "augment"]
+)
+def test_a_sequential_inside_a_compiled_model_is_copied_with_its_layers(make, recipes, cpu_hardware):
+    """keras-io's Transformer block makes its feed-forward part a Sequential, and its CNNs call a
+    `data_augmentation` Sequential on their inputs: a compiled model holding one could not be copied once."""
+    user, data = make()
+    before = weights_of(user)
+    result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, measure_speed=False)
+    inner, copied = (
+        [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, keras.Sequential)]
+        for model in (user, result.model)
+    )
+    assert len(copied) == len(inner) == 1 and copied[0] is not inner[0]
+    assert [type(layer) for layer in copied[0].layers] == [type(layer) for layer in inner[0].layers]
+    assert not {id(v) for v in copied[0].weights} & {id(v) for v in inner[0].weights}
+    assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+    for mine, theirs in zip(user.get_weights(), before):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_the_transformer_holding_a_sequential_trains_as_plain_keras_does():
+    user, data = keras_examples.transformer_block_classifier()
+    result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1)
+    assert_same_training(result, user, data)
+
+
 def test_text_vectorization_with_a_standardize_function_is_copied_in_process(recipes, cpu_hardware):
     user, data = keras_examples.end_to_end_text_classifier()
     result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, measure_speed=False)

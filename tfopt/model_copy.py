@@ -118,8 +118,14 @@ def copy_keras_object(obj: Any, *, path: str | None = None) -> Any:
         >>> float(twin.result()), twin.variables[0] is metric.variables[0]
         (4.0, False)
     """
+    from keras.src.utils.tracking import Tracker
+
     walk = _Walk(obj, path or type(obj).__name__)
-    for original, shell in walk.shells:
+    # Trackers first: TensorFlow's tracking wrappers (the lists and dicts a layer's attributes are tracked in)
+    # copy themselves by tracking each element again, which sets an attribute on the element's shell, which
+    # Keras' __setattr__ hands to that shell's tracker. A tracker holds only Keras' containers, filled without
+    # hooks, so filling every one first leaves no tracker empty when a wrapper reaches it.
+    for original, shell in sorted(walk.shells, key=lambda pair: not isinstance(pair[0], Tracker)):
         _fill(shell, original, walk)
     for original, new in walk.functions:
         for old_cell, new_cell in zip(original.__closure__, new.__closure__):
@@ -340,18 +346,24 @@ def _copied(value: Any, walk: _Walk, path: str) -> Any:
     except IncompatibleModelError:
         raise
     except Exception as error:
-        culprit, reason = _culprit(value, path, walk.memo, error)
+        culprit, reason, part = _culprit(value, path, walk.memo, error)
+        what = f"{culprit} ({type(value).__name__ if culprit == path else 'in it'}) cannot be copied ({reason})"
+        if (type(part).__module__ or "").startswith(("keras", "tensorflow")):
+            raise IncompatibleModelError(
+                f"tfopt could not copy your model: {what}. That is Keras' or TensorFlow's own "
+                f"{type(part).__name__}, which tfopt should copy: a bug in tfopt (please report it with this "
+                "message). Meanwhile pass model_fn=a function that creates the model."
+            ) from error
         raise IncompatibleModelError(
-            f"tfopt could not copy your model: {culprit} ({type(value).__name__ if culprit == path else 'in it'}) "
-            f"cannot be copied ({reason}). tfopt copies a model in process with Python's copy protocol: give that "
-            "object's class a __deepcopy__ (one that returns self shares it between your model and tfopt's copy), "
-            "keep it off the model, or pass model_fn=a function that creates the model."
+            f"tfopt could not copy your model: {what}. tfopt copies a model in process with Python's copy "
+            "protocol: give that object's class a __deepcopy__ (one that returns self shares it between your model "
+            "and tfopt's copy), keep it off the model, or pass model_fn=a function that creates the model."
         ) from error
 
 
-def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> tuple[str, str]:
-    """The innermost part of `value` that cannot be copied, by its attribute path, and why. Each probe copies
-    into a throwaway memo, so nothing of the real copy is made twice."""
+def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> tuple[str, str, Any]:
+    """The innermost part of `value` that cannot be copied: its attribute path, why, and the part itself. Each
+    probe copies into a throwaway memo, so nothing of the real copy is made twice."""
     for label, child in (*_contents(value), *((f".{n}", v) for n, v in getattr(value, "__dict__", {}).items())):
         if isinstance(child, _ATOMS):
             continue
@@ -359,7 +371,7 @@ def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> t
             copy.deepcopy(child, dict(memo))
         except Exception as inner:  # noqa: BLE001 - any failure there is the one to name
             return _culprit(child, f"{path}{label}", memo, inner)
-    return path, f"{type(error).__name__}: {error}"
+    return path, f"{type(error).__name__}: {error}", value
 
 
 def _rekey_by_identity(copies: list[Any], memo: dict[int, Any]) -> None:
