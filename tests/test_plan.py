@@ -148,3 +148,12 @@ def test_the_users_own_tf32_setting_is_the_baseline(tf32_as_tensorflow_starts):
     tf.config.experimental.enable_tensor_float_32_execution(False)  # the user switches it back: as before
     build(make_plan(make_cnn(), make_images(), hardware=h100))
     assert not _tf32_on() and users_tf32_setting() is False
+
+
+def test_a_step_amended_with_what_it_says_already_stays_as_it_is(cpu_hardware):
+    """A setup built again from a built plan (mixed precision left out) makes the build's amendments again."""
+    plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware).record("fused_layers", "rewritten")
+    once = plan.amend("fused_layers", "batch_norm in 1 layer(s): bn; conv_bias in 1 layer(s)")
+    assert once.amend("fused_layers", "batch_norm in 1 layer(s): bn; conv_bias in 1 layer(s)") is once
+    twice = once.amend("fused_layers", "conv_bias")  # a part of a detail is not the detail
+    assert twice.applied[-1].detail.endswith("; conv_bias in 1 layer(s); conv_bias")

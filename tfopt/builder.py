@@ -216,7 +216,9 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
     """Why `model` cannot be compiled with XLA, one entry per problem; empty where it can.
 
     Checks each layer's `supports_jit` flag (which Keras silently obeys), then lowers the forward pass
-    to XLA HLO, which fails on ops without an XLA kernel (string ops, py_function, some lookups).
+    to XLA HLO, which fails on ops without an XLA kernel (string ops, py_function, some lookups). A model
+    without call() of its own (a GAN's, a VAE's: its train_step calls its parts) has no forward pass to
+    lower: its train step is tried on the first batch (`tfopt.fidelity.first_batch_checked`).
 
     Args:
         model: A built Keras model.
@@ -231,6 +233,7 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
         >>> xla_blockers(model, np.zeros((2, 3), "float32"))
         []
     """
+    import keras
     import tensorflow as tf
 
     blockers = [
@@ -238,7 +241,7 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
         for layer in model._flatten_layers(include_self=False)
         if not getattr(layer, "supports_jit", True)
     ]
-    if blockers:
+    if blockers or type(model).call is keras.Model.call:
         return blockers
     forward = tf.function(lambda inputs: model(inputs, training=True), jit_compile=True)
     try:

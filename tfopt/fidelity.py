@@ -330,24 +330,28 @@ class Checked:
     Attributes:
         built: The setup, its plan naming the layers kept at float32.
         mixed_precision_fails: Why mixed precision must be left out (the setup is rebuilt without it), or None.
+        xla_fails: Why XLA must be left out (the setup is built again without it), or None.
     """
 
     built: Built
     mixed_precision_fails: str | None = None
+    xla_fails: str | None = None
 
 
-def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline_policy: str) -> Checked:
+def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline: Plan) -> Checked:
     """The optimized setup once it has run the first batch and agreed with the user's model.
 
     A layer that fails under the mixed policy is kept at float32 (named in the plan) and the batch runs
     again; mixed precision must be left out where no layer can be named, more than a few fail, or the outcome
-    disagrees beyond the policy's tolerance.
+    disagrees beyond the policy's tolerance. At the user's precision, a batch that fails only under XLA (the
+    user's setup ran it without) leaves XLA out: `xla_blockers` lowers the forward pass before the build,
+    but the train step XLA compiles holds more (a model without call(), whose train_step calls its parts).
 
     Args:
         built: The optimized setup.
         reference: The user's setup's outcome on `batch` (`reference_outcome`).
         batch: The first element of the user's dataset.
-        baseline_policy: The dtype policy of the user's setup.
+        baseline: The plan of the user's setup (its dtype policy, whether it ran under XLA).
 
     Returns:
         `built` (with layers kept at float32), and why mixed precision must go where it must.
@@ -363,7 +367,9 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         except Exception as error:
             if out_of_memory(error) or isinstance(error, IncompatibleModelError):
                 raise
-            if plan.dtype_policy == baseline_policy:
+            if plan.jit_compile and not baseline.jit_compile and _runs_without_xla(model, batch, plan.micro_batches):
+                return Checked(built, xla_fails=f"the first batch fails under XLA only: {describe_error(error)}")
+            if plan.dtype_policy == baseline.dtype_policy:
                 raise IncompatibleModelError(
                     f"The optimized setup fails on the first batch although your model trains on it: "
                     f"{describe_error(error)}. Recipes applied: {_recipes(plan)}; leave them out one by one to "
@@ -383,7 +389,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)
-        if not checked.agrees and plan.dtype_policy != baseline_policy:
+        if not checked.agrees and plan.dtype_policy != baseline.dtype_policy:
             return Checked(built, mixed_precision_fails=str(checked))
         if not checked.agrees:
             plan = plan.record(
@@ -392,6 +398,21 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
         return Checked(dataclasses.replace(built, plan=plan))
+
+
+def _runs_without_xla(model: keras.Model, batch: Any, pieces: int) -> bool:
+    """Whether the batch the model failed on runs with XLA off (its train function made again, then again
+    under XLA): the failure is XLA's, not a layer's in 16 bits or a recipe's."""
+    model.jit_compile = False
+    model.train_function = None
+    try:
+        outcome(model, batch, pieces)
+    except Exception:  # noqa: BLE001 - it fails without XLA too: not XLA's doing
+        return False
+    finally:
+        model.jit_compile = True
+        model.train_function = None
+    return True
 
 
 def _recipes(plan: Plan) -> str:

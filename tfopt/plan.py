@@ -171,10 +171,14 @@ class Plan:
         return self.replace(applied=(*self.applied, Step(recipe, detail, skipped)))
 
     def amend(self, recipe: str, detail: str) -> Plan:
-        """Returns a copy whose last applied step of `recipe` says `detail` too; a new step where it has none."""
+        """Returns a copy whose last applied step of `recipe` says `detail` too; a new step where it has none.
+        A step that says it already is left as it is: a setup built again from a built plan (mixed precision
+        left out) makes the same amendments again."""
         for index in range(len(self.applied) - 1, -1, -1):
             step = self.applied[index]
             if step.recipe == recipe and not step.skipped:
+                if f"; {detail};" in f"; {step.detail};":
+                    return self
                 amended = dataclasses.replace(step, detail=f"{step.detail}; {detail}")
                 return self.replace(applied=(*self.applied[:index], amended, *self.applied[index + 1 :]))
         return self.record(recipe, detail)
