@@ -376,13 +376,9 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                     "find the one at fault, and report it to tfopt."
                 ) from error
             layer = failing_layer(error, model)
-            if layer is None or layer.dtype_policy.name == "float32" or len(kept) == _MOST_LAYERS_KEPT:
-                where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "the model"
-                why = (
-                    f"{where} fails under {plan.dtype_policy}: {describe_error(error)}. Give that layer "
-                    "dtype='float32' to keep the rest in 16 bits, or leave mixed_precision out"
-                )
-                return Checked(built, mixed_precision_fails=why)
+            unkeepable = layer is None or layer is model or layer.dtype_policy.name == "float32"
+            if unkeepable or len(kept) == _MOST_LAYERS_KEPT:
+                return Checked(built, mixed_precision_fails=_fails_in_16_bits(layer, model, plan, error))
             layer.dtype_policy = "float32"
             model.train_function = None  # traced with the layer in 16 bits
             plan = plan.replace(float32_layers=(*plan.float32_layers, layer.name))  # for builds from the plan
@@ -398,6 +394,23 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
         return Checked(dataclasses.replace(built, plan=plan))
+
+
+def _fails_in_16_bits(layer: Any, model: keras.Model, plan: Plan, error: Exception) -> str:
+    """Why mixed precision is left out: the layer that fails under it, or the model's own code."""
+    failure = f"fails under {plan.dtype_policy}: {describe_error(error).rstrip('.')}"
+    if layer is model:
+        return (
+            f"the model's own code ({type(model).__name__}: its train_step or call, not one of its layers) {failure}. "
+            "Cast what it computes to one dtype (keras.ops.cast to the layers' outputs' dtype), or leave "
+            "mixed_precision out"
+        )
+    if layer is None:
+        return f"the model {failure}. Leave mixed_precision out"
+    return (
+        f"layer {layer.name!r} ({type(layer).__name__}) {failure}. Give that layer dtype='float32' to keep the rest "
+        "in 16 bits, or leave mixed_precision out"
+    )
 
 
 def _runs_without_xla(model: keras.Model, batch: Any, pieces: int) -> bool:

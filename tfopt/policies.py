@@ -172,11 +172,18 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         object.__setattr__(layer, "call", recording(layer))
     try:
         outputs = tf.nest.flatten(model(sample_inputs, training=False))
-    except Exception:  # noqa: BLE001 - a model without call() (its train_step calls its parts): no output layer to keep
+    except NotImplementedError:
+        outputs = None
+    except Exception:  # noqa: BLE001 - a forward pass that fails on these inputs: no output layer found
         return set()
     finally:
         for layer in sublayers:
             layer.__dict__.pop("call", None)
+    if outputs is None:
+        # No call() (a GAN's, a VAE's: its train_step calls its parts): the outputs of its parts that are models
+        # of their own (a generator, a discriminator, an encoder) are what its losses read.
+        parts = model._flatten_layers(include_self=False, recursive=False)
+        return set().union(*(_output_layers(part, sample_inputs) for part in parts if isinstance(part, keras.Model)))
     return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
 
 
