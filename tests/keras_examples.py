@@ -398,3 +398,28 @@ def custom_optimizer_classifier(count=32, batch_size=8):
     return model, tf.data.Dataset.from_tensor_slices((features, rng.integers(0, 3, count).astype("int32"))).batch(
         batch_size
     )
+
+
+class OwnTrainStep(keras.Model):
+    """A model without call() whose train_step calls its part (a layer or a model): a mean squared error applied
+    by its optimizer, the loss reported through `report` where given (a script handing it to Python)."""
+
+    def __init__(self, part, report=None):
+        super().__init__()
+        self.part = part
+        self.report = report
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self.part(x) - y))
+        gradients = tape.gradient(loss, self.part.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.part.trainable_weights))
+        return {"loss": self.report(loss) if self.report is not None else loss}
+
+
+def regression_data(count=20, batch_size=8, features=4):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(count, features)).astype("float32")
+    y = rng.normal(size=(count, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)

@@ -271,37 +271,19 @@ def test_the_pipeline_is_judged_with_xla_batches_and_not_where_another_recipe_re
     assert not candidates(before, rebatched, frozenset({"data_pipeline"})).pipeline
 
 
-class MixesDtypes(keras.Model):
-    """A model without call() whose train_step subtracts its float32 targets from its layer's outputs, which are
-    bfloat16 under the mixed policy (a layer, not a model of its own: no output kept float32): its own code
-    fails, not the layer."""
-
-    def __init__(self):
-        super().__init__()
-        self.part = keras.layers.Dense(1)
-        self.part.build((None, 4))
-
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(self.part(x) - y))
-        gradients = tape.gradient(loss, self.part.trainable_weights)
-        self.optimizer.apply_gradients(zip(gradients, self.part.trainable_weights))
-        return {"loss": loss}
-
-
 def test_a_model_whose_own_code_fails_in_16_bits_is_named_as_such(cpu_hardware):
-    rng = np.random.default_rng(0)
-    data = tf.data.Dataset.from_tensor_slices(
-        (rng.normal(size=(16, 4)).astype("float32"), rng.normal(size=(16, 1)).astype("float32"))
-    ).batch(8)
-    user = MixesDtypes()
+    """Its train_step subtracts its float32 targets from its layer's outputs, bfloat16 under the mixed policy (a
+    layer, not a model of its own: no output kept float32): its own code fails, not the layer."""
+    part = keras.layers.Dense(1)
+    part.build((None, 4))
+    user = keras_examples.OwnTrainStep(part)
     user.compile(optimizer="sgd")
     forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    data = keras_examples.regression_data()
     result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert step.skipped
-    assert "the model's own code (MixesDtypes: its train_step or call, not one of its layers)" in step.detail
+    assert "the model's own code (OwnTrainStep: its train_step or call, not one of its layers)" in step.detail
     assert "keras.ops.cast" in step.detail and "Give that layer" not in step.detail
     assert result.plan.dtype_policy == "float32"
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])

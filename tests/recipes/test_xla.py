@@ -191,38 +191,20 @@ def test_the_xla_step_compiles_once_on_the_gpu(tmp_path):
     assert xla_step_compilations(tmp_path, "recipe") == 1  # 3 epochs of 20 examples in batches of 8
 
 
-class LoggedLossGAN(keras.Model):
-    """A model without call() whose train_step calls its part and, as some scripts do, hands its loss to Python
-    (`tf.numpy_function`: no XLA kernel). Its forward pass has nothing to lower: the first batch decides."""
-
-    def __init__(self):
-        super().__init__()
-        self.part = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        self.tracker = keras.metrics.Mean(name="loss")
-
-    def train_step(self, data):
-        import tensorflow as tf
-
-        x, y = data
-        with tf.GradientTape() as tape:
-            loss = keras.ops.mean((self.part(x) - y) ** 2)
-        gradients = tape.gradient(loss, self.part.trainable_weights)
-        self.optimizer.apply_gradients(zip(gradients, self.part.trainable_weights))
-        self.tracker.update_state(tf.ensure_shape(tf.numpy_function(lambda value: value, [loss], tf.float32), []))
-        return {"loss": self.tracker.result()}
-
-
 def test_a_model_without_call_keeps_xla_until_its_first_batch_fails_under_it_only(cpu_hardware):
+    """Its train_step hands the loss to Python (`tf.numpy_function`: no XLA kernel); its forward pass has
+    nothing to lower, so the first batch decides."""
     import tensorflow as tf
 
     import tfopt
+    from tests.keras_examples import OwnTrainStep, regression_data
 
-    rng = np.random.default_rng(0)
-    data = tf.data.Dataset.from_tensor_slices(
-        (rng.normal(size=(20, 4)).astype("float32"), rng.normal(size=(20, 1)).astype("float32"))
-    ).batch(8)
-    user = LoggedLossGAN()
+    def logged(loss):
+        return tf.ensure_shape(tf.numpy_function(lambda value: value, [loss], tf.float32), [])
+
+    user = OwnTrainStep(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), report=logged)
     user.compile(optimizer="sgd")
+    data = regression_data()
     assert xla_blockers(user, np.zeros((8, 4), "float32")) == []  # nothing to lower before the first batch
     result = tfopt.apply(user, data, [{"xla": {"jit_compile": True}}], hardware=cpu_hardware, measure_speed=False)
     step = next(step for step in result.plan.applied if step.recipe == "xla")
