@@ -31,12 +31,19 @@ from tfopt.errors import DataError, DistributionError
 
 @pytest.fixture(scope="module")
 def in_process_service():
-    """A dispatcher and two workers in this process, as a cluster of two hosts would serve."""
+    """A dispatcher and two workers in this process, as a cluster of two hosts would serve. Their heartbeats
+    are tfopt's own servers' (TensorFlow's default is seconds apart, and `stop()` waits out the one in
+    progress: 14 s of teardown here)."""
     from tensorflow.data.experimental import service
+
+    from tfopt.data.service_servers import HEARTBEAT_MS
 
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0, protocol="grpc"))
     address = dispatcher.target.split("://")[1]
-    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+    workers = [
+        service.WorkerServer(service.WorkerConfig(dispatcher_address=address, heartbeat_interval_ms=HEARTBEAT_MS))
+        for _ in range(2)
+    ]
     yield dispatcher.target
     for worker in workers:
         worker.stop()

@@ -45,7 +45,9 @@ _WORKER_TIMEOUT_MS = 5_000
 # A worker slot started again this many times gives up: one that dies whatever happens (memory, a port taken)
 # would otherwise take the training cores for its start-ups forever.
 MAX_RESTARTS = 3
-_HEARTBEAT_MS = 100
+# How often a worker tells the dispatcher it lives. Stopping a worker waits out the heartbeat in progress, so
+# TensorFlow's default of seconds would make every stop that slow.
+HEARTBEAT_MS = 100
 _POLL_SECONDS = 0.5
 
 
@@ -116,7 +118,7 @@ def serve_worker(
                 worker_address=address,
                 port=port,
                 protocol="grpc",
-                heartbeat_interval_ms=_HEARTBEAT_MS,
+                heartbeat_interval_ms=HEARTBEAT_MS,
             )
         )
     say(f"tf.data service worker {READY} at {address} for the dispatcher at {dispatcher}")
