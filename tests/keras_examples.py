@@ -402,15 +402,19 @@ def custom_optimizer_classifier(count=32, batch_size=8):
 
 class OwnTrainStep(keras.Model):
     """A model without call() whose train_step calls its part (a layer or a model): a mean squared error applied
-    by its optimizer, the loss reported through `report` where given (a script handing it to Python)."""
+    by its optimizer, the loss reported through `report` where given (a script handing it to Python), the
+    inputs first through `augment` where given (keras-io SimCLR's augmenters: a Sequential without Input)."""
 
-    def __init__(self, part, report=None):
+    def __init__(self, part, report=None, augment=None):
         super().__init__()
         self.part = part
         self.report = report
+        self.augment = augment
 
     def train_step(self, data):
         x, y = data
+        if self.augment is not None:
+            x = self.augment(x, training=True)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self.part(x) - y))
         gradients = tape.gradient(loss, self.part.trainable_weights)

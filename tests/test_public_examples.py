@@ -103,6 +103,24 @@ def test_a_sequential_inside_a_compiled_model_is_copied_with_its_layers(make, re
         np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.parametrize(
+    "compiled, augment",
+    [({"loss": "mse"}, None), ({}, lambda: keras.Sequential([keras.layers.GaussianNoise(0.1)]))],
+    ids=["ddim_compiled_with_a_loss", "simclr_augmenter_without_input"],
+)
+def test_a_model_without_call_applies_where_keras_builds_it_in_its_train_step(compiled, augment, recipes, cpu_hardware):
+    """keras-io's DDIM compiles a loss it computes itself, SimCLR's augmenters have no Input: Keras builds neither
+    before the train step (no call() to build from), and tfopt's first batch does not either."""
+    part = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    user = keras_examples.OwnTrainStep(part, augment=augment() if augment else None)
+    user.compile(optimizer="sgd", **compiled)
+    data = keras_examples.regression_data()
+    result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, measure_speed=False)
+    assert type(result.model) is keras_examples.OwnTrainStep and result.model.part is not user.part
+    assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+    assert int(user.optimizer.iterations) == 0
+
+
 def test_the_transformer_holding_a_sequential_trains_as_plain_keras_does():
     user, data = keras_examples.transformer_block_classifier()
     result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1)

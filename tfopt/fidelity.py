@@ -182,7 +182,9 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
             for name, value in logs.items()
         }
     else:
-        model._symbolic_build(data_batch=_pieces(batch, pieces)[0])  # what fit does first, outside the trace
+        # What fit does first, outside the trace: a symbolic build under a strategy, none without (Keras builds
+        # then in the trace; a model without call() of its own cannot be built symbolically at all).
+        model._maybe_symbolic_build(data_batch=_pieces(batch, pieces)[0])
         model.make_train_function()
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
