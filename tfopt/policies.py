@@ -141,11 +141,7 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
     import tensorflow as tf
 
     if isinstance(model, keras.src.models.functional.Functional) and model.outputs:
-        found: set[int] = set()
-        for tensor in model.outputs:
-            layer = tensor._keras_history.operation
-            found |= _output_layers(layer, sample_inputs) if isinstance(layer, keras.Model) else {id(layer)}
-        return found
+        return set().union(*(_producing_layers(tensor, sample_inputs) for tensor in model.outputs))
     if isinstance(model, keras.Sequential) and model.layers:
         last = model.layers[-1]
         return _output_layers(last, sample_inputs) if isinstance(last, keras.Model) else {id(last)}
@@ -185,6 +181,22 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         parts = model._flatten_layers(include_self=False, recursive=False)
         return set().union(*(_output_layers(part, sample_inputs) for part in parts if isinstance(part, keras.Model)))
     return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
+
+
+def _producing_layers(tensor: Any, sample_inputs: Any) -> set[int]:
+    """The ids of the innermost layers whose results a functional graph's tensor is: its own layer's, or where a
+    `keras.ops` call made it (`outputs = ops.softmax(logits)`), the layers that made that call's inputs."""
+    import keras
+
+    operation, node_index, _ = tensor._keras_history
+    if isinstance(operation, keras.Model):
+        return _output_layers(operation, sample_inputs)
+    if isinstance(operation, keras.layers.InputLayer):
+        return set()
+    if isinstance(operation, keras.layers.Layer):
+        return {id(operation)}
+    inputs = operation._inbound_nodes[node_index].input_tensors
+    return set().union(*(_producing_layers(each, sample_inputs) for each in inputs))
 
 
 def model_dtype_policy(model: keras.Model) -> str:

@@ -204,3 +204,29 @@ def test_the_policy_for_this_gpu_runs_its_convolutions_in_16_bits():
     convolutions = [line for line in compiled_step_hlo(model, "optimized_hlo").splitlines() if "__cudnn$conv" in line]
     results = [line.split("=", 1)[1].split("custom-call(", 1)[0].strip().lstrip("(") for line in convolutions]
     assert results and all(result.startswith(f"{hlo_dtype}[") for result in results), convolutions
+
+
+def test_outputs_made_by_keras_ops_keep_the_layers_before_them_in_float32(cpu_hardware):
+    """Keras 3 functional code often ends in a keras.ops call (`outputs = ops.softmax(logits)`): the layers
+    whose results that call reads are the ones kept float32, so the outputs are float32."""
+    import tensorflow as tf
+
+    import tfopt
+
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    logits = keras.ops.add(keras.layers.Dense(4, name="head")(hidden), keras.layers.Dense(4, name="bias")(inputs))
+    user = keras.Model(inputs, keras.ops.softmax(logits))
+    user.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices(
+        (rng.random((16, 6), dtype=np.float32), rng.integers(0, 4, 16).astype("int32"))
+    ).batch(8)
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    model = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False).model
+    assert {layer.name: layer.compute_dtype for layer in model.layers if layer.weights} == {
+        "hidden": "bfloat16",
+        "head": "float32",
+        "bias": "float32",
+    }
+    assert model(next(iter(data))[0]).dtype == tf.float32
