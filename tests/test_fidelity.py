@@ -304,3 +304,30 @@ def test_a_gan_without_call_keeps_the_outputs_of_its_parts_in_float32(cpu_hardwa
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert "producing the outputs" in step.detail
     assert np.isfinite(model.fit(result.dataset, epochs=1, verbose=0).history["g_loss"][0])
+
+
+class ShiftedInside(keras.Model):
+    """A subclassed model calling a Lambda that fails in 16 bits: Keras filters the Lambda's frame out of the
+    traceback, leaving the model's own call as the innermost layer in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4)
+        self.shift = keras.layers.Lambda(lambda t: t + tf.ones(tf.shape(t), tf.float32), name="shift")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.out(self.shift(self.hidden(inputs)))
+
+
+def test_a_lambda_failing_in_16_bits_inside_a_subclassed_model_is_the_layer_kept_float32(cpu_hardware):
+    user = ShiftedInside()
+    user.compile(optimizer="sgd", loss="mse")
+    data = keras_examples.regression_data()
+    user(next(iter(data))[0])
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
+    assert result.plan.dtype_policy == "mixed_bfloat16" and result.plan.float32_layers == ("shift",)
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert "kept float32, failing under mixed_bfloat16: 'shift' (Lambda: " in step.detail
+    assert result.model.hidden.compute_dtype == "bfloat16" and result.model.shift.compute_dtype == "float32"

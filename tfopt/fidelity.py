@@ -307,8 +307,9 @@ def reference_outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcom
 
 
 def failing_layer(error: BaseException, model: keras.Model) -> Any:
-    """The innermost layer of `model` whose code raised `error` (from the traceback, else Keras' message
-    "Exception encountered when calling <Layer>.call()"), or None."""
+    """The innermost layer of `model` whose code raised `error`, or None: from the traceback, else (where it
+    shows no layer below the model: Keras filters its own frames, a `Lambda`'s call among them) from Keras'
+    innermost "Exception encountered when calling <Layer>.call()"."""
     layers = {id(layer): layer for layer in model._flatten_layers(include_self=True, recursive=True)}
     found = None
     traceback = error.__traceback__
@@ -317,12 +318,13 @@ def failing_layer(error: BaseException, model: keras.Model) -> Any:
         if id(owner) in layers:
             found = owner
         traceback = traceback.tb_next
-    if found is not None:
+    if found is not None and found is not model:
         return found
-    named = re.search(r"when calling (\w+)\.call\(\)", str(error))
-    if named:
-        return next((layer for layer in layers.values() if type(layer).__name__ == named.group(1)), None)
-    return None
+    for name in reversed(re.findall(r"when calling (\w+)\.call\(\)", str(error))):
+        named = next((layer for layer in layers.values() if type(layer).__name__ == name and layer is not model), None)
+        if named is not None:
+            return named
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
