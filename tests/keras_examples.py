@@ -87,6 +87,34 @@ def augmented_cnn(count=32, batch_size=8, image_size=16):
     return model, tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
 
 
+class PatchEncoder(layers.Layer):
+    """keras-io image_classification_with_vision_transformer: a Dense projection of each patch plus an
+    Embedding of its position, added in call; no get_config."""
+
+    def __init__(self, num_patches, projection_dim):
+        super().__init__()
+        self.num_patches = num_patches
+        self.projection = layers.Dense(units=projection_dim)
+        self.position_embedding = layers.Embedding(input_dim=num_patches, output_dim=projection_dim)
+
+    def call(self, patch):
+        positions = ops.expand_dims(ops.arange(start=0, stop=self.num_patches, step=1), axis=0)
+        return self.projection(patch) + self.position_embedding(positions)
+
+
+def patch_classifier(count=32, batch_size=8, patches=16, patch_size=12):
+    """Patches encoded as the ViT example does, then an MLP block and a logit head."""
+    inputs = keras.Input((patches, patch_size))
+    x = PatchEncoder(patches, 8)(inputs)
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    x = layers.Dense(16, activation="gelu", name="mlp")(layers.Flatten()(x))
+    model = keras.Model(inputs, layers.Dense(3, name="logits")(x))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    images = rng.random((count, patches, patch_size), dtype=np.float32)
+    return model, tf.data.Dataset.from_tensor_slices((images, rng.integers(0, 3, count))).batch(batch_size)
+
+
 class Sampling(layers.Layer):
     """keras-io vae: float32 keras.random.normal times the layer's own inputs."""
 

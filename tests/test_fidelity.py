@@ -331,3 +331,22 @@ def test_a_lambda_failing_in_16_bits_inside_a_subclassed_model_is_the_layer_kept
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
     assert "kept float32, failing under mixed_bfloat16: 'shift' (Lambda: " in step.detail
     assert result.model.hidden.compute_dtype == "bfloat16" and result.model.shift.compute_dtype == "float32"
+
+
+def test_a_layer_holding_an_id_reader_keeps_what_it_adds_to_its_positions_in_float32(cpu_hardware):
+    """The ViT's PatchEncoder is kept float32 for its Embedding of positions, and adds its Dense's projection to
+    them: in 16 bits the Dense fails the addition, so the first batch keeps it float32 too, and the rest of the
+    model stays in 16 bits (mixed precision is not dropped for the whole model)."""
+    user, data = keras_examples.patch_classifier()
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
+    model = result.model
+    encoder = next(layer for layer in model.layers if isinstance(layer, keras_examples.PatchEncoder))
+    assert result.plan.dtype_policy == "mixed_bfloat16"
+    assert encoder.projection.compute_dtype == encoder.position_embedding.compute_dtype == "float32"
+    assert model.get_layer("mlp").compute_dtype == "bfloat16" and model.get_layer("logits").compute_dtype == "float32"
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    inside = f"the layers in {encoder.name!r} ({encoder.projection.name!r})"
+    assert f"kept float32, failing under mixed_bfloat16: {inside}" in step.detail
+    assert result.plan.float32_layers == (encoder.projection.name,)
+    assert np.isfinite(model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])

@@ -380,13 +380,17 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                     "find the one at fault, and report it to tfopt."
                 ) from error
             layer = failing_layer(error, model)
-            unkeepable = layer is None or layer is model or layer.dtype_policy.name == "float32"
-            if unkeepable or len(kept) == _MOST_LAYERS_KEPT:
+            # A layer float32 already (it holds an id reader) that fails mixes in what its own layers compute in
+            # 16 bits (an Embedding's float32 positions added to a Dense's bfloat16 projection): they go too.
+            keeping = [] if layer is None or layer is model else _in_16_bits(layer)
+            if not keeping or len(kept) == _MOST_LAYERS_KEPT:
                 return Checked(built, mixed_precision_fails=_fails_in_16_bits(layer, model, plan, error))
-            layer.dtype_policy = "float32"
-            model.train_function = None  # traced with the layer in 16 bits
-            plan = plan.replace(float32_layers=(*plan.float32_layers, layer.name))  # for builds from the plan
-            kept.append(f"{layer.name!r} ({type(layer).__name__}: {describe_error(error)})")
+            for each in keeping:
+                each.dtype_policy = "float32"
+            model.train_function = None  # traced with the layers in 16 bits
+            plan = plan.replace(float32_layers=(*plan.float32_layers, *(each.name for each in keeping)))
+            which = repr(layer.name) if keeping == [layer] else f"the layers in {layer.name!r} ({_named(keeping)})"
+            kept.append(f"{which} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)
         if not checked.agrees and plan.dtype_policy != baseline.dtype_policy:
@@ -398,6 +402,19 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
         return Checked(dataclasses.replace(built, plan=plan))
+
+
+def _in_16_bits(layer: Any) -> list[Any]:
+    """The layer where it computes in 16 bits, else the layers in it that do (where it is float32 already)."""
+    if layer.dtype_policy.name != "float32":
+        return [layer]
+    inner = layer._flatten_layers(include_self=False, recursive=True)
+    return [each for each in inner if each.dtype_policy.name != "float32"]
+
+
+def _named(layers: list[Any], most: int = 4) -> str:
+    names = ", ".join(repr(layer.name) for layer in layers[:most])
+    return names + (f" and {len(layers) - most} more" if len(layers) > most else "")
 
 
 def _fails_in_16_bits(layer: Any, model: keras.Model, plan: Plan, error: Exception) -> str:
