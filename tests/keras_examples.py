@@ -115,6 +115,14 @@ def patch_classifier(count=32, batch_size=8, patches=16, patch_size=12):
     return model, tf.data.Dataset.from_tensor_slices((images, rng.integers(0, 3, count))).batch(batch_size)
 
 
+class Shifted(layers.Layer):
+    """Adds a float32 tensor of its own making to its inputs, which are bfloat16 under the mixed policy: it fails
+    in 16 bits, as keras-io's Sampling (float32 noise) does."""
+
+    def call(self, inputs):
+        return inputs + tf.ones(tf.shape(inputs), tf.float32)
+
+
 class Sampling(layers.Layer):
     """keras-io vae: float32 keras.random.normal times the layer's own inputs."""
 

@@ -70,19 +70,11 @@ def test_vae_keeps_its_class_train_step_and_weights_and_the_outputs_of_its_parts
     assert sorted(history) == ["kl_loss", "loss"] and np.isfinite(history["loss"][0])
 
 
-class Shifted(keras.layers.Layer):
-    """Adds a float32 tensor of its own making to its inputs, which are bfloat16 under the mixed policy: it fails
-    in 16 bits, as keras-io's Sampling (float32 noise) does."""
-
-    def call(self, inputs):
-        return inputs + tf.ones(tf.shape(inputs), tf.float32)
-
-
 def test_a_layer_failing_in_16_bits_is_kept_float32_in_every_build_of_the_plan(cpu_hardware):
     """In the middle of a model it is no output layer: the first batch finds it, and builds from the plan keep
     it."""
     inputs = keras.Input((6,))
-    shifted = Shifted(name="shifted")(keras.layers.Dense(2)(inputs))
+    shifted = keras_examples.Shifted(name="shifted")(keras.layers.Dense(2)(inputs))
     user = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(4, activation="relu")(shifted)))
     user.compile(optimizer="adam", loss="mse")
     rng = np.random.default_rng(0)

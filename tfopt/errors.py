@@ -207,11 +207,16 @@ def describe_error(error: BaseException) -> str:
         >>> keras_error = "Exception encountered when calling Sampling.call().\\n\\n\\x1b[1mBad dtype\\x1b[0m"
         >>> describe_error(TypeError(keras_error))
         'TypeError: Bad dtype'
+        >>> traced = 'in user code:\\n\\n  File "m.py", line 3\\n        x * y\\n\\n    TypeError: Bad mul\\n'
+        >>> describe_error(TypeError(traced))
+        'TypeError: Bad mul'
     """
     message = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "message", None) or str(error))
     users = _users_exception(message)
     if users:
         return users
+    if message.lstrip().startswith("in user code:"):  # a tf.function's trace: its frames, then the error itself
+        message = re.split(r"\n\s*\w+(?:Error|Exception): ", message)[-1]
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     own = [line for line in lines if not line.startswith(_NOT_THE_ERROR) and not _FRAME.match(line)]
     text = re.sub(r"^\{\{[^}]*\}\}\s*|\s*\[Op:.*$", "", (own or lines or [""])[0])

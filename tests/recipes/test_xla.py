@@ -212,3 +212,20 @@ def test_a_model_without_call_keeps_xla_until_its_first_batch_fails_under_it_onl
     assert result.model.jit_compile is False and result.plan.jit_compile is False
     assert [int(x.shape[0]) for x, _ in result.dataset] == [8, 8, 4]  # built again: no static batches dropped
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+def test_a_layer_failing_in_16_bits_is_no_xla_blocker(cpu_hardware):
+    """Lowering the forward pass in 16 bits fails in such a layer without XLA too: the first batch keeps the
+    layer float32, and XLA stays on (it used to be turned off as if XLA could not compile the layer)."""
+    import tfopt
+    from tests.keras_examples import Shifted, regression_data
+
+    inputs = keras.Input((4,))
+    user = keras.Model(inputs, keras.layers.Dense(1)(Shifted(name="shifted")(keras.layers.Dense(3)(inputs))))
+    user.compile(optimizer="sgd", loss="mse")
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}, {"xla": {"jit_compile": True}}]
+    result = tfopt.apply(user, regression_data(), forced, hardware=cpu_hardware, measure_speed=False)
+    assert result.plan.jit_compile is True and result.model.jit_compile is True
+    assert result.plan.dtype_policy == "mixed_bfloat16" and result.plan.float32_layers == ("shifted",)
+    assert not any(step.recipe == "xla" and step.skipped for step in result.plan.applied)
+    assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
