@@ -173,8 +173,9 @@ def test_snippets_run(page, tmp_path, monkeypatch):
     """The page's Python blocks in order, then its YAML blocks, in one directory (YAML may name files
     the Python wrote, as a reader following the page would have them)."""
     monkeypatch.chdir(tmp_path)
-    for variable in ("TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT"):  # snippets set them; later children keep them
-        monkeypatch.delenv(variable, raising=False)
+    for variable in ("TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT"):  # snippets set them: put back after the test
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
     namespace = snippet_namespace()
     for info, code, line in blocks(page, "python"):
         where = f"{page_id(page)}:{line}"

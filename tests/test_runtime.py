@@ -11,14 +11,21 @@ from tfopt.errors import RecipeConfigError
 from tfopt.runtime import configure_gpu_memory, configure_gpu_threads, gpu_memory_in_force, gpu_thread_mode_in_force
 
 
+def unset(monkeypatch, *variables):
+    """Unsets the variables for the test and puts back what they were after it, also where the code under test
+    sets them (`monkeypatch.delenv` of an unset variable records nothing to put back)."""
+    for variable in variables:
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
+
+
 class FakeGpuConfig:
     """Stands in for tf.config on a machine with two GPUs, refusing changes once 'initialised'. The
     environment's TF_FORCE_GPU_ALLOW_GROWTH (set where the suite runs on a real GPU) is taken away: it would
     answer for the code under test."""
 
     def __init__(self, monkeypatch, initialised=False):
-        for variable in ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT"):
-            monkeypatch.delenv(variable, raising=False)  # and each is restored after the test
+        unset(monkeypatch, "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT")
         self.gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
         self.growth, self.limits, self.initialised = {}, {}, initialised
         monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: self.gpus if kind == "GPU" else [])
@@ -122,8 +129,8 @@ def test_gpu_threads_are_set_where_tensorflow_reads_them(monkeypatch):
     assert gpu_thread_mode_in_force() == "global"  # TensorFlow's default
     assert configure_gpu_threads("gpu_private", count=4) == ["/physical_device:GPU:0", "/physical_device:GPU:1"]
     assert (os.environ["TF_GPU_THREAD_MODE"], os.environ["TF_GPU_THREAD_COUNT"]) == ("gpu_private", "4")
-    configure_gpu_threads("gpu_shared")  # no count: TensorFlow's own, not the 4 left from before
-    assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_shared" and "TF_GPU_THREAD_COUNT" not in os.environ
+    configure_gpu_threads("gpu_shared")  # no count: the environment's, as the user exported it
+    assert (os.environ["TF_GPU_THREAD_MODE"], os.environ["TF_GPU_THREAD_COUNT"]) == ("gpu_shared", "4")
     monkeypatch.setenv("TF_GPU_THREAD_MODE", " GPU_Private ")  # TensorFlow lower-cases it
     assert gpu_thread_mode_in_force() == "gpu_private"
 
@@ -133,15 +140,18 @@ def test_gpu_threads_too_late_say_how_and_change_nothing(monkeypatch):
     configure_gpu_threads("gpu_private")
     fake.initialised = True  # the next cells trained a model
     assert configure_gpu_threads("gpu_private") == ["/physical_device:GPU:0", "/physical_device:GPU:1"]  # run again
-    for mode, count in (("global", None), ("gpu_private", 3)):
-        with pytest.raises(RecipeConfigError, match="TensorFlow started the GPUs with TF_GPU_THREAD_MODE=gpu_private"):
+    started = "TensorFlow started the GPUs with TF_GPU_THREAD_MODE=gpu_private"
+    for mode, count, setting in (("global", None, "mode"), ("gpu_private", 3, "count")):
+        with pytest.raises(RecipeConfigError, match=started) as error:
             configure_gpu_threads(mode, count=count)
+        assert error.value.setting == setting
+    assert "TF_GPU_THREAD_COUNT=2, and reads them only then" in str(error.value)  # unset: TensorFlow's 2
     assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private" and "TF_GPU_THREAD_COUNT" not in os.environ
 
 
-def test_gpu_threads_change_nothing_without_a_gpu(monkeypatch):
+def test_gpu_threads_without_a_gpu_apply_to_no_device(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
-    monkeypatch.delenv("TF_GPU_THREAD_MODE", raising=False)
+    unset(monkeypatch, "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT")
     assert configure_gpu_threads("gpu_private") == []  # this process' devices started long ago: no matter
     assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private"  # its GPU-less children inherit a harmless value
 

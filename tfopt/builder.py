@@ -26,7 +26,7 @@ from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting
-from tfopt.policies import dtype_policy_scope, put_tf32_in_force, set_dtype_policy
+from tfopt.policies import dtype_policy_scope, has_call, put_tf32_in_force, set_dtype_policy
 from tfopt.training.micro_batches import split_batches
 
 if TYPE_CHECKING:
@@ -233,7 +233,6 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
         >>> xla_blockers(model, np.zeros((2, 3), "float32"))
         []
     """
-    import keras
     import tensorflow as tf
 
     blockers = [
@@ -241,7 +240,7 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
         for layer in model._flatten_layers(include_self=False)
         if not getattr(layer, "supports_jit", True)
     ]
-    if blockers or type(model).call is keras.Model.call:
+    if blockers or not has_call(model):
         return blockers
     forward = tf.function(lambda inputs: model(inputs, training=True), jit_compile=True)
     try:

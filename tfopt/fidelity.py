@@ -107,14 +107,17 @@ def _outcome_in_scope(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     import numpy as np
     import tensorflow as tf
 
+    from tfopt.policies import has_call
     from tfopt.profiling.timing import training_state_restored
 
     predictions = loss = None
     parts = _pieces(batch, pieces)
-    try:
-        outputs = [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
-    except NotImplementedError:  # no call(): a model whose train_step calls its parts
-        outputs = None
+    # No call(): a model whose train_step calls its parts has no predictions to compare, only its step's loss.
+    outputs = (
+        [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
+        if has_call(model)
+        else None
+    )
     if outputs is not None:
         per_piece = [tf.nest.flatten(output) for output in outputs]  # each output's pieces in a row: the whole's
         predictions = np.concatenate(
@@ -321,9 +324,10 @@ def failing_layer(error: BaseException, model: keras.Model) -> Any:
     if found is not None and found is not model:
         return found
     for name in reversed(re.findall(r"when calling (\w+)\.call\(\)", str(error))):
-        named = next((layer for layer in layers.values() if type(layer).__name__ == name and layer is not model), None)
-        if named is not None:
-            return named
+        # The message names a class, not a layer: of several, one still in 16 bits is the one that can fail there.
+        named = [layer for layer in layers.values() if type(layer).__name__ == name and layer is not model]
+        if named:
+            return next((layer for layer in named if _computes_in_16_bits(layer)), named[0])
     return found
 
 
@@ -342,23 +346,23 @@ class Checked:
     xla_fails: str | None = None
 
 
-def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline: Plan) -> Checked:
+def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baseline_policy: str) -> Checked:
     """The optimized setup once it has run the first batch and agreed with the user's model.
 
     A layer that fails under the mixed policy is kept at float32 (named in the plan) and the batch runs
     again; mixed precision must be left out where no layer can be named, more than a few fail, or the outcome
-    disagrees beyond the policy's tolerance. At the user's precision, a batch that fails only under XLA (the
-    user's setup ran it without) leaves XLA out: `xla_blockers` lowers the forward pass before the build,
-    but the train step XLA compiles holds more (a model without call(), whose train_step calls its parts).
+    disagrees beyond the policy's tolerance. A batch that fails under XLA only (the same batch runs with XLA off)
+    leaves XLA out: `xla_blockers` lowers the forward pass before the build, but the train step XLA compiles
+    holds more (a model without call(), whose train_step calls its parts).
 
     Args:
         built: The optimized setup.
         reference: The user's setup's outcome on `batch` (`reference_outcome`).
         batch: The first element of the user's dataset.
-        baseline: The plan of the user's setup (its dtype policy, whether it ran under XLA).
+        baseline_policy: The dtype policy of the user's setup (which runs without XLA).
 
     Returns:
-        `built` (with layers kept at float32), and why mixed precision must go where it must.
+        `built` (with layers kept at float32), and why mixed precision or XLA must go where one must.
 
     Raises:
         IncompatibleModelError: The optimized setup fails on the batch for a reason other than its precision.
@@ -371,9 +375,9 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         except Exception as error:
             if out_of_memory(error) or isinstance(error, IncompatibleModelError):
                 raise
-            if plan.jit_compile and not baseline.jit_compile and _runs_without_xla(model, batch, plan.micro_batches):
+            if plan.jit_compile and _runs_without_xla(model, batch, plan.micro_batches):
                 return Checked(built, xla_fails=f"the first batch fails under XLA only: {describe_error(error)}")
-            if plan.dtype_policy == baseline.dtype_policy:
+            if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(
                     f"The optimized setup fails on the first batch although your model trains on it: "
                     f"{describe_error(error)}. Recipes applied: {_recipes(plan)}; leave them out one by one to "
@@ -393,7 +397,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             kept.append(f"{which} ({type(layer).__name__}: {describe_error(error)})")
             continue
         checked = agreement(reference, result, plan.dtype_policy)
-        if not checked.agrees and plan.dtype_policy != baseline.dtype_policy:
+        if not checked.agrees and plan.dtype_policy != baseline_policy:
             return Checked(built, mixed_precision_fails=str(checked))
         if not checked.agrees:
             plan = plan.record(
@@ -406,10 +410,13 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
 
 def _in_16_bits(layer: Any) -> list[Any]:
     """The layer where it computes in 16 bits, else the layers in it that do (where it is float32 already)."""
-    if layer.dtype_policy.name != "float32":
+    if _computes_in_16_bits(layer):
         return [layer]
-    inner = layer._flatten_layers(include_self=False, recursive=True)
-    return [each for each in inner if each.dtype_policy.name != "float32"]
+    return [each for each in layer._flatten_layers(include_self=False, recursive=True) if _computes_in_16_bits(each)]
+
+
+def _computes_in_16_bits(layer: Any) -> bool:
+    return layer.compute_dtype in ("float16", "bfloat16")
 
 
 def _named(layers: list[Any], most: int = 4) -> str:

@@ -348,7 +348,7 @@ def _copied(value: Any, walk: _Walk, path: str) -> Any:
     except Exception as error:
         culprit, reason, part = _culprit(value, path, walk.memo, error)
         what = f"{culprit} ({type(value).__name__ if culprit == path else 'in it'}) cannot be copied ({reason})"
-        if (type(part).__module__ or "").startswith(("keras", "tensorflow")):
+        if (type(part).__module__ or "").startswith(("keras", "tensorflow.python.trackable")):  # Keras' own
             raise IncompatibleModelError(
                 f"tfopt could not copy your model: {what}. That is Keras' or TensorFlow's own "
                 f"{type(part).__name__}, which tfopt should copy: a bug in tfopt (please report it with this "

@@ -339,7 +339,7 @@ def _applied(
     def optimized_run(plan: Plan) -> Built:
         built = build(plan)
         try:
-            checked = first_batch_checked(built, reference, batch, baseline=baseline)
+            checked = first_batch_checked(built, reference, batch, baseline_policy=baseline.dtype_policy)
             if checked.xla_fails is not None:  # built again from the plan: XLA made its batches static
                 built.close()
                 _log.warning("xla: left out: %s", checked.xla_fails)

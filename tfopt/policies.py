@@ -147,6 +147,11 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         return _output_layers(last, sample_inputs) if isinstance(last, keras.Model) else {id(last)}
     if not isinstance(model, keras.Model):
         return {id(model)}
+    if not has_call(model):
+        # A GAN's, a VAE's: its train_step calls its parts, and the outputs of those that are models of their own
+        # (a generator, a discriminator, an encoder) are what its losses read.
+        parts = model._flatten_layers(include_self=False, recursive=False)
+        return set().union(*(_output_layers(part, sample_inputs) for part in parts if isinstance(part, keras.Model)))
     # A subclassed model: call it once and see which layer made each output (inner calls return first).
     made_by: dict[int, Any] = {}
     alive: list[Any] = []
@@ -168,19 +173,20 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         object.__setattr__(layer, "call", recording(layer))
     try:
         outputs = tf.nest.flatten(model(sample_inputs, training=False))
-    except NotImplementedError:
-        outputs = None
     except Exception:  # noqa: BLE001 - a forward pass that fails on these inputs: no output layer found
         return set()
     finally:
         for layer in sublayers:
             layer.__dict__.pop("call", None)
-    if outputs is None:
-        # No call() (a GAN's, a VAE's: its train_step calls its parts): the outputs of its parts that are models
-        # of their own (a generator, a discriminator, an encoder) are what its losses read.
-        parts = model._flatten_layers(include_self=False, recursive=False)
-        return set().union(*(_output_layers(part, sample_inputs) for part in parts if isinstance(part, keras.Model)))
     return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
+
+
+def has_call(model: keras.Model) -> bool:
+    """Whether the model has a forward pass of its own: a model whose class defines no call() (a GAN's, a VAE's)
+    is trained by a train_step that calls its parts."""
+    import keras
+
+    return type(model).call is not keras.Model.call
 
 
 def _producing_layers(tensor: Any, sample_inputs: Any) -> set[int]:

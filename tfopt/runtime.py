@@ -98,10 +98,11 @@ def configure_gpu_threads(mode: str = "gpu_private", count: int | None = None) -
 
     Args:
         mode: One of `GPU_THREAD_MODES`.
-        count: Threads per GPU (gpu_private) or for all GPUs (gpu_shared); None keeps TensorFlow's 2.
+        count: Threads per GPU (gpu_private) or for all GPUs (gpu_shared); None leaves TF_GPU_THREAD_COUNT as
+            the environment has it (unset: TensorFlow's 2).
 
     Returns:
-        The GPUs it applies to (empty on a machine without GPUs, where it changes nothing).
+        The GPUs it applies to (empty on a machine without GPUs, where the variables have no effect).
 
     Raises:
         RecipeConfigError: The settings are invalid, or TensorFlow already started the GPUs with other ones
@@ -115,22 +116,23 @@ def configure_gpu_threads(mode: str = "gpu_private", count: int | None = None) -
 
     check_gpu_threads(mode=mode, count=count)
     gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
-    wanted = {"TF_GPU_THREAD_MODE": mode, "TF_GPU_THREAD_COUNT": None if count is None else str(count)}
-    if gpus and _devices_started() and _gpu_threads_in_environment() != wanted:
+    wanted = {"TF_GPU_THREAD_MODE": mode}
+    if count is not None:
+        wanted["TF_GPU_THREAD_COUNT"] = str(count)
+    now = {"TF_GPU_THREAD_MODE": gpu_thread_mode_in_force()}
+    if count is not None:  # unset: TensorFlow's 2
+        now["TF_GPU_THREAD_COUNT"] = (environment_variables.text("TF_GPU_THREAD_COUNT") or "2").strip()
+    if gpus and _devices_started() and now != wanted:
+        started = ", ".join(f"{name}={value}" for name, value in now.items())
         raise RecipeConfigError(
-            f"gpu_threads: TensorFlow started the GPUs with TF_GPU_THREAD_MODE={gpu_thread_mode_in_force()}, "
-            "and reads it only then. Call tfopt.runtime.configure_gpu_threads"
-            f"({mode!r}, count={count}) at the top of your script, before building models or datasets; in a "
-            "notebook, restart the kernel and call it in the first cell. Or set TF_GPU_THREAD_MODE="
-            f"{mode} before Python starts, or write `runtime: {{gpu_thread_mode: {mode}}}` in the recipe file: "
-            "`tfopt-recipe run` applies it first.",
-            setting="mode",
+            f"gpu_threads: TensorFlow started the GPUs with {started}, and reads them only then. Call "
+            f"tfopt.runtime.configure_gpu_threads({mode!r}, count={count}) at the top of your script, before "
+            "building models or datasets; in a notebook, restart the kernel and call it in the first cell. Or set "
+            f"TF_GPU_THREAD_MODE={mode} before Python starts, or write `runtime: {{gpu_thread_mode: {mode}}}` in "
+            "the recipe file: `tfopt-recipe run` applies it first.",
+            setting="mode" if now["TF_GPU_THREAD_MODE"] != mode else "count",
         )
-    for name, value in wanted.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    os.environ.update(wanted)
     return gpus
 
 
@@ -170,11 +172,6 @@ def check_gpu_threads(*, mode: Any, count: Any) -> None:
 def gpu_thread_mode_in_force() -> str:
     """TF_GPU_THREAD_MODE as TensorFlow reads it (lower case; "global" where unset)."""
     return (environment_variables.text("TF_GPU_THREAD_MODE") or "global").strip().lower()
-
-
-def _gpu_threads_in_environment() -> dict[str, str | None]:
-    count = environment_variables.text("TF_GPU_THREAD_COUNT")
-    return {"TF_GPU_THREAD_MODE": gpu_thread_mode_in_force(), "TF_GPU_THREAD_COUNT": count and count.strip()}
 
 
 def _devices_started() -> bool:

@@ -277,7 +277,8 @@ def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
 
 def test_launches_waiting_on_the_host_name_the_gpus_own_threads_where_they_were_not_in_force():
     """On a GPU, TensorFlow launches kernels from the inter-op pool the pipeline shares (TF_GPU_THREAD_MODE
-    global): a dispatch-bound or contended step names gpu_private, unless it was in force; CPUs never."""
+    global): a dispatch-bound or contended step names gpu_private, unless the GPUs had threads of their own; CPUs
+    never."""
     contended = StepBreakdown(
         source="trace", hardware_type="GPU", step_seconds=(0.1,), input_seconds=0.002, device_busy_seconds=0.09
     )
@@ -291,8 +292,9 @@ def test_launches_waiting_on_the_host_name_the_gpus_own_threads_where_they_were_
             finding = only(diagnose_breakdown(step, V100, gpu_thread_mode=mode, **settings))
             assert named in finding.reason and "`runtime: {gpu_thread_mode: gpu_private}`" in finding.reason, name
             assert "tfopt.runtime.configure_gpu_threads()" in finding.reason
-        in_force = only(diagnose_breakdown(step, V100, gpu_thread_mode="gpu_private", **settings))
-        assert "gpu_private" not in in_force.reason and in_force.recipe == finding.recipe, name
+        for own in ("gpu_private", "gpu_shared"):  # the GPUs had threads of their own
+            in_force = only(diagnose_breakdown(step, V100, gpu_thread_mode=own, **settings))
+            assert "TF_GPU_THREAD_MODE" not in in_force.reason and in_force.recipe == finding.recipe, name
     cpu = dataclasses.replace(contended, hardware_type="CPU_ONLY", device_busy_seconds=None)
     on_cpu = only(diagnose_breakdown(cpu, CPU, measurement=_measured(0.6), gpu_thread_mode="global"))
     assert on_cpu.bottleneck == "cpu_contention" and "TF_GPU_THREAD_MODE" not in on_cpu.reason

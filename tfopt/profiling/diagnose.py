@@ -374,8 +374,9 @@ def _contention(input_percent: float, hardware: Hardware, measurement: Measureme
 
 def _gpu_threads(hardware: Hardware, gpu_thread_mode: str | None) -> str:
     """The sentence naming the GPUs' own launch threads (`tfopt.runtime.configure_gpu_threads`) for a finding
-    of launches waiting on the host, or "" where they were in force or there is no GPU."""
-    if hardware.accelerator != "gpu" or gpu_thread_mode == "gpu_private":
+    of launches waiting on the host, or "" where they had threads of their own (gpu_private, gpu_shared) or
+    there is no GPU."""
+    if hardware.accelerator != "gpu" or gpu_thread_mode in ("gpu_private", "gpu_shared"):
         return ""
     now = f"TF_GPU_THREAD_MODE={gpu_thread_mode}" if gpu_thread_mode else "the run's TF_GPU_THREAD_MODE is not known"
     return (

@@ -89,8 +89,8 @@ class RuntimeSection:
     growth false or unset). Both unset: TensorFlow's default.
 
     `gpu_thread_mode: gpu_private` gives each GPU threads of its own to launch kernels from
-    (TF_GPU_THREAD_MODE; `gpu_thread_count` of them, TensorFlow's 2 where unset). Unset: the environment's
-    TF_GPU_THREAD_MODE, else TensorFlow's `global`.
+    (TF_GPU_THREAD_MODE; `gpu_thread_count` of them, else the environment's TF_GPU_THREAD_COUNT, else
+    TensorFlow's 2). Unset: the environment's TF_GPU_THREAD_MODE, else TensorFlow's `global`.
     """
 
     gpu_memory_growth: bool | None = _setting(None, bool, nullable=True)
