@@ -29,11 +29,12 @@ from tfopt.data.service_client import serve
 from tfopt.errors import DataError, DistributionError
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def in_process_service():
-    """A dispatcher and two workers in this process, as a cluster of two hosts would serve. Their heartbeats
-    are tfopt's own servers' (TensorFlow's default is seconds apart, and `stop()` waits out the one in
-    progress: 14 s of teardown here)."""
+    """A dispatcher and two workers in this process, as a cluster of two hosts would serve, for one test: kept
+    for a module, they outlived its tests by the other modules the same test worker ran, and stopping them
+    then took a minute. Their heartbeats are tfopt's own servers' (TensorFlow's default is seconds apart, and
+    `stop()` waits out the one in progress)."""
     from tensorflow.data.experimental import service
 
     from tfopt.data.service_servers import HEARTBEAT_MS
