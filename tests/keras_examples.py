@@ -299,11 +299,12 @@ class ConditionalGAN(keras.Model):
         return {"g_loss": self.gen_loss_tracker.result(), "d_loss": self.disc_loss_tracker.result()}
 
 
-def conditional_gan(count=32, batch_size=8, latent_dim=4):
-    """Images of 4x4x1 with one-hot labels of 2 classes."""
+def conditional_gan(count=32, batch_size=8, latent_dim=4, built=True):
+    """Images of 4x4x1 with one-hot labels of 2 classes. `built=False`: parts without `Input`, as keras-io's DCGAN
+    writes them, so nothing has weights before the first train step."""
     discriminator = keras.Sequential(
         [
-            keras.Input((4, 4, 3)),
+            *([keras.Input((4, 4, 3))] if built else []),
             layers.Conv2D(4, 3, padding="same"),
             layers.LeakyReLU(0.2),
             layers.Flatten(),
@@ -312,7 +313,12 @@ def conditional_gan(count=32, batch_size=8, latent_dim=4):
         name="discriminator",
     )
     generator = keras.Sequential(
-        [keras.Input((latent_dim + 2,)), layers.Dense(16), layers.LeakyReLU(0.2), layers.Reshape((4, 4, 1))],
+        [
+            *([keras.Input((latent_dim + 2,))] if built else []),
+            layers.Dense(16),
+            layers.LeakyReLU(0.2),
+            layers.Reshape((4, 4, 1)),
+        ],
         name="generator",
     )
     model = ConditionalGAN(discriminator, generator, latent_dim)

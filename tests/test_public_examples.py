@@ -64,6 +64,23 @@ def test_a_gan_with_its_own_compile_keeps_both_optimizers_copied(recipes, cpu_ha
     assert int(model.d_optimizer.iterations) == 4 and int(user.d_optimizer.iterations) == 0
 
 
+def test_a_gan_whose_parts_have_no_weights_yet_is_built_as_fit_builds_it(recipes, cpu_hardware):
+    user, data = keras_examples.conditional_gan(built=False)
+    result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, steps=4, warmup_steps=1)
+    assert not user.weights and not user.d_optimizer.built  # the user's model is still unbuilt
+    model = result.model
+    assert len(model.generator.weights) == 2 and len(model.discriminator.weights) == 4
+    history = model.fit(result.dataset, epochs=1, verbose=0).history
+    assert np.isfinite(history["d_loss"][0]) and np.isfinite(history["g_loss"][0])
+
+
+def test_a_gan_whose_parts_have_no_weights_yet_starts_from_the_weights_fit_would_draw():
+    user, data = keras_examples.conditional_gan(built=False)
+    result = tfopt.apply(user, data, [{"data_pipeline": {}}], hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
+    assert int(result.model.d_optimizer.iterations) == 0  # building ran no step
+    assert_same_training(result, user, data)
+
+
 def test_a_trained_gan_continues_with_its_optimizers_state():
     user, data = keras_examples.conditional_gan()
     user.fit(data, epochs=1, verbose=0)

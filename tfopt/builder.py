@@ -184,9 +184,23 @@ def _create_model(plan: Plan) -> keras.Model:
         raise IncompatibleModelError(f"model_fn raised {type(error).__name__}: {error}") from error
     if not isinstance(model, keras.Model):
         raise IncompatibleModelError(f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
-    if not model.built and not model.weights:
+    if not has_call(model):
+        if not all(layer.built for layer in model._flatten_layers(include_self=False)):
+            _traced_once(model, plan.dataset.element_spec)
+    elif not model.built and not model.weights:
         model(plan.sample_inputs)  # a model never called has no variables until its first call
     return model
+
+
+def _traced_once(model: keras.Model, element_spec: Any) -> None:
+    """Creates the variables of a model without call() whose parts are not all built (a GAN of `Sequential`s
+    without `Input`) as `fit` does, by tracing its train_step on the batches' specs, and runs nothing: each
+    variable holds its initializer's value, as in the user's model before its first step (an initializer keeps
+    the seed it drew when it was made, and the copy has it), and no optimizer or seed has moved."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    tf.function(lambda batch: strategy.run(model.train_step, args=(batch,))).get_concrete_function(element_spec)
 
 
 def _rewritten(model: keras.Model, plan: Plan) -> Plan:
