@@ -169,9 +169,60 @@ def test_float16_leaves_a_train_step_of_the_users_own_to_scale_its_loss(cpu_hard
     user, images = keras_examples.vae()
     built = build(make_plan(user, images, hardware=cpu_hardware).replace(dtype_policy="mixed_float16"))
     assert not isinstance(built.model.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert "not wrapped for loss scaling: your own train_step decides" in str(built.plan.applied[-1])
+    assert "left as your compile made it: your own train_step decides loss scaling" in str(built.plan.applied[-1])
     plain = build(make_plan(make_cnn(), make_images(), hardware=cpu_hardware).replace(dtype_policy="mixed_float16"))
     assert isinstance(plain.model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+class ScalesItsOwnLoss(keras.Model):
+    """A train_step of the user's that scales its loss for the LossScaleOptimizer Keras gave the model."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(keras.ops.cast(self(x), "float32") - y))
+            scaled = self.optimizer.scale_loss(loss)
+        self.optimizer.apply(tape.gradient(scaled, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def users_float16_model(model_class=keras.Model, policy="mixed_float16", **compile_arguments):
+    with dtype_policy_scope(policy):
+        inputs = keras.Input((4,))
+        outputs = keras.layers.Dense(2, dtype="float32")(keras.layers.Dense(8)(inputs))
+        model = model_class(inputs, outputs)
+        model.compile(**{"optimizer": "sgd", "loss": "mse", **compile_arguments})
+    return model
+
+
+def test_at_the_models_own_precision_its_optimizer_stays_as_it_was_made(cpu_hardware):
+    """Keras' wrapper kept for a train_step of the user's that scales its loss; no wrapper where the user's compile
+    said auto_scale_loss=False; the user's own wrapper under bfloat16 kept."""
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"))).batch(4)
+    own_step = users_float16_model(ScalesItsOwnLoss)
+    built = build(make_plan(own_step, data, hardware=cpu_hardware))
+    assert isinstance(built.model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert not any("loss scaling" in str(step) for step in built.plan.applied)
+    unscaled = users_float16_model(auto_scale_loss=False)
+    assert type(build(make_plan(unscaled, data, hardware=cpu_hardware)).model.optimizer) is keras.optimizers.SGD
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**10)
+    bfloat16 = users_float16_model(policy="mixed_bfloat16", optimizer=wrapped)
+    kept = build(make_plan(bfloat16, data, hardware=cpu_hardware)).model.optimizer
+    assert isinstance(kept, keras.optimizers.LossScaleOptimizer) and kept is not wrapped
+    assert float(kept.initial_scale) == 2.0**10
+    # Moved to bfloat16 by a recipe, the wrapper Keras made for float16 comes off.
+    moved = build(make_plan(own_step, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert type(moved.model.optimizer) is keras.optimizers.SGD
+
+
+def test_xla_is_said_off_for_a_model_compiled_to_run_eagerly(cpu_hardware):
+    user = make_cnn()
+    user.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", run_eagerly=True)
+    plan = make_plan(user, make_images(), hardware=cpu_hardware)
+    built = build(plan.with_compile(jit_compile=True).record("xla", "on"))
+    assert built.model.run_eagerly and not built.model.jit_compile and not built.plan.jit_compile
+    (xla,) = [step for step in built.plan.applied if step.recipe == "xla"]
+    assert xla.skipped and "run_eagerly=True" in xla.detail
 
 
 class OwnCompile(keras.Model):

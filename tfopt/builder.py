@@ -26,7 +26,7 @@ from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting
-from tfopt.policies import dtype_policy_scope, has_call, put_tf32_in_force, set_dtype_policy
+from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force, set_dtype_policy
 from tfopt.training.micro_batches import split_batches
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ def build(plan: Plan) -> Built:
     put_tf32_in_force(plan.tf32)
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
+        own_policy = model_dtype_policy(model)  # a copy's is the user's
         kept_float32 = set_dtype_policy(model, plan.dtype_policy, plan.sample_inputs)
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if layer.name in plan.float32_layers:  # failed in 16 bits on the first batch of an earlier build
@@ -105,7 +106,7 @@ def build(plan: Plan) -> Built:
             plan = _rewritten(model, plan)
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
-        loss_scaling = _compile(model, plan)
+        loss_scaling = _compile(model, plan, own_policy)
         if loss_scaling:
             plan = plan.amend("mixed_precision", loss_scaling)
     dataset, service, plan = _served(plan, unsettled)
@@ -269,11 +270,16 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
 
 
 def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
-    """The plan as it builds under XLA: without it where a layer of this model does not lower to it
-    (Keras would otherwise obey a layer's `supports_jit=False` silently, or fail at the first step on an
-    op without an XLA kernel), else with its batches made full and static, saying what that drops."""
+    """The plan as it builds under XLA: without it where the model runs eagerly, or where a layer of this model
+    does not lower to it (Keras would otherwise obey a layer's `supports_jit=False` silently, or fail at the
+    first step on an op without an XLA kernel), else with its batches made full and static, saying what that
+    drops."""
     if not plan.jit_compile:
         return plan
+    if model.run_eagerly:
+        return plan.with_compile(jit_compile=False).left_out(
+            "xla", "off: your model runs eagerly (compiled with run_eagerly=True), which XLA cannot compile"
+        )
     blockers = xla_blockers(model, plan.sample_inputs)
     if blockers:
         _log.warning("xla: off: %s", "; ".join(blockers))
@@ -303,7 +309,7 @@ def _copy_weights(source: keras.Model, target: keras.Model) -> None:
         ) from error
 
 
-def _compile(model: keras.Model, plan: Plan) -> str | None:
+def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
     """Compiles the model as the plan says, never calling an overridden `compile` with arguments it does not
     declare (a GAN's `compile(d_optimizer, g_optimizer, loss_fn)`); returns what the plan should say of loss
     scaling, if anything.
@@ -314,10 +320,7 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
     optimizer's learning rate) is the copy compiled again, by `keras.Model.compile` itself, with its own objects
     and the changed ones.
     A model made by `model_fn`, or given `compile=`, is compiled with the plan's arguments: by its own
-    `compile` where that takes them. Under mixed_float16 Keras' own `train_step` scales the loss for a
-    `LossScaleOptimizer`, which Keras wraps only where the *model's* policy is mixed_float16 (a model_fn that
-    pins its own dtype escapes that, and fp16 gradients then underflow): tfopt wraps it. A `train_step` of the
-    user's may not scale the loss, and the wrapper would then divide its gradients by the scale: not wrapped.
+    `compile` where that takes them. Loss scaling: `_loss_scaling`.
     """
     import keras
 
@@ -328,7 +331,11 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
                 optimizer = optimizer.inner_optimizer
             arguments = {**model._compile_config.config, "optimizer": optimizer, **_made_again(changed, plan)}
-            keras.Model.compile(model, **{**arguments, "jit_compile": plan.jit_compile})
+            # Wrapped again where it was (Keras' compile would wrap a mixed_float16 model's either way).
+            auto_scale_loss = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            keras.Model.compile(
+                model, **{**arguments, "jit_compile": plan.jit_compile, "auto_scale_loss": auto_scale_loss}
+            )
     else:
         arguments = _compile_arguments(plan)
         declared = {  # XLA is set below, through Keras' setter
@@ -344,18 +351,35 @@ def _compile(model: keras.Model, plan: Plan) -> str | None:
     model.steps_per_execution = plan.steps_per_call
     if model._compile_config is not None:  # what get_compile_config() and a saved copy say
         model._compile_config.config["steps_per_execution"] = plan.steps_per_call
+    return _loss_scaling(model, plan.dtype_policy, own_policy)
+
+
+def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | None:
+    """Wraps or unwraps the model's optimizer for float16 loss scaling where the plan changed the precision; what
+    the plan should say of it, if anything.
+
+    At the model's own precision its optimizer stays as it was made: wrapped by Keras for a mixed_float16 model,
+    by the user, or left unwrapped on purpose (`compile(auto_scale_loss=False)`). Moved to mixed_float16, Keras'
+    own `train_step` scales the loss for a `LossScaleOptimizer`, which Keras wraps only where the *model's*
+    policy is mixed_float16 (a model_fn that pins its own dtype escapes that, and fp16 gradients then
+    underflow): tfopt wraps it. A `train_step` of the user's may not scale the loss, and a wrapper would then
+    divide its gradients by the scale: its optimizer is left as it was. Moved from mixed_float16 to a precision
+    that needs no scaling, the wrapper Keras made for it is taken off.
+    """
+    import keras
+
+    if policy == own_policy:
+        return None
     scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    if plan.dtype_policy != "mixed_float16":
-        if scaled:
-            model.optimizer = model.optimizer.inner_optimizer  # Keras wrapped it for the user's float16 model
+    if policy != "mixed_float16":
+        if scaled and own_policy == "mixed_float16":
+            model.optimizer = model.optimizer.inner_optimizer
         return None
     if type(model).train_step is not keras.Model.train_step:
-        if scaled:
-            model.optimizer = model.optimizer.inner_optimizer
         return (
-            "the optimizer is not wrapped for loss scaling: your own train_step decides (scale the loss with "
-            "self.optimizer.scale_loss and wrap the optimizer in keras.optimizers.LossScaleOptimizer, or use "
-            "mixed_bfloat16, which needs no scaling)"
+            "the optimizer is left as your compile made it: your own train_step decides loss scaling (scale the "
+            "loss with self.optimizer.scale_loss and wrap the optimizer in keras.optimizers.LossScaleOptimizer, or "
+            "use mixed_bfloat16, which needs no scaling)"
         )
     if model.optimizer is not None and not scaled:
         model.optimizer = keras.optimizers.LossScaleOptimizer(model.optimizer)
