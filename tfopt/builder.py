@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
-from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting
+from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting, users_jit_compile
 from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force, set_dtype_policy
 from tfopt.training.micro_batches import split_batches
 
@@ -272,8 +272,8 @@ def xla_blockers(model: keras.Model, sample_inputs: Any) -> list[str]:
 def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     """The plan as it builds under XLA: without it where the model runs eagerly, or where a layer of this model
     does not lower to it (Keras would otherwise obey a layer's `supports_jit=False` silently, or fail at the
-    first step on an op without an XLA kernel), else with its batches made full and static, saying what that
-    drops."""
+    first step on an op without an XLA kernel), else, where XLA is tfopt's choice and not the user's compile's,
+    with its batches made full and static, saying what that drops."""
     if not plan.jit_compile:
         return plan
     if model.run_eagerly:
@@ -284,6 +284,8 @@ def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
     if blockers:
         _log.warning("xla: off: %s", "; ".join(blockers))
         return plan.with_compile(jit_compile=False).record("xla", "off after all: " + "; ".join(blockers), skipped=True)
+    if users_jit_compile(plan.compile_objects):
+        return plan  # the user's own XLA trains on their batches, as their fit would
     whole = plan.whole_batch_size  # micro-batches are cut from static batches after
     dataset, dropped = static_batches(plan.dataset, whole)
     if dataset is plan.dataset:  # the batches were static already

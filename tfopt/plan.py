@@ -202,8 +202,9 @@ def make_plan(
 ) -> Plan:
     """Turns the user's model and dataset into the first Plan, the honest baseline.
 
-    The baseline compiles with `jit_compile=False` explicitly: Keras' default "auto" decides by
-    itself, and the "before" measurement must not silently include XLA.
+    The baseline compiles with `jit_compile=False` explicitly where the user left Keras' default "auto", which
+    decides by itself: the "before" measurement must not silently include XLA. A `jit_compile=True` or `False`
+    the user's compile chose is the baseline's (`users_jit_compile`).
 
     The baseline's float32 math is the user's TF32 setting (`users_tf32_setting`): TensorFlow's own switch,
     unless an earlier build changed it for its model, as an earlier `apply` with `mixed_precision: {tf32:
@@ -244,14 +245,18 @@ def make_plan(
             "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), or pass a "
             "tfopt.data source."
         )
-    compile_objects = _compile_objects(model, compile)
+    compile_objects = {**_compile_objects(model, compile), "jit_compile": _chosen_jit_compile(model, compile)}
     sample_inputs = _first_inputs(dataset)
     tf32 = users_tf32_setting()
     return Plan(
         model_fn=functools.partial(copy_model, model) if model_fn is None else model_fn,
         dataset=dataset,
         # The steps per call the model runs, set by compile or on the model itself (as tfopt sets it).
-        compile_config={**_serialized(compile_objects), "jit_compile": False, **_steps_per_call(model, compile)},
+        compile_config={
+            **_serialized(compile_objects),
+            "jit_compile": bool(users_jit_compile(compile_objects)),
+            **_steps_per_call(model, compile),
+        },
         compile_objects=compile_objects,
         hardware=hardware,
         sample_inputs=sample_inputs,
@@ -265,6 +270,24 @@ def make_plan(
         # A "float32" baseline on an Ampere+ GPU is not IEEE float32: say so, or its numbers mislead.
         applied=(Step("baseline", tf32_note(hardware)),) if tf32 and hardware.has_tf32 else (),
     )
+
+
+def users_jit_compile(compile_objects: Mapping[str, Any]) -> bool | None:
+    """The `jit_compile` the user chose, or None where they left Keras' "auto" (`_chosen_jit_compile`)."""
+    chosen = compile_objects.get("jit_compile")
+    return chosen if isinstance(chosen, bool) else None
+
+
+def _chosen_jit_compile(model: keras.Model | None, compile_kwargs: Mapping[str, Any] | None) -> bool | str:
+    """The user's `jit_compile`: as given in `compile=`, else the model's where it is not what Keras' "auto" makes
+    of it on this machine (Keras keeps only the result, so a choice equal to it reads as "auto": on a CPU,
+    `jit_compile=False`)."""
+    if compile_kwargs is not None or model is None:
+        return (compile_kwargs or {}).get("jit_compile", "auto")
+    if model.run_eagerly:  # Keras turns XLA off then, whatever was asked
+        return "auto"
+    own = bool(model.jit_compile)
+    return own if own != bool(model._resolve_auto_jit_compile()) else "auto"
 
 
 def tf32_note(hardware: Hardware) -> str:

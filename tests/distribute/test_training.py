@@ -42,6 +42,49 @@ def test_single_device_matches_keras_fit(ieee_float32):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_tfopts_loop_logs_the_models_metrics_as_keras_fit_does(ieee_float32):
+    def compiled_with_metrics():
+        model = make_model()
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+        return model
+
+    expected = compiled_with_metrics().fit(make_dataset(), epochs=2, verbose=0, shuffle=False).history
+    history = fit(compiled_with_metrics(), make_dataset(), epochs=2, engine="tfopt").history
+    assert sorted(history) == ["loss", "mae"]
+    for name in expected:
+        np.testing.assert_allclose(history[name], expected[name], rtol=1e-5)
+
+
+def test_tfopts_loop_runs_a_train_step_of_the_models_own(ieee_float32):
+    """Its history as fit's: Keras logs the loss tracker this train_step never updates, for its logs name just it."""
+    from tests import keras_examples
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = keras_examples.OwnTrainStep(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
+        model.compile(optimizer=keras.optimizers.SGD(0.05))
+        return model
+
+    reference = make()
+    expected = reference.fit(make_dataset(), epochs=2, verbose=0, shuffle=False).history["loss"]
+    model = make()
+    np.testing.assert_allclose(
+        fit(model, make_dataset(), epochs=2, engine="tfopt").history["loss"], expected, rtol=1e-5
+    )
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_horovod_refuses_a_train_step_it_cannot_average(ieee_float32):
+    from tests import keras_examples
+    from tfopt.distribute.horovod import HorovodStrategy
+
+    model = keras_examples.OwnTrainStep(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
+    model.compile(optimizer="sgd")
+    with pytest.raises(RecipeConfigError, match=r"OwnTrainStep has a train_step of its own.*strategy: multi_worker"):
+        fit(model, make_dataset(), strategy=HorovodStrategy.__new__(HorovodStrategy), engine="tfopt")
+
+
 def test_keras_engine_reads_one_pass_per_epoch_from_one_iterator(tmp_path):
     model, calls = make_model(), []
     keras_fit = model.fit

@@ -104,6 +104,42 @@ def test_off_is_explicit_false(cpu_hardware):
     assert Xla(jit_compile=False)(plan).compile_config["jit_compile"] is False
 
 
+def compiled_with_xla(jit_compile):
+    model = make_cnn()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=jit_compile)
+    return model
+
+
+@pytest.mark.parametrize("machine", ["cpu_bf16", "h100"])
+def test_auto_keeps_the_xla_the_user_chose(machine):
+    """The baseline is the user's XLA too, and their own XLA trains on their batches, partial ones included. Keras
+    keeps only what its compile made of "auto" on this machine: a choice is told apart where it differs."""
+    data = make_images(count=20, batch_size=8)
+    chosen = not make_cnn()._resolve_auto_jit_compile()  # False on a GPU host, True on a CPU-only one
+    arguments = {"optimizer": "sgd", "loss": "sparse_categorical_crossentropy"}
+    for own in (True, False):
+        for baseline in (
+            make_plan(
+                make_cnn(compiled=False),
+                data,
+                hardware=FAKE_HARDWARE[machine],
+                compile=arguments | {"jit_compile": own},
+            ),
+            *([make_plan(compiled_with_xla(own), data, hardware=FAKE_HARDWARE[machine])] if own is chosen else []),
+        ):
+            assert baseline.jit_compile is own
+            plan = Xla()(baseline)
+            step = plan.applied[-1]
+            assert plan.jit_compile is own and step.skipped is not own
+            assert f"jit_compile={own} kept, as your compile set it" in step.detail
+            built = build(plan)
+            assert built.model.jit_compile is own and [int(x.shape[0]) for x, _ in built.dataset] == [8, 8, 4]
+    left = make_plan(compiled_with_xla(not chosen), data, hardware=FAKE_HARDWARE[machine])  # reads as "auto"
+    assert left.jit_compile is False and "kept, as your compile set it" not in str(Xla()(left).applied[-1])
+    asked = Xla(jit_compile=True)(make_plan(compiled_with_xla(False), data, hardware=FAKE_HARDWARE[machine]))
+    assert asked.jit_compile is True  # a recipe set explicitly is asked for too, later than the compile
+
+
 def test_the_build_keeps_batch_shapes_static_under_xla_and_says_what_it_drops():
     # 20 examples in batches of 8: the last batch of 4 compiled the XLA step again every epoch.
     plan = Xla()(make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"]))

@@ -3,10 +3,13 @@
 Keras 3 `model.fit` under MultiWorkerMirroredStrategy with two or more workers raises "Attempt to
 convert a value (PerReplica...) to a Tensor" (keras-team/keras#20585, tensorflow/tensorflow#72388;
 verified with TF 2.21 / Keras 3.15, while one worker works). tfopt does not patch Keras internals:
-`fit` here runs its own train step under `strategy.run` with public Keras pieces only
-(`model.compute_loss`, `optimizer.scale_loss`, `optimizer.apply`, `keras.callbacks.CallbackList`),
-so it keeps working across Keras upgrades. With `engine="auto"` it hands over to `model.fit` wherever
-that is known to work, including multi-worker once `tfopt.distribute.probe` has seen the bug fixed.
+`fit` here runs the model's own `train_step` (Keras', or the user's override: a GAN's, a distiller's) under
+`strategy.run` in a loop of public Keras pieces (`keras.callbacks.CallbackList`, the model's metrics), so it
+trains what `fit` would and keeps working across Keras upgrades. Under Horovod, which averages the gradients
+between `tape.gradient` and the update, the step is Keras' own, written with `model.compute_loss`,
+`optimizer.scale_loss` and `optimizer.apply`: a `train_step` of the user's cannot be reached there. With
+`engine="auto"` it hands over to `model.fit` wherever that is known to work, including multi-worker once
+`tfopt.distribute.probe` has seen the bug fixed.
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ class _Loop:
         strategy: tf.distribute.Strategy,
         steps_per_epoch: int | None,
     ):
+        import keras
         import tensorflow as tf
 
         from tfopt.distribute.horovod import HorovodStrategy
@@ -191,6 +195,13 @@ class _Loop:
                 model.steps_per_execution,
             )
         self.horovod = isinstance(strategy, HorovodStrategy)
+        if self.horovod and type(model).train_step is not keras.Model.train_step:
+            raise RecipeConfigError(
+                f"{type(model).__name__} has a train_step of its own, and tfopt's Horovod loop averages the "
+                "gradients of Keras' own step between computing and applying them, which a train_step of yours "
+                "does not let it do. Train it with `distribution: {strategy: multi_worker}` (which runs your "
+                "train_step on every worker), or average the gradients in your train_step with Horovod yourself."
+            )
         self.worker_index, self.is_chief = worker_role(strategy)
         self.lost_worker_errors = (
             tf.errors.UnavailableError,
@@ -210,7 +221,8 @@ class _Loop:
                 model.optimizer.build(model.trainable_variables)
         self.step = tf.function(self._distributed_step, reduce_retracing=True)
 
-    def _replica_step(self, data: Any) -> Any:
+    def _horovod_step(self, data: Any) -> dict[str, Any]:
+        """Keras' own train step with the gradients averaged over the ranks, and its loss: the mean of theirs."""
         import keras
         import tensorflow as tf
 
@@ -218,24 +230,24 @@ class _Loop:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            # compute_loss divides by the replica count under tf.distribute, so the gradients the
-            # optimizer sums across replicas are those of the global-batch mean.
+            # Horovod is no tf.distribute strategy: compute_loss sees one replica, and the ranks' gradients
+            # are averaged below, those of the global batch's mean loss.
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             scaled_loss = model.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled_loss, model.trainable_variables)
-        if self.horovod:
-            gradients = self.strategy.average_gradients(gradients)
-            loss = self.strategy.mean(loss)
+        gradients = self.strategy.average_gradients(tape.gradient(scaled_loss, model.trainable_variables))
         model.optimizer.apply(gradients, model.trainable_variables)
-        return loss
+        return {"loss": self.strategy.mean(loss)}
 
-    def _distributed_step(self, data: Any) -> Any:
+    def _distributed_step(self, data: Any) -> dict[str, Any]:
+        """One training step on every replica, and its logs averaged over them (as Keras' fit reduces them)."""
         import tensorflow as tf
 
         if self.horovod:
-            return self._replica_step(data)
-        per_replica_loss = self.strategy.run(self._replica_step, args=(data,))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            return self._horovod_step(data)
+        logs = self.strategy.run(self.model.train_step, args=(data,))
+        return {
+            name: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None) for name, value in logs.items()
+        }
 
     def run(self, epochs: int, callbacks: list[Any] | None, checkpoint_dir: Any, verbose: int) -> Any:
         import keras
@@ -268,16 +280,17 @@ class _Loop:
         callback_list.on_train_begin()
         iterator = iter(self.dataset) if self.steps_per_epoch else None
         for epoch in range(initial_epoch, epochs):
+            self.model.reset_metrics()  # as fit does: the logs of an epoch are its own steps' means
             callback_list.on_epoch_begin(epoch)
-            logs, exhausted = self._run_epoch(iterator, callback_list, epoch)
+            logs, steps, exhausted = self._run_epoch(iterator, callback_list, epoch)
             if exhausted:
                 _log.warning(
                     "The dataset ran out after %d steps of epoch %d; stopping. Make the dataset "
                     "long enough for epochs x steps_per_epoch (e.g. dataset.repeat()).",
-                    logs["steps"],
+                    steps,
                     epoch + 1,
                 )
-            callback_list.on_epoch_end(epoch, {"loss": logs["loss"]})
+            callback_list.on_epoch_end(epoch, logs)
             if checkpoint is not None and not exhausted:
                 self._guard(functools.partial(checkpoint.save, epoch + 1), epoch)
             if exhausted or self.model.stop_training:
@@ -285,21 +298,35 @@ class _Loop:
         callback_list.on_train_end()
         return next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
 
-    def _run_epoch(self, iterator: Any, callback_list: Any, epoch: int) -> tuple[dict[str, float], bool]:
+    def _run_epoch(self, iterator: Any, callback_list: Any, epoch: int) -> tuple[dict[str, float], int, bool]:
+        """The epoch's logs (`_epoch_logs`), its steps, and whether the data ran out before `steps_per_epoch`."""
         iterator = iterator if iterator is not None else iter(self.dataset)
+        logs: dict[str, float] = {}
         total, steps = 0.0, 0
         while self.steps_per_epoch is None or steps < self.steps_per_epoch:
             try:
                 batch = self._guard(functools.partial(next, iterator), epoch)
             except StopIteration:
-                return {"loss": total / max(steps, 1), "steps": steps}, self.steps_per_epoch is not None
+                return self._epoch_logs(logs), steps, self.steps_per_epoch is not None
             callback_list.on_train_batch_begin(steps)
-            loss = float(self._guard(functools.partial(self.step, batch), epoch))
-            total, steps = total + loss, steps + 1
-            callback_list.on_train_batch_end(steps - 1, {"loss": total / steps})
+            logged = self._guard(functools.partial(self.step, batch), epoch)
+            logs = {name: float(value) for name, value in logged.items()}
+            steps += 1
+            if self.horovod:  # the step's own loss: the epoch's is the mean of its steps', as in fit
+                total += logs["loss"]
+                logs["loss"] = total / steps
+            callback_list.on_train_batch_end(steps - 1, logs)
             if self.model.stop_training:
                 break
-        return {"loss": total / max(steps, 1), "steps": steps}, False
+        return self._epoch_logs(logs), steps, False
+
+    def _epoch_logs(self, logs: dict[str, float]) -> dict[str, float]:
+        """What fit gives the epoch's end: the model's metrics where the last step's logs name exactly those
+        (Keras' `_get_metrics_result_or_logs`: a train_step of the user's that returns its own "loss" gets the
+        loss tracker's value, as in fit), else the last step's logs."""
+        if self.horovod or not logs:
+            return logs
+        return {name: float(value) for name, value in self.model._get_metrics_result_or_logs(logs).items()}
 
     def _guard(self, action: Any, epoch: int) -> Any:
         """Runs `action`, turning a lost peer or a collective timeout into one clear DistributionError."""

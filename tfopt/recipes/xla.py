@@ -2,10 +2,10 @@
 
 Keras' `jit_compile="auto"` turns XLA off on CPU-only machines, under any tf.distribute strategy, and
 when one layer has `supports_jit = False`, in each case without saying so. This recipe sets
-`jit_compile` explicitly; the build (`tfopt.builder`) then checks, on the model it creates, that every
-layer lowers to XLA (falling back with the offending layer named) and keeps batch shapes static. On
-CPU-only hardware "auto" leaves XLA off: there it made a small CNN slower as often as faster
-(docs/recipes/xla.md).
+`jit_compile` explicitly (on "auto", as the user's own compile chose it, where it chose); the build
+(`tfopt.builder`) then checks, on the model it creates, that every layer lowers to XLA (falling back with
+the offending layer named) and, where XLA is tfopt's choice, keeps batch shapes static. On CPU-only
+hardware "auto" leaves XLA off: there it made a small CNN slower as often as faster (docs/recipes/xla.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 from typing import ClassVar
 
 from tfopt.errors import RecipeConfigError
-from tfopt.plan import Plan
+from tfopt.plan import Plan, users_jit_compile
 from tfopt.recipes.base import Recipe, Stage
 
 
@@ -46,6 +46,13 @@ class Xla(Recipe):
     def __call__(self, plan: Plan) -> Plan:
         if self.jit_compile is False:
             return plan.with_compile(jit_compile=False).record(self.name, "jit_compile=False requested", skipped=True)
+        own = users_jit_compile(plan.compile_objects)
+        if self.jit_compile == "auto" and own is not None:
+            change = f"xla: {{jit_compile: {str(not own).lower()}}} changes it"
+            kept = f"jit_compile={own} kept, as your compile set it ({change})"
+            return plan.with_compile(jit_compile=own).record(
+                self.name, f"{'on' if own else 'off'}: {kept}", skipped=not own
+            )
         if self.jit_compile == "auto" and plan.hardware.accelerator == "cpu":
             # No speed figure here: one measured on another machine would read as a fact about this one.
             return plan.with_compile(jit_compile=False).record(
