@@ -169,6 +169,35 @@ def test_static_batches_leaves_full_batches_alone_and_counts_what_it_cannot_know
     assert dropped is None and [len(batch) for batch in filtered] == [8]  # 13 examples: 5 dropped, count unknown
 
 
+def test_static_batches_never_make_a_batch_of_others_examples():
+    """Repeated after batching, each pass ends in a partial batch: left out where it is, never glued to the next
+    pass's first (padded batches of other lengths could not be glued at all)."""
+    import tensorflow as tf
+
+    rows = [[1, 2], [3], [4, 5, 6], [7, 8, 9, 9, 9], [1]]
+    data = tf.data.Dataset.from_generator(
+        lambda: iter(rows), output_signature=tf.TensorSpec([None], tf.int64)
+    ).padded_batch(2)
+    mine, dropped = static_batches(data.repeat(2), 2)
+    assert dropped is None and mine.element_spec.shape.as_list() == [2, None]  # a generator: examples unknown
+    theirs = [batch.tolist() for batch in data.as_numpy_iterator()][:2]
+    assert [batch.tolist() for batch in mine.as_numpy_iterator()] == theirs * 2
+    dense, dropped = static_batches(tf.data.Dataset.range(20).batch(8).repeat(), 8)
+    assert dropped == 4 and [int(batch[0]) for batch in dense.take(4)] == [0, 8, 0, 8]
+    twice, dropped = static_batches(tf.data.Dataset.range(20).batch(8).repeat(2), 8)
+    assert dropped is None and [int(batch[0]) for batch in twice] == [0, 8, 0, 8]  # a length not asserted
+
+
+def test_the_length_of_a_rewritten_pipeline_is_kept_under_xla(cpu_hardware):
+    """The README's one-iterator training reads it: a rewritten pipeline counts its examples by the user's."""
+    from tfopt.recipes.data_pipeline import DataPipeline
+
+    plan = make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=cpu_hardware)
+    built = build(Xla(jit_compile=True)(DataPipeline()(plan)))
+    assert len(built.dataset) == 2 and [int(x.shape[0]) for x, _ in built.dataset] == [8, 8]
+    assert "the last 4 examples of each pass are dropped" in built.plan.applied[-1].detail
+
+
 def test_a_new_batch_size_under_xla_is_made_static_at_that_size():
     plan = Xla(jit_compile=True)(
         make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["cpu_bf16"])

@@ -38,12 +38,14 @@ def rebatch_counted(dataset: tf.data.Dataset, batch_size: int, *, drop_remainder
 
 
 def static_batches(dataset: tf.data.Dataset, batch_size: int) -> tuple[Any, int | None]:
-    """The dataset with every batch full, and how many examples per pass that drops.
+    """The dataset with its full batches only, each of a static shape, and how many examples per pass that drops.
 
     XLA compiles a step per input shape, and Keras traces the step with the batch dimension unknown, so
     a partial last batch compiles it again every epoch, often for longer than the epoch's other steps take
-    (docs/recipes/xla.md). Rebatching with `drop_remainder=True` makes the batch
-    dimension static.
+    (docs/recipes/xla.md). The partial batches are left out where they are, and no batch is made of others'
+    examples (as `rebatch` would): a pipeline repeated after batching (`batch(8).repeat()`) would otherwise glue
+    one pass's last examples to the next pass's first, and padded batches of other lengths cannot be glued.
+    The length tf.data loses in the filter is kept where the examples of a pass are known.
 
     Args:
         dataset: A batched dataset.
@@ -59,12 +61,51 @@ def static_batches(dataset: tf.data.Dataset, batch_size: int) -> tuple[Any, int 
         >>> data, dropped = static_batches(tf.data.Dataset.range(20).batch(8), 8)
         >>> [len(batch) for batch in data], dropped, len(data), data.element_spec.shape
         ([8, 8], 4, 2, TensorShape([8]))
+        >>> again, dropped = static_batches(tf.data.Dataset.range(20).batch(8).repeat(), 8)
+        >>> [int(batch[0]) for batch in again.take(4)], dropped
+        ([0, 8, 0, 8], 4)
     """
     import tensorflow as tf
 
-    if tf.nest.flatten(dataset.element_spec)[0].shape[0] is not None:
+    spec = dataset.element_spec
+    if tf.nest.flatten(spec)[0].shape[0] is not None:
         return dataset, 0
-    return rebatch_counted(dataset, batch_size, drop_remainder=True)
+    examples, one_pass = examples_per_pass(dataset)
+    batches = int(dataset.cardinality())
+    remainder = None if examples is None else examples % batch_size
+    full = dataset.filter(lambda *element: _batch_dimension(element) == batch_size)
+    full = full.map(lambda *element: _made_static(element if isinstance(spec, tuple) else element[0], batch_size))
+    if batches == int(tf.data.INFINITE_CARDINALITY):
+        length, dropped = batches, remainder  # each pass's partial batch, where the pipeline repeats whole passes
+    elif remainder is not None and batches >= 0 and (remainder == 0 or one_pass):
+        length, dropped = batches - (remainder != 0), remainder
+    else:  # which batches are partial is not known (a take, skip or shard after the batch; unknown examples)
+        return full, None
+    return full.apply(tf.data.experimental.assert_cardinality(length)), dropped
+
+
+def _batch_dimension(element: Any) -> Any:
+    """The examples in a batch, read from its first component (a tensor, ragged or sparse)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(element)[0]
+    if isinstance(first, tf.RaggedTensor):
+        return first.nrows(out_type=tf.int32)
+    if isinstance(first, tf.SparseTensor):
+        return tf.cast(first.dense_shape[0], tf.int32)
+    return tf.shape(first)[0]
+
+
+def _made_static(structure: Any, batch_size: int) -> Any:
+    """The batch with the batch dimension of its dense tensors fixed (composite ones keep theirs)."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(
+        lambda tensor: (
+            tf.ensure_shape(tensor, [batch_size, *tensor.shape[1:]]) if isinstance(tensor, tf.Tensor) else tensor
+        ),
+        structure,
+    )
 
 
 def describe_dropped(dropped: int | None, batch_size: int) -> str:
@@ -118,9 +159,9 @@ def _rebatched_examples_per_pass(rebatch: Any, batches: int) -> tuple[int | None
 
 
 def _batch_op(dataset: tf.data.Dataset) -> Any:
-    """The pipeline's last batch or rebatch op, found through unary datasets (map, prefetch, options, ...),
-    or None."""
+    """The pipeline's last batch or rebatch op, found through unary datasets (map, prefetch, options, ...) and
+    rewritten pipelines (`tfopt.data.rewrite`: the same batches as the user's), or None."""
     node = dataset
     while node is not None and not hasattr(node, "_batch_size") and not hasattr(node, "_batch_sizes"):
-        node = getattr(node, "_input_dataset", None)
+        node = getattr(node, "_input_dataset", None) or getattr(node, "same_batches_as", None)
     return node

@@ -331,12 +331,14 @@ class _RewrittenDataset(tf.data.Dataset):
     """A dataset rebuilt from a rewritten graph (what `tf.data.experimental.from_variant` makes).
 
     It holds the original dataset: the graph refers to the original's resources (seed generators,
-    caches) by handle, and those are freed with it.
+    caches) by handle, and those are freed with it. Its batches hold the original's examples
+    (`same_batches_as`, which `tfopt.data.batches` counts them by).
     """
 
     def __init__(self, variant: Any, original: Any):
         self._element_spec = original.element_spec
         self._original = original
+        self.same_batches_as = original
         super().__init__(variant)
 
     def _inputs(self) -> list:
