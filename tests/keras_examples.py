@@ -469,3 +469,43 @@ def regression_data(count=20, batch_size=8, features=4):
     x = rng.normal(size=(count, features)).astype("float32")
     y = rng.normal(size=(count, 1)).astype("float32")
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
+class CountsWhatItSees(keras.Model):
+    """State that training writes and `model.variables` does not list: a `tf.Variable` step counter its train_step
+    keeps (a loss warm-up reads it), a stateful LSTM's states, and a `MutableHashTable` counting the ids seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=0.0)
+        self.lstm = layers.LSTM(4, stateful=True)
+        self.dense = layers.Dense(1)
+        self.steps_taken = tf.Variable(0.0, trainable=False)
+
+    def call(self, inputs, training=None):
+        ids, sequences = inputs
+        counts = tf.ensure_shape(self.seen.lookup(ids), ids.shape)
+        if training:
+            self.seen.insert(ids, counts + 1.0)
+        return self.dense(tf.concat([self.lstm(sequences), tf.math.log1p(counts)], -1))
+
+    def train_step(self, data):
+        self.steps_taken.assign_add(1.0)
+        return super().train_step(data)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        warm_up = ops.minimum(1.0, self.steps_taken / 4.0)
+        return warm_up * super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+
+def counts_what_it_sees(count=32, batch_size=8):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, size=(count, 1)).astype("int64")
+    sequences = rng.normal(size=(count, 3, 2)).astype("float32")
+    targets = rng.normal(size=(count, 1)).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = CountsWhatItSees()
+    model((ids[:batch_size], sequences[:batch_size]))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    data = tf.data.Dataset.from_tensor_slices(((ids, sequences), targets)).batch(batch_size, drop_remainder=True)
+    return model, data

@@ -81,6 +81,34 @@ def test_a_gan_whose_parts_have_no_weights_yet_starts_from_the_weights_fit_would
     assert_same_training(result, user, data)
 
 
+def unlisted_state(model):
+    keys, values = model.seen.export()
+    table = sorted(zip(keys.numpy().ravel().tolist(), values.numpy().ravel().tolist()))
+    return float(model.steps_taken.numpy()), [state.numpy().tolist() for state in model.lstm.states], table
+
+
+def test_state_keras_does_not_list_is_the_copys_own_and_put_back_after_measuring(recipes, cpu_hardware):
+    user, data = keras_examples.counts_what_it_sees()
+    before = unlisted_state(user)
+    result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, steps=4, warmup_steps=1)
+    assert unlisted_state(user) == before == unlisted_state(result.model)  # a counter at 0, zero states, no ids
+    assert result.model.seen is not user.seen and result.model.steps_taken is not user.steps_taken
+    result.model.fit(result.dataset, epochs=1, verbose=0)
+    steps, states, table = unlisted_state(result.model)
+    assert steps == 4 and any(value != 0 for state in states for row in state for value in row)
+    plain, _ = keras_examples.counts_what_it_sees()
+    plain.fit(data, epochs=1, verbose=0)
+    assert table == unlisted_state(plain)[2] and unlisted_state(user) == before
+
+
+def test_state_keras_does_not_list_trains_as_plain_fit_trains_it():
+    user, data = keras_examples.counts_what_it_sees()
+    result = tfopt.apply(
+        user, data, [{"data_pipeline": {}}], hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1
+    )
+    assert_same_training(result, user, data)
+
+
 def test_a_trained_gan_continues_with_its_optimizers_state():
     user, data = keras_examples.conditional_gan()
     user.fit(data, epochs=1, verbose=0)

@@ -103,12 +103,21 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
 
 
 def _outcome_in_scope(model: keras.Model, batch: Any, pieces: int) -> Outcome:
+    from tfopt.profiling.timing import training_state_restored
+
+    # The forward passes too: a stateful RNN carries its states from one call to the next.
+    with training_state_restored(model):
+        outcome = _outcome_of_calls(model, batch, pieces)
+    model.reset_metrics()
+    return outcome
+
+
+def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     import keras
     import numpy as np
     import tensorflow as tf
 
     from tfopt.policies import has_call
-    from tfopt.profiling.timing import training_state_restored
 
     predictions = loss = None
     parts = _pieces(batch, pieces)
@@ -140,13 +149,11 @@ def _outcome_in_scope(model: keras.Model, batch: Any, pieces: int) -> Outcome:
                 )
                 sizes.append(int(tf.shape(tf.nest.flatten(inputs)[0])[0]))
             loss = float(np.average(losses, weights=sizes))
-    with training_state_restored(model):
-        logs = _one_training_step(model, batch, pieces)
-        if loss is None:
-            values = [value for name, value in logs.items() if "loss" in name]
-            if values:
-                loss = float(np.mean(values[0]))
-    model.reset_metrics()
+    logs = _one_training_step(model, batch, pieces)
+    if loss is None:
+        values = [value for name, value in logs.items() if "loss" in name]
+        if values:
+            loss = float(np.mean(values[0]))
     return Outcome(predictions=predictions, loss=loss)
 
 

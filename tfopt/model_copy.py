@@ -17,7 +17,8 @@ steps in only where that protocol would go wrong:
 - **Variables are new variables** with the same value, created in the current scope (a tf.distribute
   strategy's scope mirrors them); a built optimizer's slot variables follow the model's, re-indexed.
 - **TensorFlow objects other than variables are shared**: tensors are immutable, and the tables of adapted
-  lookups are not written by training. A model's own traced functions (`train_function` and friends)
+  lookups are not written by training. A `MutableHashTable`, which training may write, is a new table with
+  the same contents. A model's own traced functions (`train_function` and friends)
   belong to the model they traced: the copy's are made again on first use.
 - **Functions, bound methods and tf.functions from which a copied object can be reached are made again**:
   a method bound to a layer is bound to the layer's copy, a closure that holds a layer (a `Lambda` wrapping
@@ -217,9 +218,12 @@ class _Walk:
             # is walked. (Before the TensorFlow test below: tracking wrappers live in tensorflow's modules.)
             yield from _contents(obj)
             yield from ((f".{name}", value) for name, value in getattr(obj, "__dict__", {}).items())
+        elif isinstance(obj, tf.lookup.experimental.MutableHashTable):
+            self.memo[key] = _copy_table(obj)  # written by training (a count of the ids seen): the copy's own
+            self._made.add(key)
         elif (type(obj).__module__ or "").startswith(("tensorflow", "numpy")):
             if not type(obj).__module__.startswith("numpy"):
-                self.memo[key] = obj  # tensors, lookup-table resources: shared
+                self.memo[key] = obj  # tensors, static lookup tables: shared
         else:
             yield from _protocol_parts(obj)
 
@@ -415,6 +419,15 @@ def _record_current_strategy(copies: list[Any]) -> None:
             new.__dict__["_distribution_strategy"] = strategy
         if "_distribute_strategy" in new.__dict__:  # models: None outside any strategy's scope
             new.__dict__["_distribute_strategy"] = strategy if tf.distribute.has_strategy() else None
+
+
+def _copy_table(table: Any) -> Any:
+    """A new `MutableHashTable` of the same types, default and contents."""
+    import tensorflow as tf
+
+    twin = tf.lookup.experimental.MutableHashTable(table.key_dtype, table.value_dtype, table._default_value)
+    twin.insert(*table.export())
+    return twin
 
 
 def _copy_variable(variable: Any) -> Any:

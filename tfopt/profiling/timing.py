@@ -225,7 +225,8 @@ def time_training_steps(
 
 
 def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
-    """Saves the model's variables (weights, seed-generator states) and its optimizers'; the returned function
+    """Saves the model's variables (weights, seed-generator states, and those Keras does not list: a stateful
+    RNN's states, a `tf.Variable` attribute), its mutable hash tables and its optimizers'; the returned function
     puts them back.
 
     Measuring trains the model for a few steps; a model handed back to the user must not carry them, and
@@ -254,17 +255,55 @@ def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
         # sampling), so that training after a measurement draws the numbers it would have drawn.
         built = [value for value in (optimizer, *held.values()) if value.built]
         state = [*model.variables, *(variable for value in built for variable in value.variables)]
+        unlisted, tables = _unlisted_state(model, state)
+        state += unlisted
         saved = [variable.numpy() for variable in state]
+        contents = [table.export() for table in tables]
 
     def restore() -> None:
         with model.distribute_strategy.scope():
             for variable, value in zip(state, saved):
                 variable.assign(value)
+            for table, (keys, values) in zip(tables, contents):
+                table.remove(table.export()[0])
+                table.insert(keys, values)
             for name, spare in unbuilt.items():  # its variables made in the model's strategy scope
                 setattr(model, name, copy_keras_object(spare))
                 model.train_function = model.test_function = model.predict_function = None
 
     return restore
+
+
+def _unlisted_state(model: keras.Model, listed: list[Any]) -> tuple[list[Any], list[Any]]:
+    """What the model's layers hold that training writes and `model.variables` does not list: variables kept as
+    attributes outside Keras' tracking (a step counter in a `tf.Variable`, a stateful RNN's states) and mutable
+    hash tables (a count of the ids seen)."""
+    import keras
+    import tensorflow as tf
+
+    seen = {id(variable) for variable in listed}
+    variables, tables = [], []
+
+    def visit(value: Any, depth: int) -> None:
+        if id(value) in seen:
+            return
+        if isinstance(value, (keras.Variable, tf.Variable)):
+            seen.add(id(value))
+            variables.append(value)
+        elif isinstance(value, tf.lookup.experimental.MutableHashTable):
+            seen.add(id(value))
+            tables.append(value)
+        elif depth < 2 and isinstance(value, (list, tuple)):  # a layer's list of them (an RNN's states)
+            for item in value:
+                visit(item, depth + 1)
+        elif depth < 2 and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+
+    for layer in (model, *model._flatten_layers(include_self=False)):
+        for value in vars(layer).values():
+            visit(value, 0)
+    return variables, tables
 
 
 @contextlib.contextmanager
