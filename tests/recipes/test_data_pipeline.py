@@ -50,6 +50,23 @@ def test_options_are_set():
     assert options.deterministic is False
 
 
+def test_the_options_of_the_users_own_pipeline_are_kept_and_said(cpu_hardware):
+    own = tf.data.Options()
+    own.deterministic = False
+    own.autotune.ram_budget = 2**24
+    own.threading.private_threadpool_size = 2
+    plan = make_plan(make_cnn(), make_images().with_options(own), hardware=cpu_hardware)
+    tuned = DataPipeline()(plan)  # deterministic and a quarter of the RAM by default
+    options = tuned.dataset.options()
+    assert options.deterministic is False and options.autotune.ram_budget == 2**24
+    assert options.threading.private_threadpool_size == 2 and options.autotune.enabled is True
+    detail = tuned.applied[-1].detail
+    assert "within 16 MiB of RAM (the budget your pipeline options set)" in detail
+    assert "non-deterministic order (as your pipeline options set it)" in detail
+    plain = DataPipeline()(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
+    assert plain.dataset.options().deterministic is True and "your pipeline options" not in plain.applied[-1].detail
+
+
 def test_non_deterministic_keeps_the_multiset():
     pipeline = decoded_pipeline().unbatch()
     tuned = tune_pipeline(pipeline, deterministic=False, ram_budget_bytes=BUDGET)

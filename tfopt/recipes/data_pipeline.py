@@ -249,7 +249,8 @@ def _tune(
     parallel_random_maps: bool,
     parallel_python_maps: bool,
 ) -> tuple[Any, list[str]]:
-    """Cache where valid, then rewrite for parallelism (which adds the final prefetch), then options.
+    """Cache where valid, then rewrite for parallelism (which adds the final prefetch), then options (the RAM
+    budget and the order the user's own pipeline options set are theirs).
 
     Applied to its own output it changes nothing: the rewrite returns a pipeline with nothing left to
     parallelize as it is, the cache is refused on a pipeline that holds one, and options already set
@@ -260,7 +261,14 @@ def _tune(
     from tfopt.data import graph as pipeline_graph
     from tfopt.data.ram_budget import prefetch_batches
     from tfopt.data.rewrite import parallelize
+    from tfopt.training.peak_memory import describe_bytes
 
+    # What the user's own options set is kept, and said: a memory cap (which bounds the cache and the prefetch
+    # too), an order they let go of.
+    own = dataset.options()
+    budget_is_theirs, order_is_theirs = own.autotune.ram_budget is not None, own.deterministic is not None
+    ram_budget_bytes = own.autotune.ram_budget if budget_is_theirs else ram_budget_bytes
+    deterministic = own.deterministic if order_is_theirs else deterministic
     graph, _ = pipeline_graph.read(dataset)  # where it cannot be read, the rewrite below says why
     element_bytes, unsized = pipeline_graph.element_bytes(dataset.element_spec, graph)
     notes = []
@@ -286,8 +294,10 @@ def _tune(
     if dataset.options().merge(options) != dataset.options():
         dataset = dataset.with_options(options)
     notes.append(
-        f"autotune within {ram_budget_bytes / 2**30:.1f} GiB of RAM, "
+        f"autotune within {describe_bytes(ram_budget_bytes)} of RAM"
+        f"{' (the budget your pipeline options set)' if budget_is_theirs else ''}, "
         f"{'deterministic' if deterministic else 'non-deterministic'} order"
+        f"{' (as your pipeline options set it)' if order_is_theirs else ''}"
     )
     return dataset, notes
 
