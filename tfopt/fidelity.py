@@ -121,6 +121,9 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
 
     predictions = loss = None
     parts = _pieces(batch, pieces)
+    # Under a strategy of several replicas Keras divides a loss by their number (their gradients are summed), in
+    # `_compute_loss` and in its Loss objects: the batch's loss is that times the replicas.
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
     # No call(): a model whose train_step calls its parts has no predictions to compare, only its step's loss.
     outputs = (
         [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
@@ -142,18 +145,15 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
             losses, sizes = [], []
             for part, output in zip(parts, outputs):
                 inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(part)
-                losses.append(
-                    float(
-                        model._compute_loss(x=inputs, y=targets, y_pred=output, sample_weight=weights, training=False)
-                    )
-                )
+                value = model._compute_loss(x=inputs, y=targets, y_pred=output, sample_weight=weights, training=False)
+                losses.append(float(value) * replicas)
                 sizes.append(int(tf.shape(tf.nest.flatten(inputs)[0])[0]))
             loss = float(np.average(losses, weights=sizes))
     logs = _one_training_step(model, batch, pieces)
     if loss is None:
         values = [value for name, value in logs.items() if "loss" in name]
         if values:
-            loss = float(np.mean(values[0]))
+            loss = float(np.mean(values[0])) * replicas
     return Outcome(predictions=predictions, loss=loss)
 
 

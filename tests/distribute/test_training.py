@@ -175,6 +175,9 @@ def test_mirrored_two_cpus_matches_single_device():
         np.testing.assert_allclose(run["loss"], results["single"]["loss"], rtol=1e-5)
         for got, want in zip(run["weights"], results["single"]["weights"]):
             np.testing.assert_allclose(got, want, atol=1e-5)
+    for name in ("apply_float32", "apply_bf16"):
+        assert not any(step.startswith(("fidelity", "mixed_precision: skipped")) for step in results[name]["applied"])
+    assert results["apply_bf16"]["policy"] == "mixed_bfloat16"
 
 
 @pytest.mark.parametrize("engine", ["keras", "tfopt"])
