@@ -246,7 +246,7 @@ def make_plan(
             "tfopt.data source."
         )
     compile_objects = {**_compile_objects(model, compile), "jit_compile": _chosen_jit_compile(model, compile)}
-    sample_inputs = _first_inputs(dataset)
+    sample_inputs = first_inputs(dataset)
     tf32 = users_tf32_setting()
     return Plan(
         model_fn=functools.partial(copy_model, model) if model_fn is None else model_fn,
@@ -364,7 +364,7 @@ def serialized_setting(value: Any) -> Any:
         return Unserializable(type(value).__name__, f"{type(error).__name__}: {error}")
 
 
-def _first_inputs(dataset: tf.data.Dataset) -> Any:
+def first_inputs(dataset: tf.data.Dataset) -> Any:
     """The model inputs of the first element, as `fit` unpacks it: proves the dataset is not empty and
     gives a batch to build and check with. Keras takes inputs alone, (inputs,), (inputs, targets) and
     (inputs, targets, sample_weights); inputs may be a tensor, a list or a dict."""

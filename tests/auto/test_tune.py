@@ -53,6 +53,18 @@ def test_a_baseline_apply_built_already_is_the_trials_baseline(cpu_hardware):
     assert builds == []  # the baseline configuration is built once, by apply
 
 
+@pytest.mark.parametrize("example", ["loss_layer_model", "conditional_gan"])
+def test_trials_read_a_dict_only_dataset_and_a_gans_own_losses(example, cpu_hardware):
+    """keras-io's captcha OCR feeds dicts only (its label is an Input); a GAN logs d_loss and g_loss, no "loss"."""
+    from tests import keras_examples
+
+    model, data = getattr(keras_examples, example)()
+    runner = TrialRunner(make_plan(model, data, hardware=cpu_hardware), {}, **FAST)
+    baseline = runner((), 1e12)
+    assert baseline.measured and len(baseline.losses) == 3 and all(np.isfinite(baseline.losses))
+    assert baseline.step_times.batch_size == 8
+
+
 def test_deadline_stops_a_trial(cpu_hardware):
     plan = make_plan(make_cnn(), make_images(), hardware=cpu_hardware)
     runner = TrialRunner(plan, {}, **FAST)

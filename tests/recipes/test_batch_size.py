@@ -108,6 +108,15 @@ def test_recipe_with_given_size_rebatches_and_scales_learning_rate():
     assert plan.batch_size == 16 and plan.compile_config["optimizer"]["config"]["learning_rate"] == pytest.approx(0.01)
 
 
+def test_a_dataset_of_dicts_only_is_rebatched_with_its_inputs_read_as_fit_reads_them(cpu_hardware):
+    from tests import keras_examples
+
+    model, data = keras_examples.loss_layer_model()  # keras-io captcha OCR: the label is an Input
+    result = BatchSize(batch_size=16)(make_plan(model, data, hardware=cpu_hardware))
+    assert result.batch_size == 16 and sorted(result.sample_inputs) == sorted(data.element_spec)
+    assert all(tensor.shape[0] == 16 for tensor in result.sample_inputs.values())
+
+
 def test_recipe_keeps_the_batch_it_already_has():
     plan = conv_plan()
     result = BatchSize(batch_size=16)(plan)

@@ -181,11 +181,12 @@ class TrialRunner:
         losses = _per_step_losses(recorder.running_means, self._batch_sizes)
         steady = statistics.median(recorder.step_seconds[1:]) if len(recorder.step_seconds) > 1 else 0.0
         compile_seconds = max(recorder.step_seconds[0] - steady, 0.0) if recorder.step_seconds else 0.0
-        return losses, compile_seconds, len(losses) < self.numerics_steps
+        return losses, compile_seconds, recorder.stopped
 
 
 class _Recorder(keras.callbacks.Callback):
-    """Records step end times and Keras' running-mean loss; stops training at the deadline."""
+    """Records step end times and Keras' running-mean loss (a GAN's first loss, `d_loss`, where it logs no "loss");
+    stops training at the deadline."""
 
     def __init__(self, deadline: float, clock: Callable[[], float]):
         super().__init__()
@@ -198,8 +199,9 @@ class _Recorder(keras.callbacks.Callback):
         self._last = self.clock()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if logs and "loss" in logs:
-            self.running_means.append(float(logs["loss"]))  # also waits for the step to finish
+        name = "loss" if "loss" in (logs or {}) else next((key for key in logs or {} if "loss" in key), None)
+        if name is not None:
+            self.running_means.append(float(logs[name]))  # also waits for the step to finish
         now = self.clock()
         self.step_seconds.append(now - self._last)
         self._last = now
@@ -255,7 +257,7 @@ def _fixed_batches(dataset: tf.data.Dataset, count: int) -> tuple[Any, list[int]
     import tensorflow as tf
 
     fixed = dataset.take(count).cache()
-    sizes = [int(tf.nest.flatten(element[0])[0].shape[0]) for element in fixed]
+    sizes = [int(tf.nest.flatten(element)[0].shape[0]) for element in fixed]  # (x, y), a dict, x alone
     return fixed.repeat(), [sizes[index % len(sizes)] for index in range(count)]
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.data.batches import rebatch_counted
 from tfopt.errors import MeasurementError, RecipeConfigError
-from tfopt.plan import Plan
+from tfopt.plan import Plan, first_inputs
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 from tfopt.training.batch_search import BatchSizeSearch, Trial, search_batch_sizes
@@ -278,7 +278,7 @@ def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
     compile_config, lr_detail = scale_learning_rate(
         plan.compile_config, old_batch_size=plan.batch_size, new_batch_size=batch_size, rule=scale_rule
     )
-    sample_inputs = next(iter(dataset.take(1)))[0]
+    sample_inputs = first_inputs(dataset)
     return plan.replace(
         dataset=dataset, batch_size=batch_size, compile_config=compile_config, sample_inputs=sample_inputs
     ).record(BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
