@@ -716,11 +716,14 @@ def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir,
         "2",
         *_tiny_overrides(recipe, shapes_dir),
         "--set",
-        "train.steps_per_epoch=3",
+        "train.epochs=2",
+        "--set",
+        "train.steps_per_epoch=6",  # 12 steps: more than the 40 images make in one pass, read as one stream
     )
     assert exit_code == 0, err
     training = json.loads((out_dir / "training.json").read_text())
-    assert (training["engine"], training["replicas"], training["global_step"]) == ("tfopt.distribute.fit", 2, 3)
+    assert (training["engine"], training["replicas"], training["global_step"]) == ("tfopt.distribute.fit", 2, 12)
+    assert "ran out" not in err
     assert "[worker 0]" in err and "[worker 1]" in err  # both ran; their TF start-up noise is filtered out
     assert "absl::InitializeLog" not in err
     assert sorted(item.name for item in out_dir.iterdir()) == [
@@ -733,7 +736,7 @@ def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir,
         "training.json",
     ]
     assert not any(path.name.startswith(".tfopt_worker") for path in (out_dir / "checkpoints").iterdir())
-    assert out.strip().endswith(f"trained to step 3 on 2 replicas; report: {out_dir / 'report.html'}")
+    assert out.strip().endswith(f"trained to step 12 on 2 replicas; report: {out_dir / 'report.html'}")
 
 
 @pytest.mark.slow

@@ -136,3 +136,34 @@ def test_tensorflow_datasets_warnings_stay_out_of_validate(tmp_path):
 def test_a_user_who_asks_for_tensorflows_logs_gets_them():
     stderr = _stderr_of(["validate", "recipes/small_cnn.yaml"], TF_CPP_MIN_LOG_LEVEL="0")
     assert [line for line in stderr.splitlines() if line.startswith(GLOG_RECORD)] != []
+
+
+def test_tensorflows_and_absls_python_records_below_error_stay_out(monkeypatch, caplog):
+    """TensorFlow warns every worker that a collective strategy runs eagerly, through its own Python logger."""
+    import logging
+
+    from tfopt.cli.quiet_start import library_records_quieted
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    with caplog.at_level(logging.DEBUG), library_records_quieted():
+        logging.getLogger("tensorflow").warning("Using CollectiveAllReduceStrategy eagerly")
+        logging.getLogger("absl").warning("Variant folder has no dataset_info.json")
+        logging.getLogger("tensorflow").error("a real error")
+    assert [record.getMessage() for record in caplog.records] == ["a real error"]
+    assert logging.getLogger("tensorflow").level != logging.ERROR  # put back
+
+
+def test_tfopts_lines_are_said_once_after_absl_configures_the_root_logger(capsys, monkeypatch):
+    """absl calls logging.basicConfig() when TensorFlow first logs through it (an asynchronous checkpoint's first
+    write): the root's handler said every tfopt line a second time, as INFO:tfopt:..."""
+    import argparse
+    import logging
+
+    from tfopt.cli.progress import terminal_progress
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in the command, not under pytest's capture
+    with terminal_progress(argparse.Namespace(quiet=False)):
+        logging.basicConfig()
+        logging.getLogger("tfopt").info("Interrupted: the steps trained so far are in ckpt-27.")
+    assert capsys.readouterr().err.splitlines() == ["  Interrupted: the steps trained so far are in ckpt-27."]
+    assert logging.getLogger("tfopt").propagate  # put back

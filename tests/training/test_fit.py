@@ -8,6 +8,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.training.conftest import STEPS_PER_EPOCH, make_built
 from tfopt.errors import DataError, NonFiniteLossError
@@ -72,6 +73,26 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
     # Same data, same order, same optimizer state: the resumed run ends where the uninterrupted one does.
     for expected, actual in zip(weights(reference), resumed_weights(tmp_path), strict=True):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+class InterruptAt(CrashAt):
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            raise KeyboardInterrupt  # what Ctrl-C or a scheduler's SIGTERM raises between two steps
+
+
+def test_an_interrupted_run_names_the_checkpoint_it_wrote(tmp_path, caplog):
+    """Checkpoints are written asynchronously: the message once named the one before, or None."""
+    with caplog.at_level("INFO", logger="tfopt"), pytest.raises(KeyboardInterrupt):
+        train(make_built(), epochs=3, checkpoint_dir=tmp_path, checkpoint_every_steps=4, callbacks=[InterruptAt(7)])
+    (said,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Interrupted")]
+    newest = tf.train.latest_checkpoint(str(tmp_path))
+    assert (
+        newest is not None
+        and newest.endswith("-7")
+        and said == f"Interrupted: the steps trained so far are in {newest}."
+    )
 
 
 # (steps_per_epoch, the model's steps per call, calls up to the crash, the newest checkpoint then): one pass of

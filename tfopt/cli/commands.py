@@ -36,7 +36,7 @@ from tfopt._version import __version__
 from tfopt.cli import options
 from tfopt.cli.interrupt import signals_interrupt
 from tfopt.cli.progress import PROGRAM, terminal_progress
-from tfopt.cli.quiet_start import absl_records_quieted, tensorflow_started_quietly
+from tfopt.cli.quiet_start import library_records_quieted, tensorflow_started_quietly
 from tfopt.errors import (
     EnvironmentVariableError,
     RecipeFileError,
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         farewell = functools.partial(_report_signal, args=args)
-        with signals_interrupt(farewell), tensorflow_started_quietly(), absl_records_quieted():
+        with signals_interrupt(farewell), tensorflow_started_quietly(), library_records_quieted():
             return args.handler(args)
     except (RecipeFileError, EnvironmentVariableError, _UsageError) as error:
         return _report_error(error, 2, args)

@@ -54,15 +54,19 @@ def terminal_progress(args: argparse.Namespace) -> Iterator[Any]:
     logger = logging.getLogger("tfopt")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("  %(message)s"))  # logging_redirect_tqdm keeps this format
-    previous_level = logger.level
+    previous_level, previous_propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # Its lines are said here alone: absl gives the root logger a handler of its own once TensorFlow logs
+    # through it (an asynchronous checkpoint's first write does), which would say each line again.
+    logger.propagate = False
     try:
         with logging_redirect_tqdm(loggers=[logger]):
             yield TerminalProgress()
     finally:
         logger.removeHandler(handler)
         logger.setLevel(previous_level)
+        logger.propagate = previous_propagate
 
 
 def epoch_lines(epochs: int) -> Any:

@@ -41,19 +41,22 @@ _PYTHON_LINE = re.compile(r"^(Traceback |Fatal Python error|\S+:\d+: \w+Warning:
 
 
 @contextlib.contextmanager
-def absl_records_quieted() -> Iterator[None]:
-    """absl's Python log records below ERROR kept out, as `TF_CPP_MIN_LOG_LEVEL` keeps TensorFlow's C++ ones:
-    TensorFlow Datasets warns through absl ("WARNING:absl:Variant folder .../mnist/3.0.1 has no
-    dataset_info.json") about what tfopt's own note says better. A user who asks for TensorFlow's logs
-    gets these too."""
-    logger = logging.getLogger("absl")
-    previous = logger.level
+def library_records_quieted() -> Iterator[None]:
+    """absl's and TensorFlow's Python log records below ERROR kept out, as `TF_CPP_MIN_LOG_LEVEL` keeps
+    TensorFlow's C++ ones: TensorFlow Datasets warns through absl ("WARNING:absl:Variant folder
+    .../mnist/3.0.1 has no dataset_info.json") about what tfopt's own note says better, and TensorFlow
+    through its own logger ("WARNING:tensorflow:Using CollectiveAllReduceStrategy eagerly ..." on every
+    worker). A user who asks for TensorFlow's logs gets these too."""
+    loggers = [logging.getLogger(name) for name in ("absl", "tensorflow")]
+    previous = [logger.level for logger in loggers]
     if not wants_tensorflow_logs():
-        logger.setLevel(logging.ERROR)
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(previous)
+        for logger, level in zip(loggers, previous):
+            logger.setLevel(level)
 
 
 def min_log_level() -> int:

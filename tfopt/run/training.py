@@ -197,11 +197,13 @@ def _distributed(
 ) -> dict[str, Any]:
     from tfopt.distribute import fit
     from tfopt.training import NonFiniteLossGuard
+    from tfopt.training.fit import as_stream
 
     model = built.model
     history = fit(
         model,
-        built.dataset,
+        # Epochs of steps_per_epoch steps read one stream, as on one process (tfopt.training.train).
+        as_stream(built.dataset) if train.steps_per_epoch else built.dataset,
         strategy=built.strategy,
         epochs=train.epochs,
         steps_per_epoch=train.steps_per_epoch,

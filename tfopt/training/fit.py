@@ -128,7 +128,7 @@ def train(
     stream = steps_per_epoch is not None
     pieces = built.plan.micro_batches  # Keras steps per step counted here (an update of one of the user's batches)
     if stream:
-        dataset = _as_stream(built.dataset)
+        dataset = as_stream(built.dataset)
     else:
         dataset, keras_steps = _one_pass(built.dataset)
         steps_per_epoch = keras_steps // pieces
@@ -188,6 +188,7 @@ def train(
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler: the steps trained so far are kept
         try:
             if saver is not None and saver.save_where_stopped():
+                checkpoint.sync()  # the path is the one written, once its asynchronous write has ended
                 _log.info("Interrupted: the steps trained so far are in %s.", checkpoint.latest_path)
         except Exception as error:  # noqa: BLE001 - the interruption is what the user must hear of
             _log.warning("Interrupted; the steps since the last checkpoint are lost: %s", describe_error(error))
@@ -250,7 +251,8 @@ def _check_arguments(epochs: int, steps_per_epoch: int | None, checkpoint_every_
         )
 
 
-def _as_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def as_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The dataset read as one stream across epochs of `steps_per_epoch` steps: repeated where it is finite."""
     import tensorflow as tf
 
     infinite = int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
