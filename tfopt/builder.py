@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tfopt.data.batches import describe_dropped, static_batches
-from tfopt.errors import IncompatibleModelError, TfoptError, describe_error
+from tfopt.errors import IncompatibleModelError, RecipeConfigError, TfoptError, describe_error
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting, users_jit_compile
 from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force, set_dtype_policy
@@ -106,6 +106,7 @@ def build(plan: Plan) -> Built:
             plan = _rewritten(model, plan)
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
+        _check_accumulated_optimizer_trains(model, plan)
         loss_scaling = _compile(model, plan, own_policy)
         if loss_scaling:
             plan = plan.amend("mixed_precision", loss_scaling)
@@ -309,6 +310,33 @@ def _copy_weights(source: keras.Model, target: keras.Model) -> None:
             f"copied ({error}). Make model_fn create the same architecture, or pass model=None to start "
             "from model_fn's own initial weights."
         ) from error
+
+
+def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
+    """grad_accum sets the compiled optimizer to accumulate: a train_step of the model's own that applies
+    optimizers of its own (a GAN's `d_optimizer` and `g_optimizer`) would leave it unused, and nothing would
+    accumulate.
+
+    Raises:
+        RecipeConfigError: So, naming the optimizers the train_step applies.
+    """
+    import keras
+
+    if type(model).train_step is keras.Model.train_step or not any(
+        step.recipe == "grad_accum" and not step.skipped for step in plan.applied
+    ):
+        return
+    held = sorted(
+        name
+        for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
+    )
+    if held:
+        raise RecipeConfigError(
+            f"grad_accum: {type(model).__name__}'s own train_step applies its optimizers {', '.join(held)}, not "
+            "the one compile made, which grad_accum sets to accumulate: nothing would accumulate. Leave grad_accum "
+            "out, or create those optimizers with gradient_accumulation_steps=N yourself."
+        )
 
 
 def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:

@@ -58,11 +58,11 @@ def test_sum_reduction_gives_one_nth_of_the_update():
     assert ratio == pytest.approx(STEPS, rel=0.05)
 
 
-def plan_for(model=None, loss="sparse_categorical_crossentropy"):
+def plan_for(model=None, loss="sparse_categorical_crossentropy", optimizer=None):
     from tfopt.hardware import Hardware
 
     model = model or make_cnn(compiled=False)
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05), loss=loss)
     return make_plan(model, make_images(batch_size=8), hardware=Hardware())
 
 
@@ -129,3 +129,25 @@ def test_sum_reduction_on_any_output_is_rejected(cpu_hardware):
     data = tf.data.Dataset.from_tensor_slices((x, {"o1": y, "o2": y})).batch(8)
     with pytest.raises(RecipeConfigError, match="reduction='sum'"):
         GradAccum(steps=2).check(make_plan(model, data, hardware=cpu_hardware))
+
+
+def test_a_learning_rate_schedule_is_rejected():
+    """Keras 3 calls the schedule with the micro-batches counted: it would run N times faster than for the large
+    batch (measured: after 2 updates of 2 micro-batches a piecewise schedule had already dropped)."""
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([1], [0.5, 0.0])
+    with pytest.raises(RecipeConfigError, match=r"the learning rate is a schedule \(PiecewiseConstantDecay\)"):
+        GradAccum(steps=2).check(plan_for(optimizer=keras.optimizers.SGD(schedule)))
+    optimizer = keras.optimizers.SGD(schedule, gradient_accumulation_steps=2)
+    assert float(optimizer._get_current_learning_rate()) == 0.5
+    optimizer._iterations.assign(2)  # two micro-batches in: one update
+    assert int(optimizer.iterations) == 1 and float(schedule(1)) == 0.5
+    assert float(optimizer._get_current_learning_rate()) == 0.0  # Keras' trap: the schedule read at step 2
+
+
+def test_a_train_step_applying_optimizers_of_its_own_is_refused(cpu_hardware):
+    import tfopt
+    from tests import keras_examples
+
+    user, data = keras_examples.conditional_gan()
+    with pytest.raises(RecipeConfigError, match="applies its optimizers d_optimizer, g_optimizer, not the one"):
+        tfopt.apply(user, data, [{"grad_accum": {"steps": 2}}], hardware=cpu_hardware, measure_speed=False)

@@ -5,11 +5,13 @@ to accumulators, and step N applies `(sum of the N gradients) / N` (Keras averag
 With the default mean loss reduction ("sum_over_batch_size") each micro-batch gradient is a mean over
 its b examples, so their average is the mean over N*b examples: the same update as one batch N times
 larger, up to float rounding (checked for SGD and Adam in the tests). `optimizer.iterations` counts
-updates, not micro-batches, so Adam's bias correction and learning-rate schedules see the same step
-numbers as the large batch would.
+updates, not micro-batches, so Adam's bias correction sees the step numbers the large batch would.
 
 Where the update is *not* the large batch's: a loss with reduction="sum" gives 1/N of the large batch's
-gradient (Keras still divides by N), so this recipe rejects it; BatchNormalization computes its
+gradient (Keras still divides by N), and a learning-rate schedule is called with the micro-batches counted
+(Keras 3 passes it the optimizer's `_iterations`), so this recipe rejects both; so it does a train_step of
+the model's own that applies optimizers of its own (a GAN's), which would leave the compiled one, which
+accumulates, unused; BatchNormalization computes its
 statistics per micro-batch; and the micro-batches must all have b examples (a short last batch weighs
 as much as a full one).
 """

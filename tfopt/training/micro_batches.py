@@ -203,8 +203,9 @@ def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> 
     did (an optimizer the user set to accumulate keeps doing so: the steps multiply).
 
     Raises:
-        RecipeConfigError: Accumulating would not give the large batch's update (the loss sums), or the
-            optimizer cannot be made again with the setting; the message starts with `who`.
+        RecipeConfigError: Accumulating would not give the large batch's update (the loss sums, the learning
+            rate is a schedule), or the optimizer cannot be made again with the setting; the message starts
+            with `who`.
     """
     if "sum" in _loss_reductions(compile_config.get("loss")):
         raise RecipeConfigError(
@@ -213,6 +214,14 @@ def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> 
             "or scale the learning rate by N yourself and drop this recipe."
         )
     optimizer = _optimizer_config(compile_config.get("optimizer"), who)
+    schedule = optimizer["config"].get("learning_rate")
+    if isinstance(schedule, dict) and "class_name" in schedule:
+        raise RecipeConfigError(
+            f"{who}: the learning rate is a schedule ({schedule['class_name']}), and Keras calls it with the "
+            "micro-batches counted, not the updates (BaseOptimizer._get_current_learning_rate reads _iterations), "
+            "so it would run N times faster than for the large batch. Give the schedule the updates' step numbers "
+            "yourself, or leave accumulation out."
+        )
     steps = (optimizer["config"].get("gradient_accumulation_steps") or 1) * factor
     optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
     return {**compile_config, "optimizer": optimizer}
