@@ -28,3 +28,16 @@ def test_a_stop_asked_during_a_step_ends_training_after_that_step():
         model.fit(data, epochs=1, verbose=0, callbacks=[_AskDuringStep(), StopAtStepEnd()])
     assert int(model.optimizer.iterations.numpy()) == 3  # steps 1-3 ran, none after
     assert not deferred("SIGTERM")
+
+
+@pytest.mark.parametrize("signal_name, raised", [("SIGTERM", RunInterrupted), ("SIGINT", KeyboardInterrupt)])
+def test_a_stop_no_step_end_took_is_taken_where_the_block_ends(signal_name, raised):
+    """A signal while a run measures, or trains no step after it (train.epochs: 0), once ended nothing."""
+    with pytest.raises(raised):
+        with stops_at_step_ends():
+            with stops_at_step_ends():  # an inner block's end is not the work's end
+                assert deferred(signal_name)
+            assert deferred(signal_name)  # still asked for: the outer block goes on
+    assert not deferred(signal_name)
+    with stops_at_step_ends():  # nothing asked: nothing raised
+        pass

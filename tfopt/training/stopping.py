@@ -38,14 +38,20 @@ def taken() -> bool:
 
 @contextlib.contextmanager
 def stops_at_step_ends() -> Iterator[None]:
-    """In the block, stops are asked for (`deferred`), and training loops take them through `StopAtStepEnd`."""
+    """In the block, stops are asked for (`deferred`), and training loops take them through `StopAtStepEnd`.
+    A stop asked for that no step end took (the block measured, or trained no step after it) is taken where
+    the outermost block ends: a signal is never lost because the work it came during ended well."""
     _state["blocks"] += 1
+    asked = None
     try:
         yield
     finally:
         _state["blocks"] -= 1
         if not _state["blocks"]:
-            _state["asked"] = None
+            asked, _state["asked"] = _state["asked"], None
+    if asked is not None:
+        _state["taken"] = True
+        raise KeyboardInterrupt if asked == "SIGINT" else RunInterrupted(asked)
 
 
 class StopAtStepEnd(keras.callbacks.Callback):
