@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -55,10 +56,7 @@ def small_cnn(
     Returns:
         An uncompiled functional `keras.Model` named "small_cnn".
     """
-    _check_positive_ints("input_shape", input_shape, length=3, sequence=True)
-    _check_positive_ints("filters", filters, sequence=True)
-    _check_positive_ints("classes", classes)
-    _check_rate("dropout", dropout)
+    check_arguments("small_cnn", input_shape=input_shape, filters=filters, classes=classes, dropout=dropout)
     inputs = keras.Input(tuple(int(size) for size in input_shape), name="image")
     x = inputs
     for index, count in enumerate(filters):
@@ -134,7 +132,8 @@ def text_transformer(
     Returns:
         An uncompiled functional `keras.Model` named "text_transformer".
     """
-    sizes = dict(
+    check_arguments(
+        "text_transformer",
         sequence_length=sequence_length,
         vocab_size=vocab_size,
         classes=classes,
@@ -142,10 +141,8 @@ def text_transformer(
         num_heads=num_heads,
         ff_dim=ff_dim,
         num_layers=num_layers,
+        dropout=dropout,
     )
-    for size_name, size in sizes.items():
-        _check_positive_ints(size_name, size)
-    _check_rate("dropout", dropout)
     if embed_dim % num_heads:
         raise ValueError(
             f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}: each head "
@@ -320,6 +317,25 @@ def _softmax_head(x: Any, classes: int) -> Any:
     return layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
 
 
+def check_arguments(model: str, **arguments: Any) -> None:
+    """Checks the values of arguments of one of tfopt's own models without building it (`tfopt-recipe validate`
+    does, as the model does first).
+
+    Raises:
+        ValueError: A value the model rejects, named by its argument first ("dropout: expected ...").
+
+    Example:
+        >>> check_arguments("small_cnn", dropout=7)
+        Traceback (most recent call last):
+        ...
+        ValueError: dropout: expected a rate in [0, 1); received 7.
+    """
+    rules = _ARGUMENT_RULES.get(model, {})
+    for name, value in arguments.items():
+        if name in rules:
+            rules[name](name, value)
+
+
 def _check_positive_ints(name: str, value: Any, *, length: int | None = None, sequence: bool = False) -> None:
     values = list(value) if sequence and isinstance(value, (list, tuple)) else [value]
     valid = (
@@ -335,3 +351,20 @@ def _check_positive_ints(name: str, value: Any, *, length: int | None = None, se
 def _check_rate(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"{name}: expected a rate in [0, 1); received {value!r}.")
+
+
+_ARGUMENT_RULES: dict[str, dict[str, Callable[[str, Any], None]]] = {
+    "small_cnn": {
+        "input_shape": functools.partial(_check_positive_ints, length=3, sequence=True),
+        "filters": functools.partial(_check_positive_ints, sequence=True),
+        "classes": _check_positive_ints,
+        "dropout": _check_rate,
+    },
+    "text_transformer": {
+        **dict.fromkeys(
+            ("sequence_length", "vocab_size", "classes", "embed_dim", "num_heads", "ff_dim", "num_layers"),
+            _check_positive_ints,
+        ),
+        "dropout": _check_rate,
+    },
+}

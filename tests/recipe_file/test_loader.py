@@ -203,6 +203,12 @@ ERRORS = [
         3,
         "model.filterz: unknown argument of model small_cnn 'filterz' (received filterz: [8]). Did you mean 'filters'?",
     ),
+    (
+        "model:\n  name: small_cnn\n  filters: [4, x]\n  dropout: 0.1\n" + TINY_DATA,
+        3,
+        "model.filters: expected a list of one or more positive integers; received [4, 'x']",
+    ),
+    ("model:\n  name: text_transformer\n  dropout: 7\n" + TINY_DATA, 3, "model.dropout: expected a rate in [0, 1)"),
     ("model:\n  name: ResNet5\n" + TINY_DATA, 2, "Unknown model 'ResNet5'. Did you mean 'ResNet50'?"),
     (
         "model: {name: small_cnn}\ndata:\n  source: image_foldr\n",

@@ -123,6 +123,11 @@ def resolve_model(raw: Any, locations: Locations, bases: dict, *, import_code: b
         raise fail(
             locations, ("model",), f"model {name} needs the argument(s) {', '.join(missing)}; add them under `model:`"
         )
+    for key, value in kwargs.items():  # the values tfopt's own models take, as they check them first
+        try:
+            models.check_arguments(name, **{key: value})
+        except ValueError as error:
+            raise fail(locations, ("model", key), f"model.{error}") from None
     given = frozenset(kwargs)
     if name in models.application_names() and "weights" not in kwargs:
         # keras.applications defaults to weights="imagenet", a download: tfopt never downloads unasked.
