@@ -385,11 +385,7 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             if plan.jit_compile and _runs_without_xla(model, batch, plan.micro_batches):
                 return Checked(built, xla_fails=f"the first batch fails under XLA only: {describe_error(error)}")
             if plan.dtype_policy == baseline_policy:
-                raise IncompatibleModelError(
-                    f"The optimized setup fails on the first batch although your model trains on it: "
-                    f"{describe_error(error)}. Recipes applied: {_recipes(plan)}; leave them out one by one to "
-                    "find the one at fault, and report it to tfopt."
-                ) from error
+                raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
             layer = failing_layer(error, model)
             # A layer float32 already (it holds an id reader) that fails mixes in what its own layers compute in
             # 16 bits (an Embedding's float32 positions added to a Dense's bfloat16 projection): they go too.
@@ -445,6 +441,24 @@ def _fails_in_16_bits(layer: Any, model: keras.Model, plan: Plan, error: Excepti
     return (
         f"layer {layer.name!r} ({type(layer).__name__}) {failure}. Give that layer dtype='float32' to keep the rest "
         "in 16 bits, or leave mixed_precision out"
+    )
+
+
+def _fails_as_it_is(error: Exception, model: keras.Model, plan: Plan) -> str:
+    """Why the optimized setup fails on the first batch at the user's precision, and what to do."""
+    from tfopt.policies import has_call
+
+    if not has_call(model) and plan.strategy != "default" and "Unable to automatically build" in str(error):
+        return (
+            f"{type(model).__name__} has no call() of its own, and Keras builds a model under a distribution "
+            f"strategy ({plan.strategy}) by calling it: plain fit fails under this strategy too "
+            f"({describe_error(error)}). Leave the distribution recipe out, or give the model a call() that runs "
+            "its parts."
+        )
+    return (
+        f"The optimized setup fails on the first batch although your model trains on it: {describe_error(error)}. "
+        f"Recipes applied: {_recipes(plan)}; leave them out one by one to find the one at fault, and report it "
+        "to tfopt."
     )
 
 

@@ -178,6 +178,7 @@ def test_mirrored_two_cpus_matches_single_device():
     for name in ("apply_float32", "apply_bf16"):
         assert not any(step.startswith(("fidelity", "mixed_precision: skipped")) for step in results[name]["applied"])
     assert results["apply_bf16"]["policy"] == "mixed_bfloat16"
+    assert results["no_call_bf16"].startswith("VAE has no call() of its own, and Keras builds a model under a")
 
 
 @pytest.mark.parametrize("engine", ["keras", "tfopt"])
