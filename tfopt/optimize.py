@@ -248,7 +248,8 @@ def apply(
         profile: Also capture a TF Profiler trace of both setups, analyse and diagnose them
             (`result.before_profile`, `result.after_profile`, `result.report()`).
         logdir: Where the traces go (`<logdir>/before`, `<logdir>/after`); temporary directories by default.
-        tune_budget_seconds: With recipes="auto": the time its trials may take.
+        tune_budget_seconds: With recipes="auto": the time its trials may take (they time their own steps,
+            as many as the budget has room for; `steps` is the before-and-after measurement's).
         on_tune_progress: With recipes="auto": receives a `tfopt.auto.ProgressEvent` per phase and trial.
 
     Returns:
