@@ -247,3 +247,19 @@ def test_a_model_fn_model_is_compiled_by_its_own_compile_where_it_takes_the_argu
     built = build(make_plan(user, make_images(), hardware=cpu_hardware, model_fn=make))
     assert built.model is not user and built.model.loss_scale == 0.5
     assert np.isfinite(built.model.fit(make_images(), epochs=1, verbose=0).history["loss"][0])
+
+
+def test_a_subclassed_model_keeps_its_own_policy_so_it_serves_what_the_user_feeds_it(cpu_hardware, tmp_path):
+    """Its layers compute in bfloat16; the model itself (what its call() computes between them, and the input
+    signature `export` writes) stays the user's: a float32 request once failed against a bfloat16 signature."""
+    from tests import keras_examples
+
+    user, data = keras_examples.distiller()
+    built = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    model = built.model
+    assert model.dtype_policy.name == "float32" and model.input_dtype == "float32"
+    assert {layer.compute_dtype for layer in model.student.layers[:-1]} == {"bfloat16"}
+    model.export(tmp_path / "served", verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    x = next(iter(data))[0]
+    np.testing.assert_allclose(served.serve(x), model.predict(x, verbose=0), rtol=1e-2, atol=1e-2)

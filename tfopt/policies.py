@@ -87,9 +87,11 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
     import keras
 
     defaults = {"float32", model_dtype_policy(model)}
+    # The model itself keeps its own: what its call() computes between its layers stays in the user's
+    # precision, and its input signature (which `export` serves) stays what the user feeds it.
     layers = [
         layer
-        for layer in model._flatten_layers(include_self=True, recursive=True)
+        for layer in model._flatten_layers(include_self=False, recursive=True)
         if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults
     ]
     kept: dict[str, list[Any]] = {}
@@ -103,11 +105,7 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
     float32 = {id(layer) for group in kept.values() for layer in group}
     for layer in layers:
         layer.dtype_policy = "float32" if id(layer) in float32 else policy
-    return [
-        f"{why}: {', '.join(_describe(layer) for layer in group if layer is not model) or 'the model itself'}"
-        for why, group in kept.items()
-        if group
-    ]
+    return [f"{why}: {', '.join(_describe(layer) for layer in group)}" for why, group in kept.items() if group]
 
 
 def _describe(layer: keras.Layer) -> str:

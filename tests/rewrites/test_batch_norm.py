@@ -168,8 +168,15 @@ def test_weight_files_of_the_rewritten_copy_and_of_the_users_model_load_into_eac
     twin.load_weights(tmp_path / "rewritten.weights.h5")
     for mine, theirs in zip(twin.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(mine, theirs)
+    # The saved file names Keras' own class, so it loads without tfopt: as Keras' BatchNormalization.
+    config = keras.saving.serialize_keras_object(rewritten.layers[2])
+    assert (config["module"], config["class_name"], config["registered_name"]) == (
+        "keras.layers",
+        "BatchNormalization",
+        None,
+    )
     rewritten.save(tmp_path / "rewritten.keras")
     loaded = keras.saving.load_model(tmp_path / "rewritten.keras")
-    assert type(loaded.layers[2]) is FusedBatchNormalization
+    assert type(loaded.layers[2]) is keras.layers.BatchNormalization
     x = np.random.default_rng(1).normal(size=(2, 4, 4, 3)).astype("float32")
     np.testing.assert_allclose(loaded(x), model(x), atol=1e-5)

@@ -2,6 +2,8 @@
 inference, the same moving statistics (shifted by the bias), the same learning; and left alone wherever the
 bias does not cancel."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -83,6 +85,26 @@ def test_a_folded_model_saves_and_its_weights_load_into_the_users_model(tmp_path
     expected = model(images(), training=False)
     model.load_weights(tmp_path / "folded.weights.h5")  # the user's own architecture, bias and all
     np.testing.assert_allclose(model(images(), training=False), expected, atol=2e-5)
+
+
+def test_a_trained_folded_copy_reloads_with_its_optimizers_state(tmp_path):
+    """A variable's `trainable` is not saved: reloaded (without tfopt) the bias trains again, and Keras kept none
+    of a saved optimizer's state whose variables differed in number from the reloaded model's."""
+    _, folded = model_and_copy()
+    folded.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    fold_conv_biases(folded)
+    data = tf.data.Dataset.from_tensor_slices((images(), tf.ones((8, 2)))).batch(4)
+    folded.fit(data, epochs=2, verbose=0)
+    assert (
+        not folded.get_layer("conv").bias.trainable and float(tf.reduce_sum(tf.abs(folded.get_layer("conv").bias))) == 0
+    )
+    folded.save(tmp_path / "trained.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns where it skips the optimizer's state
+        loaded = keras.saving.load_model(tmp_path / "trained.keras")
+    assert int(loaded.optimizer.iterations) == 4 and loaded.get_layer("conv").bias.trainable
+    for mine, theirs in zip(loaded.optimizer.variables, folded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
+from keras.src import api_export
 
 # FusedBatchNormV3 (cuDNN's limit) refuses a smaller epsilon; TensorFlow's wrapper would silently raise it.
 MIN_EPSILON = 1.001e-5
@@ -75,8 +76,15 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
 
 # Keras' weight files address a layer's variables by its class name (`saving_lib`): under Keras' own, the copy's
-# weights and the user's model's load into each other. Its registered name stays tfopt's.
+# weights and the user's model's load into each other.
 FusedBatchNormalization.__name__ = FusedBatchNormalization.__qualname__ = "BatchNormalization"
+# And a saved copy (`.keras`, a ModelCheckpoint) names Keras' own public class, which computes the same: it loads
+# where tfopt is not installed (as plain BatchNormalization). Keras serializes a class by its public name where
+# it has one (`serialization_lib.serialize_with_public_class`); the registration under tfopt's name reads files
+# an earlier tfopt wrote.
+api_export.REGISTERED_OBJS_TO_NAMES[FusedBatchNormalization] = api_export.get_name_from_symbol(
+    keras.layers.BatchNormalization
+)
 
 
 def fusable(layer: keras.layers.BatchNormalization) -> str | None:

@@ -6,7 +6,8 @@ gradient is zero, and computing it is a reduction over the whole output gradient
 bias's value into the normalization's moving mean (`moving_mean - bias`), leaving a bias of zero that does not
 train, computes the same outputs in training and in inference, and the moving mean evolves as it would have,
 shifted by the constant bias. The layers keep their config and variables (the bias is still there, zero and
-not trainable), so the copy saves and loads as the user's model does, and its weights load into it.
+not trainable), so the copy saves and loads as the user's model does, and its weights load into it; its
+optimizer keeps (zero) slots for the biases, so a saved copy reloads with its optimizer's state too.
 
 Folded only where that holds: the convolution feeds nothing but the normalization, over its channel axis,
 with no activation between, no regularizer or constraint on the bias and no weight decay on a non-zero bias
@@ -61,8 +62,24 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         normalization.moving_mean.assign(normalization.moving_mean - keras.ops.cast(bias, "float32"))
         bias.assign(keras.ops.zeros_like(bias))
         bias.trainable = False
-        folded.append(convolution.name)
-    return folded, kept
+        folded.append(convolution)
+    if folded and optimizer is not None:
+        _build_with_slots_for(optimizer, model, [convolution.bias for convolution in folded])
+    return [convolution.name for convolution in folded], kept
+
+
+def _build_with_slots_for(optimizer: Any, model: keras.Model, biases: list[Any]) -> None:
+    """Builds the optimizer over the model's trainable variables with the folded biases among them, in their
+    places: a variable's `trainable` is not saved, so a saved copy reloads (without tfopt) with its biases
+    trainable, and Keras skips all of a saved optimizer's state whose variables do not match in number. The
+    biases' slots stay zero (no gradient reaches them)."""
+    for bias in biases:
+        bias.trainable = True
+    try:
+        optimizer.build(model.trainable_variables)
+    finally:
+        for bias in biases:
+            bias.trainable = False
 
 
 def _why_not(
