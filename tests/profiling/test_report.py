@@ -518,6 +518,8 @@ def test_the_speedup_says_its_range_over_side_by_side_rounds(make_fake_profile):
     assert expected in report.to_markdown() and expected in report.to_html()
     plain = compare(make_fake_profile(), make_fake_profile(input_ms=1.0)).to_dict()
     assert plain["speedup_rounds"] == [] and plain["speedup_noise"] is None
+    two = compare(make_fake_profile(), make_fake_profile(input_ms=1.0), speedup_rounds=(1.2, 1.1)).to_markdown()
+    assert "; 2 rounds side by side: too few for a spread)." in two and "side by side: 2 rounds" not in two
 
 
 def test_a_training_section_added_to_saved_reports_equals_one_rendered_with_them(fake_report, tmp_path):

@@ -407,7 +407,8 @@ def _noise(data: Mapping[str, Any]) -> str:
     """ "; range over N rounds measured side by side: ..." where the runs were, else nothing."""
     if not data.get("speedup_rounds"):
         return ""
-    return f"; {len(data['speedup_rounds'])} rounds side by side: {data['speedup_noise']}"
+    noise = data["speedup_noise"]  # fewer than 3 rounds say their count themselves ("2 rounds side by side: ...")
+    return f"; {noise}" if "side by side" in noise else f"; {len(data['speedup_rounds'])} rounds side by side: {noise}"
 
 
 def _training_dict(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
