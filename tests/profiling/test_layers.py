@@ -59,8 +59,10 @@ def test_the_heavy_layer_comes_first_under_its_own_name(heavy_capture):
         assert not any(name.startswith("(") for name in names[:3])  # Keras layers before other scopes
         heavy, light = (next(layer for layer in table.layers if layer.layer == name) for name in (middle, last))
         # The light layer's time is mostly its ops' fixed cost on a CPU: far from the FLOPs' ratio, and a loaded
-        # 2-core host has read it at 4.9x.
-        assert heavy.seconds_per_step > 3 * light.seconds_per_step and heavy.share_of_device > 0.25
+        # 2-core host has read it at 4.9x (and the heavy layer's share of all device time at 0.23, the input
+        # pipeline's ops taking more of it there).
+        assert heavy.seconds_per_step > 3 * light.seconds_per_step
+        assert heavy.share_of_device > 3 * light.share_of_device and heavy.share_of_device > 0.15
         assert heavy.matmul_share > 0.7 and 0.3 < heavy.backward_share < 0.95
         if device == "CPU":
             assert table.share_of_step(heavy) is None  # host ops overlap on a CPU: no share of the wall step
