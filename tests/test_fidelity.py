@@ -168,6 +168,27 @@ def test_set_dtype_policy_keeps_output_layers_of_a_subclassed_model_float32():
     assert notes == ["producing the outputs: 'dense_1' (Dense)"] or notes[0].startswith("producing the outputs")
 
 
+def test_a_subclassed_models_output_made_by_keras_ops_keeps_its_last_layer_float32():
+    """`return ops.softmax(self.head(x))`: the output is no layer's, so the head once went bfloat16 while the plan
+    said output layers compute in float32."""
+
+    class SoftmaxHead(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(4, activation="relu")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, inputs):
+            return keras.ops.softmax(self.head(self.hidden(inputs)))
+
+    model = SoftmaxHead()
+    model(np.zeros((1, 3), "float32"))
+    notes = set_dtype_policy(model, "mixed_bfloat16", np.zeros((2, 3), "float32"))
+    assert model.head.compute_dtype == "float32" and model.hidden.compute_dtype == "bfloat16"
+    assert notes == [f"producing the outputs: '{model.head.name}' (Dense)"]
+    assert model(np.zeros((2, 3), "float32")).dtype == "float32"
+
+
 def test_nan_weights_are_refused_before_anything_is_measured(cpu_hardware):
     user, data = keras_examples.lstm_forecaster()
     weights = user.get_weights()

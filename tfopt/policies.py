@@ -150,9 +150,11 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         # (a generator, a discriminator, an encoder) are what its losses read.
         parts = model._flatten_layers(include_self=False, recursive=False)
         return set().union(*(_output_layers(part, sample_inputs) for part in parts if isinstance(part, keras.Model)))
-    # A subclassed model: call it once and see which layer made each output (inner calls return first).
+    # A subclassed model: call it once and see which layer made each output (inner calls return first). An output
+    # its own call() made with `keras.ops` (`ops.softmax(self.head(x))`) comes from the last layer that returned.
     made_by: dict[int, Any] = {}
     alive: list[Any] = []
+    returned: list[Any] = []
     sublayers = model._flatten_layers(include_self=False, recursive=True)
 
     def recording(layer: keras.Layer) -> Any:
@@ -161,6 +163,8 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
         def record(*args: Any, **kwargs: Any) -> Any:
             result = call(*args, **kwargs)
             alive.append(result)
+            if not isinstance(layer, keras.Model):
+                returned.append(layer)
             for tensor in tf.nest.flatten(result):
                 made_by.setdefault(id(tensor), layer)
             return result
@@ -176,7 +180,7 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
     finally:
         for layer in sublayers:
             layer.__dict__.pop("call", None)
-    return {id(made_by[id(tensor)]) for tensor in outputs if id(tensor) in made_by}
+    return {id(made_by.get(id(tensor), returned[-1] if returned else None)) for tensor in outputs} - {id(None)}
 
 
 def has_call(model: keras.Model) -> bool:

@@ -119,7 +119,11 @@ class MixedPrecision(Recipe):
             return plan.replace(dtype_policy="float32", tf32=tf32).record(
                 self.name, f"kept float32: {reason}{float32}", skipped=True
             )
-        scaling = "; Keras wraps the optimizer in LossScaleOptimizer" if policy == "mixed_float16" else ""
+        scaling = (
+            "; the optimizer is wrapped in LossScaleOptimizer where Keras' own train_step scales the loss"
+            if policy == "mixed_float16"
+            else ""
+        )
         return plan.replace(dtype_policy=policy, tf32=tf32).record(
             self.name, f"{policy}: {reason}; output layers compute in float32{scaling}{float32}"
         )
