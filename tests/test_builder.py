@@ -263,3 +263,29 @@ def test_a_subclassed_model_keeps_its_own_policy_so_it_serves_what_the_user_feed
     served = tf.saved_model.load(str(tmp_path / "served"))
     x = next(iter(data))[0]
     np.testing.assert_allclose(served.serve(x), model.predict(x, verbose=0), rtol=1e-2, atol=1e-2)
+
+
+class ClassToken(keras.Model):
+    """A ViT's class token: a weight of the model's own, which its call() concatenates to a layer's outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = keras.layers.Dense(8)
+        self.head = keras.layers.Dense(2)
+
+    def build(self, input_shape):
+        self.token = self.add_weight(shape=(1, 1, 8), initializer="zeros")
+
+    def call(self, inputs):
+        token = tf.tile(self.token, [tf.shape(inputs)[0], 1, 1])
+        return self.head(tf.reduce_mean(tf.concat([token, self.proj(inputs)], 1), 1))
+
+
+def test_a_model_mixing_weights_of_its_own_with_its_layers_computes_at_their_precision(cpu_hardware):
+    user = ClassToken()
+    user(np.zeros((2, 3, 4), "float32"))
+    user.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((16, 3, 4), "float32"), np.ones((16, 2), "float32"))).batch(8)
+    built = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
+    assert built.model.compute_dtype == "bfloat16" and built.model.proj.compute_dtype == "bfloat16"
+    assert np.isfinite(built.model.fit(built.dataset, epochs=1, verbose=0).history["loss"][0])

@@ -87,6 +87,17 @@ def unlisted_state(model):
     return float(model.steps_taken.numpy()), [state.numpy().tolist() for state in model.lstm.states], table
 
 
+def test_a_gan_without_weights_from_an_uncompiled_model_fn_is_told_how_to_build_it(cpu_hardware):
+    user, data = keras_examples.conditional_gan(built=False)
+
+    def uncompiled():  # no optimizers or loss yet: its train_step cannot be traced
+        parts = keras_examples.conditional_gan(built=False)[0]
+        return keras_examples.ConditionalGAN(parts.discriminator, parts.generator, 4)
+
+    with pytest.raises(tfopt.errors.IncompatibleModelError, match=r"by tracing its train_step .* model compiled"):
+        tfopt.apply(user, data, hardware=cpu_hardware, measure_speed=False, model_fn=uncompiled)
+
+
 def test_state_keras_does_not_list_is_the_copys_own_and_put_back_after_measuring(recipes, cpu_hardware):
     user, data = keras_examples.counts_what_it_sees()
     before = unlisted_state(user)

@@ -202,7 +202,14 @@ def _traced_once(model: keras.Model, element_spec: Any) -> None:
     import tensorflow as tf
 
     strategy = tf.distribute.get_strategy()
-    tf.function(lambda batch: strategy.run(model.train_step, args=(batch,))).get_concrete_function(element_spec)
+    try:
+        tf.function(lambda batch: strategy.run(model.train_step, args=(batch,))).get_concrete_function(element_spec)
+    except Exception as error:
+        raise IncompatibleModelError(
+            f"{type(model).__name__} has no call() and parts without weights, which tfopt creates as fit does, by "
+            f"tracing its train_step on your batches' shapes; that failed: {describe_error(error)}. Build its parts "
+            "(an Input in each Sequential, or call them once), or, with model_fn, return the model compiled."
+        ) from error
 
 
 def _rewritten(model: keras.Model, plan: Plan) -> Plan:

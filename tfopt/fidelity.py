@@ -98,17 +98,13 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
     Raises:
         Exception: Whatever the model raises on the batch (the caller names the layer).
     """
-    with model.distribute_strategy.scope():
-        return _outcome_in_scope(model, batch, pieces)
-
-
-def _outcome_in_scope(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     from tfopt.profiling.timing import training_state_restored
 
     # The forward passes too: a stateful RNN carries its states from one call to the next.
     with training_state_restored(model):
         outcome = _outcome_of_calls(model, batch, pieces)
-    model.reset_metrics()
+    with model.distribute_strategy.scope():
+        model.reset_metrics()
     return outcome
 
 
@@ -121,9 +117,8 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
 
     predictions = loss = None
     parts = _pieces(batch, pieces)
-    # Under a strategy of several replicas Keras divides a loss by their number (their gradients are summed), in
-    # `_compute_loss` and in its Loss objects: the batch's loss is that times the replicas.
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    # Outside the model's strategy scope: under several replicas Keras divides a loss by their number in
+    # `_compute_loss` and its Loss objects (their gradients are summed), a loss of the user's own writing not.
     # No call(): a model whose train_step calls its parts has no predictions to compare, only its step's loss.
     outputs = (
         [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
@@ -146,14 +141,17 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
             for part, output in zip(parts, outputs):
                 inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(part)
                 value = model._compute_loss(x=inputs, y=targets, y_pred=output, sample_weight=weights, training=False)
-                losses.append(float(value) * replicas)
+                losses.append(float(value))
                 sizes.append(int(tf.shape(tf.nest.flatten(inputs)[0])[0]))
             loss = float(np.average(losses, weights=sizes))
-    logs = _one_training_step(model, batch, pieces)
-    if loss is None:
+    with model.distribute_strategy.scope():
+        logs = _one_training_step(model, batch, pieces)
+    # A train step's own loss under several replicas is divided by their number or not, as its code wrote it:
+    # no measure of the batch's to compare there.
+    if loss is None and model.distribute_strategy.num_replicas_in_sync == 1:
         values = [value for name, value in logs.items() if "loss" in name]
         if values:
-            loss = float(np.mean(values[0])) * replicas
+            loss = float(np.mean(values[0]))
     return Outcome(predictions=predictions, loss=loss)
 
 

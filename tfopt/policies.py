@@ -88,10 +88,13 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
 
     defaults = {"float32", model_dtype_policy(model)}
     # The model itself keeps its own: what its call() computes between its layers stays in the user's
-    # precision, and its input signature (which `export` serves) stays what the user feeds it.
+    # precision, and its input signature (which `export` serves) stays what the user feeds it. Not where it
+    # holds weights of its own that its call() mixes with its layers' outputs (a ViT's class token): those
+    # must come in its layers' dtype.
+    own_weights = bool(model._trainable_variables or model._non_trainable_variables)
     layers = [
         layer
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in model._flatten_layers(include_self=own_weights, recursive=True)
         if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults
     ]
     kept: dict[str, list[Any]] = {}

@@ -74,6 +74,21 @@ for name, recipes in (("apply_float32", [recipe]), ("apply_bf16", [bf16, recipe]
         "policy": applied.model.layers[0].dtype_policy.name,
     }
 
+
+class OwnLoss(keras.Model):
+    """compute_loss as Keras' own docstring writes it: a mean of its own, which Keras does not divide by the
+    replicas (its Loss objects are)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return keras.ops.mean((y_pred - y) ** 2)
+
+
+inputs = keras.Input((4,))
+own_loss = OwnLoss(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(inputs)))
+own_loss.compile(optimizer="sgd")
+applied = tfopt.apply(own_loss, dataset, [bf16, recipe], hardware=Hardware(cpu_count=2), measure_speed=False)
+results["own_loss_bf16"] = {"applied": [str(step) for step in applied.plan.applied]}
+
 # A model without call() Keras cannot build under a strategy: said so, at bf16 too (it once read as bf16's fault
 # and came back unable to train).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -55,6 +55,21 @@ def test_tfopts_loop_logs_the_models_metrics_as_keras_fit_does(ieee_float32):
         np.testing.assert_allclose(history[name], expected[name], rtol=1e-5)
 
 
+def test_tfopts_loop_logs_a_metric_of_several_values_as_keras_fit_does(ieee_float32):
+    def classifier():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+        model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=[keras.metrics.F1Score(average=None)])
+        return model
+
+    features = np.random.default_rng(1).normal(size=(48, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((features, np.eye(2, dtype="float32")[(features[:, 0] > 0) * 1]))
+    expected = classifier().fit(data.batch(8), epochs=1, verbose=0, shuffle=False).history
+    history = fit(classifier(), data.batch(8), epochs=1, engine="tfopt").history
+    np.testing.assert_allclose(history["f1_score"][0], expected["f1_score"][0], rtol=1e-5)
+    assert np.shape(history["f1_score"][0]) == (2,)
+
+
 def test_tfopts_loop_runs_a_train_step_of_the_models_own(ieee_float32):
     """Its history as fit's: Keras logs the loss tracker this train_step never updates, for its logs name just it."""
     from tests import keras_examples
@@ -175,7 +190,7 @@ def test_mirrored_two_cpus_matches_single_device():
         np.testing.assert_allclose(run["loss"], results["single"]["loss"], rtol=1e-5)
         for got, want in zip(run["weights"], results["single"]["weights"]):
             np.testing.assert_allclose(got, want, atol=1e-5)
-    for name in ("apply_float32", "apply_bf16"):
+    for name in ("apply_float32", "apply_bf16", "own_loss_bf16"):
         assert not any(step.startswith(("fidelity", "mixed_precision: skipped")) for step in results[name]["applied"])
     assert results["apply_bf16"]["policy"] == "mixed_bfloat16"
     assert results["no_call_bf16"].startswith("VAE has no call() of its own, and Keras builds a model under a")

@@ -71,15 +71,20 @@ def static_batches(dataset: tf.data.Dataset, batch_size: int) -> tuple[Any, int 
     if tf.nest.flatten(spec)[0].shape[0] is not None:
         return dataset, 0
     examples, one_pass = examples_per_pass(dataset)
+    node = _batch_op(dataset)
     batches = int(dataset.cardinality())
     remainder = None if examples is None else examples % batch_size
     full = dataset.filter(lambda *element: _batch_dimension(element) == batch_size)
-    full = full.map(lambda *element: _made_static(element if isinstance(spec, tuple) else element[0], batch_size))
+    # tf.data unpacks a plain tuple into the function's arguments, and nothing else (a namedtuple stays one).
+    full = full.map(lambda *element: _made_static(element if type(spec) is tuple else element[0], batch_size))
+    per_pass = int(node.cardinality()) if node is not None else -1
     if batches == int(tf.data.INFINITE_CARDINALITY):
         length, dropped = batches, remainder  # each pass's partial batch, where the pipeline repeats whole passes
-    elif remainder is not None and batches >= 0 and (remainder == 0 or one_pass):
-        length, dropped = batches - (remainder != 0), remainder
-    else:  # which batches are partial is not known (a take, skip or shard after the batch; unknown examples)
+    elif remainder is not None and batches >= 0 and (one_pass or (per_pass > 0 and batches % per_pass == 0)):
+        # Whole passes of the batch op (only ops that keep every batch lie between): one partial batch each.
+        passes = 1 if one_pass else batches // per_pass
+        length, dropped = batches - passes * (remainder != 0), remainder
+    else:  # which batches are partial is not known (unknown examples, or a rebatch)
         return full, None
     return full.apply(tf.data.experimental.assert_cardinality(length)), dropped
 
@@ -159,9 +164,31 @@ def _rebatched_examples_per_pass(rebatch: Any, batches: int) -> tuple[int | None
 
 
 def _batch_op(dataset: tf.data.Dataset) -> Any:
-    """The pipeline's last batch or rebatch op, found through unary datasets (map, prefetch, options, ...) and
-    rewritten pipelines (`tfopt.data.rewrite`: the same batches as the user's), or None."""
+    """The pipeline's last batch or rebatch op, found through the ops that keep every batch whole (maps, prefetch,
+    cache, options, shuffle, repeat) and rewritten pipelines (`tfopt.data.rewrite`: the same batches as the
+    user's); None where another op comes between (a take, skip, shard, filter or concatenate: which batches it
+    keeps is not known)."""
     node = dataset
     while node is not None and not hasattr(node, "_batch_size") and not hasattr(node, "_batch_sizes"):
-        node = getattr(node, "_input_dataset", None) or getattr(node, "same_batches_as", None)
+        if hasattr(node, "same_batches_as"):
+            node = node.same_batches_as
+        elif type(node).__name__ in _KEEPING_EVERY_BATCH:
+            node = node._input_dataset
+        else:
+            return None
     return node
+
+
+_KEEPING_EVERY_BATCH = frozenset(
+    {
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "_PrefetchDataset",
+        "CacheDataset",
+        "_OptionsDataset",
+        "_AssertCardinalityDataset",
+        "_ShuffleDataset",
+        "_RepeatDataset",
+        "_RestructuredDataset",  # inside Dataset.rebatch
+    }
+)

@@ -4,12 +4,12 @@ Keras 3 `model.fit` under MultiWorkerMirroredStrategy with two or more workers r
 convert a value (PerReplica...) to a Tensor" (keras-team/keras#20585, tensorflow/tensorflow#72388;
 verified with TF 2.21 / Keras 3.15, while one worker works). tfopt does not patch Keras internals:
 `fit` here runs the model's own `train_step` (Keras', or the user's override: a GAN's, a distiller's) under
-`strategy.run` in a loop of public Keras pieces (`keras.callbacks.CallbackList`, the model's metrics), so it
-trains what `fit` would and keeps working across Keras upgrades. Under Horovod, which averages the gradients
-between `tape.gradient` and the update, the step is Keras' own, written with `model.compute_loss`,
-`optimizer.scale_loss` and `optimizer.apply`: a `train_step` of the user's cannot be reached there. With
-`engine="auto"` it hands over to `model.fit` wherever that is known to work, including multi-worker once
-`tfopt.distribute.probe` has seen the bug fixed.
+`strategy.run` in a loop of Keras pieces (`keras.callbacks.CallbackList`, the model's metrics, and, for the
+epoch's logs, the Trainer's own `_get_metrics_result_or_logs`), so it trains what `fit` would. Under Horovod,
+which averages the gradients between `tape.gradient` and the update, the step is Keras' own, written with
+`model.compute_loss`, `optimizer.scale_loss` and `optimizer.apply`: a `train_step` of the user's cannot be
+reached there. With `engine="auto"` it hands over to `model.fit` wherever that is known to work, including
+multi-worker once `tfopt.distribute.probe` has seen the bug fixed.
 """
 
 from __future__ import annotations
@@ -194,6 +194,12 @@ class _Loop:
                 type(strategy).__name__,
                 model.steps_per_execution,
             )
+        if model.jit_compile:
+            _log.warning(
+                "tfopt's training loop (for %s, where Keras' fit fails) runs without XLA: the model's "
+                "jit_compile=True is not used here",
+                type(strategy).__name__,
+            )
         self.horovod = isinstance(strategy, HorovodStrategy)
         if self.horovod and type(model).train_step is not keras.Model.train_step:
             raise RecipeConfigError(
@@ -309,8 +315,7 @@ class _Loop:
             except StopIteration:
                 return self._epoch_logs(logs), steps, self.steps_per_epoch is not None
             callback_list.on_train_batch_begin(steps)
-            logged = self._guard(functools.partial(self.step, batch), epoch)
-            logs = {name: float(value) for name, value in logged.items()}
+            logs = _read(self._guard(functools.partial(self.step, batch), epoch))
             steps += 1
             if self.horovod:  # the step's own loss: the epoch's is the mean of its steps', as in fit
                 total += logs["loss"]
@@ -326,7 +331,7 @@ class _Loop:
         loss tracker's value, as in fit), else the last step's logs."""
         if self.horovod or not logs:
             return logs
-        return {name: float(value) for name, value in self.model._get_metrics_result_or_logs(logs).items()}
+        return _read(self.model._get_metrics_result_or_logs(logs))
 
     def _guard(self, action: Any, epoch: int) -> Any:
         """Runs `action`, turning a lost peer or a collective timeout into one clear DistributionError."""
@@ -340,6 +345,14 @@ class _Loop:
                 "stalled. Restart all workers; with checkpoint_dir set, training resumes from the last "
                 "completed epoch."
             ) from error
+
+
+def _read(logs: dict[str, Any]) -> dict[str, Any]:
+    """Logs as Keras' callbacks get them: a number where a value is one, else an array (F1Score per class)."""
+    import numpy as np
+
+    values = {name: np.asarray(value) for name, value in logs.items()}
+    return {name: float(value) if value.ndim == 0 else value for name, value in values.items()}
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int:

@@ -82,9 +82,10 @@ FusedBatchNormalization.__name__ = FusedBatchNormalization.__qualname__ = "Batch
 # where tfopt is not installed (as plain BatchNormalization). Keras serializes a class by its public name where
 # it has one (`serialization_lib.serialize_with_public_class`); the registration under tfopt's name reads files
 # an earlier tfopt wrote.
-api_export.REGISTERED_OBJS_TO_NAMES[FusedBatchNormalization] = api_export.get_name_from_symbol(
-    keras.layers.BatchNormalization
-)
+# (Keras' registry is not public API: where a Keras renames it, the copy saves under tfopt's name, as before.)
+_public = getattr(api_export, "REGISTERED_OBJS_TO_NAMES", None)
+if isinstance(_public, dict):
+    _public[FusedBatchNormalization] = api_export.get_name_from_symbol(keras.layers.BatchNormalization)
 
 
 def fusable(layer: keras.layers.BatchNormalization) -> str | None:

@@ -40,7 +40,8 @@ def taken() -> bool:
 def stops_at_step_ends() -> Iterator[None]:
     """In the block, stops are asked for (`deferred`), and training loops take them through `StopAtStepEnd`.
     A stop asked for that no step end took (the block measured, or trained no step after it) is taken where
-    the outermost block ends: a signal is never lost because the work it came during ended well."""
+    the outermost block ends: a signal is not lost because the work it came during ended well (where the work
+    failed, its error ends the command)."""
     _state["blocks"] += 1
     asked = None
     try:
