@@ -49,3 +49,28 @@ class TfoptTinyPatches(tfds.core.GeneratorBasedBuilder):
             image = rng.integers(0, 120, (16, 16, 3), dtype=np.uint8)
             image[..., index % 3] += 120
             yield index, {"image": image, "label": index % 3}
+
+
+class TfoptTinyRegression(tfds.core.GeneratorBasedBuilder):
+    """8 feature vectors with a float target (a regression's); built offline."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {
+                    "features": tfds.features.Tensor(shape=(4,), dtype=np.float32),
+                    "target": tfds.features.Tensor(shape=(), dtype=np.float32),
+                }
+            ),
+            supervised_keys=("features", "target"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for index in range(8):
+            yield index, {"features": np.full(4, index, np.float32), "target": np.float32(index * 0.37 + 0.5)}

@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from tfopt.data.tfds_source import TfdsSource
 from tfopt.errors import DataError
 
-from .helpers import TfoptTinyPatches, assert_same_batches, collect, unbatched
+from .helpers import TfoptTinyPatches, TfoptTinyRegression, assert_same_batches, collect, unbatched
 
 _SIZE = 30
 
@@ -28,6 +28,17 @@ def test_reads_the_prepared_split_as_float_images(tfds_dir):
     )
     expected = np.stack([image for image, _ in reference]).astype(np.float32) / 255.0
     np.testing.assert_allclose(x, expected, rtol=1e-6)
+
+
+def test_a_float_target_is_kept_as_it_is(tmp_path):
+    TfoptTinyRegression(data_dir=str(tmp_path)).download_and_prepare()
+    source = TfdsSource("tfopt_tiny_regression", data_dir=tmp_path)
+    expected = np.array([index * 0.37 + 0.5 for index in range(8)], np.float32)
+    for optimized in (False, True):
+        ((x, y),) = collect(source.pipeline(batch_size=8, optimized=optimized, shuffle=False))
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(np.sort(y), expected)  # not truncated to 0, 0, 1, 1, 1, 2, 2, 3
+        np.testing.assert_array_equal(y, (x[:, 0].astype(np.float64) * 0.37 + 0.5).astype(np.float32))  # each its own
 
 
 @pytest.mark.parametrize("augment", [False, True])

@@ -140,13 +140,13 @@ class TfdsSource(DataSource):
         feature = self._feature
         if not self.is_image:
             size = _static_size(feature.shape) * tf.as_dtype(feature.dtype).size
-            return (lambda x, y: (x, tf.cast(y, tf.int32))), size, size
+            return (lambda x, y: (x, _label(y))), size, size
         channels = feature.shape[-1] or 3
         image_size = self.image_size or tuple(feature.shape[:2])
 
         def decode(x, y):
             image = images.decode_image(x, None, channels) if skip_decoding else x
-            return images.resize_uint8(image, image_size, channels), tf.cast(y, tf.int32)
+            return images.resize_uint8(image, image_size, channels), _label(y)
 
         pixels = image_size[0] * image_size[1] * channels
         return decode, pixels, 4 * pixels
@@ -252,3 +252,8 @@ def _static_size(shape) -> int:
     for dimension in shape:
         size *= dimension or 1
     return size
+
+
+def _label(y: tf.Tensor) -> tf.Tensor:
+    """Class ids as int32 (tfds stores them as int64); any other target, a regression's float, as it is."""
+    return tf.cast(y, tf.int32) if y.dtype.is_integer else y

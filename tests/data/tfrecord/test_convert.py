@@ -107,9 +107,50 @@ def test_shard_layout(tmp_path):
         name: [s["records"] for s in json.loads((tmp_path / name / MANIFEST_NAME).read_text())["shards"]]
         for name in ("default", "fixed", "bytes")
     }
-    assert records["default"] == [7] * 7 + [1]  # at least 8 shards even when small
+    assert records["default"] == [6, 6, 6, 7, 6, 6, 6, 7]  # 8 even shards even when small
     assert records["fixed"] == [20, 20, 10]
     assert len(records["bytes"]) == 8
+
+
+@pytest.mark.parametrize("count", [8, 9, 20, 36])
+def test_eight_examples_or_more_make_at_least_eight_shards(tmp_path, count):
+    to_tfrecord((np.zeros((count, 2), np.float32), np.arange(count)), tmp_path / "out")
+    shards = [shard["records"] for shard in json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["shards"]]
+    assert len(shards) == 8 and sum(shards) == count and max(shards) - min(shards) <= 1
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_unsigned_32_and_64_bit_features_read_back_bit_for_bit(tmp_path, dtype):
+    x = np.array([[0, 1], [2**31 + 5, np.iinfo(dtype).max]] * 4, dtype)
+    to_tfrecord((x, np.arange(8)), tmp_path / "out")
+    ((read_x, read_y),) = collect(
+        TFRecordSource(tmp_path / "out").pipeline(batch_size=8, optimized=True, shuffle=False)
+    )
+    assert read_x.dtype == dtype
+    np.testing.assert_array_equal(read_x, x)
+    np.testing.assert_array_equal(read_y, np.arange(8))
+
+
+def test_a_dataset_conversion_that_failed_part_way_is_done_again(tmp_path):
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+
+    def failing_at(index):
+        def checked(x, y):  # the source itself fails at example `index` (a file gone, a network read)
+            tf.debugging.assert_less(y, tf.constant(index, tf.int64), message="source failed")
+            return x, y
+
+        return checked
+
+    source = tf.data.Dataset.from_tensor_slices((x, np.arange(20)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="source failed"):
+        to_tfrecord(source.map(failing_at(12)), tmp_path / "out", records_per_shard=2, num_workers=1)
+    assert list((tmp_path / "out").glob("part-*")), "the failed conversion wrote no shard to resume from"
+    to_tfrecord(source, tmp_path / "out", records_per_shard=2)  # not taken for the user's own files
+    ((read_x, read_y),) = collect(
+        TFRecordSource(tmp_path / "out").pipeline(batch_size=20, optimized=False, shuffle=False)
+    )
+    np.testing.assert_array_equal(read_x, x)
+    np.testing.assert_array_equal(read_y, np.arange(20))
 
 
 def test_second_conversion_of_the_same_input_is_a_no_op(shapes_dir, tmp_path):
@@ -209,8 +250,15 @@ def test_bad_inputs_and_options(tmp_path):
         to_tfrecord((np.zeros((2, 1)), np.zeros(2)), tmp_path / "e", compression="lz4")
     with pytest.raises(ValueError, match="records_per_shard=0"):
         to_tfrecord((np.zeros((2, 1)), np.zeros(2)), tmp_path / "f", records_per_shard=0)
-    with pytest.raises(DataError, match="dtype <U1"):
+    with pytest.raises(DataError, match="x has dtype <U1"):
         to_tfrecord((np.array(["a", "b"]), np.zeros(2)), tmp_path / "g")
+    with pytest.raises(DataError, match=r"y has dtype <U3.*StringLookup"):
+        to_tfrecord((np.zeros((2, 1), np.float32), np.array(["cat", "dog"])), tmp_path / "h")
+    with pytest.raises(DataError, match=r"infinite.*without its repeat"):
+        to_tfrecord(tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))).repeat(), tmp_path / "i")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(DataError, match="a_file is a file, not a directory"):
+        to_tfrecord((np.zeros((2, 1)), np.zeros(2)), tmp_path / "a_file")
 
 
 def test_a_directory_of_someone_elses_files_is_refused(tmp_path):

@@ -4,7 +4,8 @@ Safety rules, because a conversion can take hours and is often killed (preemptio
 
 * every shard is written under a temporary name and renamed when complete;
 * a journal (`.tfopt_progress.jsonl`) records each finished shard, so a killed conversion of an input
-  with random access (image folder, arrays) resumes where it stopped; other inputs are redone;
+  with random access (image folder, arrays) resumes where it stopped; other inputs are redone (their
+  journal says only that the directory holds a conversion of tfopt's in progress);
 * the manifest is written last and atomically, and readers require it, so a directory is either a
   complete conversion or unusable, never half-used (`tfopt.data.verify` re-checks every byte);
 * converting the same input with the same options again is a no-op once `verify` finds every shard
@@ -68,7 +69,8 @@ def to_tfrecord(
             `(x, y)` tuple of arrays, a `TfdsSource`, or an unbatched `tf.data.Dataset` of `(x, y)`.
         out_dir: The directory to write (created if needed).
         shard_bytes: Target bytes per shard before compression; ignored when `records_per_shard` is set.
-            There are at least 8 shards when the dataset has 8 examples or more.
+            Where the number of examples is known up front, there are at least 8 shards when the dataset
+            has 8 examples or more (a dataset of unknown length, after a `filter`, is cut by size only).
         records_per_shard: Exact number of records per shard (the last one may hold fewer).
         compression: None, "GZIP" or "ZLIB".
         num_workers: Shards written at the same time (default: the number of CPUs); by worker processes
@@ -108,12 +110,13 @@ def to_tfrecord(
             logger.info("to_tfrecord: %s already holds this conversion (verified); nothing to do", out_dir)
             return out_dir
     _refuse_foreign_files(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _make_directory(out_dir)
     workers = num_workers or os.cpu_count() or 1
     if conversion.records is not None:
         shards, fingerprint = _write_random_access(out_dir, conversion, options, workers), conversion.fingerprint
     else:
         _remove_own_files(out_dir)
+        _write_journal(out_dir, {"options": options, "sequential": True})
         shards, content_sha256 = _write_sequential(out_dir, conversion, options, workers)
         fingerprint = conversion.fingerprint or content_sha256
     total = sum(shard["records"] for shard in shards)
@@ -177,10 +180,12 @@ def _content_sha256(records: Iterator[bytes]) -> str:
 
 def _plan(num_examples: int, example_bytes: int, options: dict) -> list[tuple[int, int]]:
     per_shard = options["records_per_shard"]
-    if per_shard is None:
-        count = max(math.ceil(num_examples * example_bytes / options["shard_bytes"]), min(_MIN_SHARDS, num_examples))
-        per_shard = math.ceil(num_examples / count)
-    return [(start, min(num_examples, start + per_shard)) for start in range(0, num_examples, per_shard)]
+    if per_shard is not None:
+        return [(start, min(num_examples, start + per_shard)) for start in range(0, num_examples, per_shard)]
+    count = max(math.ceil(num_examples * example_bytes / options["shard_bytes"]), min(_MIN_SHARDS, num_examples))
+    count = min(count, num_examples)
+    # Even shards, their sizes differing by one record at most: rounding one size up would make fewer of them.
+    return [(index * num_examples // count, (index + 1) * num_examples // count) for index in range(count)]
 
 
 def _write_random_access(out_dir, conversion: ConversionInput, options: dict, workers: int) -> list[dict]:
@@ -239,10 +244,35 @@ def _resume(out_dir: pathlib.Path, header: dict) -> dict[int, dict]:
         done = {}
     if not done:
         _remove_own_files(out_dir)
-        journal.write_text(json.dumps(header) + "\n")
+        _write_journal(out_dir, header)
     for path in out_dir.glob(".part-*.tmp-*"):  # shards a killed run left half-written
         path.unlink(missing_ok=True)
     return done
+
+
+def _write_journal(out_dir: pathlib.Path, header: dict) -> None:
+    """Starts the journal: from here on the directory holds a conversion of tfopt's in progress, which a
+    rerun resumes or redoes, and never takes for the user's own files."""
+    journal = out_dir / _JOURNAL_NAME
+    try:
+        journal.write_text(json.dumps(header) + "\n")
+    except OSError as error:
+        storage = storage_error(error, journal, "Nothing was converted; the directory is as it was.")
+        if storage:
+            raise storage from error
+        raise
+
+
+def _make_directory(out_dir: pathlib.Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"to_tfrecord: {out_dir} is a file, not a directory. Pass a new or empty directory as out_dir.")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        storage = storage_error(error, out_dir, "Nothing was converted.")
+        if storage:
+            raise storage from error
+        raise
 
 
 def _write_sequential(out_dir, conversion: ConversionInput, options: dict, workers: int) -> tuple[list[dict], str]:

@@ -140,7 +140,7 @@ def _from_image_folder(source) -> ConversionInput:
 
 
 def _from_arrays(x: np.ndarray, y: np.ndarray, finish: str | None, description: str) -> ConversionInput:
-    x_spec, encode_x = _tensor_feature(x.dtype, x.shape[1:], finish)
+    x_spec, encode_x = _tensor_feature("x", x.dtype, x.shape[1:], finish)
     y_spec, encode_y = _label_feature(y.dtype, y.shape[1:])
     digest = hashlib.sha256()
     for array in (x, y):
@@ -179,7 +179,7 @@ def _from_tfds(source) -> ConversionInput:
             return value
     else:
         feature = builder.info.features[source.x_key]
-        x_spec, encode_x = _tensor_feature(np.dtype(feature.np_dtype), tuple(feature.shape), None)
+        x_spec, encode_x = _tensor_feature("x", np.dtype(feature.np_dtype), tuple(feature.shape), None)
         decoders = None
     y_feature = builder.info.features[source.y_key]
     y_spec, encode_y = _label_feature(np.dtype(y_feature.np_dtype), tuple(y_feature.shape))
@@ -226,9 +226,14 @@ def _from_dataset(dataset) -> ConversionInput:
             f"to_tfrecord: the dataset's elements have shapes x {x_spec_tf.shape}, y {y_spec_tf.shape}, not fixed. "
             "Pass an unbatched dataset (dataset.unbatch()) whose elements all have the same shape."
         )
-    x_spec, encode_x = _tensor_feature(np.dtype(x_spec_tf.dtype.as_numpy_dtype), tuple(x_spec_tf.shape), None)
-    y_spec, encode_y = _label_feature(np.dtype(y_spec_tf.dtype.as_numpy_dtype), tuple(y_spec_tf.shape))
     cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise DataError(
+            "to_tfrecord: the dataset is infinite (a repeat() without a count), and a conversion writes one pass "
+            "of it. Pass the dataset without its repeat(), and repeat the TFRecordSource's pipeline instead."
+        )
+    x_spec, encode_x = _tensor_feature("x", np.dtype(x_spec_tf.dtype.as_numpy_dtype), tuple(x_spec_tf.shape), None)
+    y_spec, encode_y = _label_feature(np.dtype(y_spec_tf.dtype.as_numpy_dtype), tuple(y_spec_tf.shape))
 
     def stream() -> Iterator[bytes]:
         for x, y in dataset.as_numpy_iterator():
@@ -246,12 +251,13 @@ def _from_dataset(dataset) -> ConversionInput:
     )
 
 
-def _tensor_feature(dtype: np.dtype, shape, finish: str | None):
+def _tensor_feature(name: str, dtype: np.dtype, shape, finish: str | None):
     dtype = np.dtype(dtype)
     if dtype.kind not in "biufc":
+        hint = "; encode strings as ids first (a StringLookup's vocabulary)" if dtype.kind in "USO" else ""
         raise DataError(
-            f"to_tfrecord: x has dtype {dtype}, which cannot be stored as raw bytes. Expected a numeric or bool "
-            "array; encode strings as token ids first."
+            f"to_tfrecord: {name} has dtype {dtype}, which cannot be stored as raw bytes. Expected a numeric or "
+            f"bool array{hint}."
         )
     little = dtype.newbyteorder("<")
     spec = {"kind": "tensor", "dtype": dtype.name, "shape": [int(d) for d in shape], "finish": finish}
@@ -271,8 +277,7 @@ def _label_feature(dtype: np.dtype, shape):
             return [int(v) for v in np.asarray(value).reshape(-1)]
 
         return spec, encode
-    spec, encode = _tensor_feature(dtype, shape, None)
-    return spec, encode
+    return _tensor_feature("y", dtype, shape, None)
 
 
 def _hash(value: dict) -> str:

@@ -183,11 +183,18 @@ class TFRecordSource(DataSource):
         return {"path": str(self.path), "image_size": image_size, "augment": self.augment}
 
 
+# decode_raw has no 32- or 64-bit unsigned type: their bytes are read as the signed type of their size and
+# bitcast back, bit for bit.
+_READ_AS_SIGNED = {tf.uint32: tf.int32, tf.uint64: tf.int64}
+
+
 def _raw_decoder(spec: dict):
     dtype, shape = tf.as_dtype(spec["dtype"]), spec["shape"]
+    read_as = _READ_AS_SIGNED.get(dtype, dtype)
 
     def decode(value):
         # decode_raw reads little-endian, which is how the writer stores every array.
-        return tf.reshape(tf.io.decode_raw(value, dtype, little_endian=True), shape)
+        values = tf.io.decode_raw(value, read_as, little_endian=True)
+        return tf.reshape(values if read_as == dtype else tf.bitcast(values, dtype), shape)
 
     return decode
