@@ -509,3 +509,49 @@ def counts_what_it_sees(count=32, batch_size=8):
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     data = tf.data.Dataset.from_tensor_slices(((ids, sequences), targets)).batch(batch_size, drop_remainder=True)
     return model, data
+
+
+class DistanceLayer(layers.Layer):
+    """keras-io's siamese_network: the anchor's squared distances to the positive and the negative."""
+
+    def call(self, anchor, positive, negative):
+        return ops.sum(ops.square(anchor - positive), -1), ops.sum(ops.square(anchor - negative), -1)
+
+
+class SiameseModel(keras.Model):
+    """keras-io's siamese_network (triplet loss): call() takes the triplet, and its own train_step trains on
+    batches of (anchor, positive, negative) without labels, which Keras would read as (x, y, sample_weight)."""
+
+    def __init__(self, siamese_network, margin=0.5):
+        super().__init__()
+        self.siamese_network = siamese_network
+        self.margin = margin
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def call(self, inputs):
+        return self.siamese_network(inputs)
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            ap_distance, an_distance = self.siamese_network(data)
+            loss = ops.maximum(ap_distance - an_distance + self.margin, 0.0)
+        gradients = tape.gradient(loss, self.siamese_network.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.siamese_network.trainable_weights))
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+
+def siamese_triplets(count=16, batch_size=8):
+    keras.utils.set_random_seed(0)
+    embedding = keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="relu"), layers.Dense(4)])
+    anchor, positive, negative = (layers.Input(name=name, shape=(6,)) for name in ("anchor", "positive", "negative"))
+    distances = DistanceLayer()(embedding(anchor), embedding(positive), embedding(negative))
+    model = SiameseModel(keras.Model([anchor, positive, negative], distances))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    rng = np.random.default_rng(0)
+    triplets = tuple(rng.normal(size=(count, 6)).astype("float32") for _ in range(3))
+    return model, tf.data.Dataset.from_tensor_slices(triplets).batch(batch_size)

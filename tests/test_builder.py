@@ -289,3 +289,66 @@ def test_a_model_mixing_weights_of_its_own_with_its_layers_computes_at_their_pre
     built = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
     assert built.model.compute_dtype == "bfloat16" and built.model.proj.compute_dtype == "bfloat16"
     assert np.isfinite(built.model.fit(built.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+def _mlp():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
+def test_a_recipe_making_the_optimizer_again_starts_it_where_the_users_stood():
+    """grad_accum makes the optimizer again from its config: a trained model's step count and moments go on, as
+    they do where plain Keras trains on at the whole batch."""
+    import tfopt
+    from tests.conftest import FAKE_HARDWARE
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32).astype("int32")
+
+    def data(batch_size):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+    user, reference = _mlp(), _mlp()
+    for model in (user, reference):
+        model.fit(data(16), epochs=1, verbose=0)
+    result = tfopt.apply(
+        user, data(8), [{"grad_accum": {"steps": 2}}], hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False
+    )
+    copied = result.model.optimizer
+    assert copied.gradient_accumulation_steps == 2 and int(copied.iterations) == int(user.optimizer.iterations) == 2
+    theirs = {variable.path: variable for variable in user.optimizer.variables}
+    for variable in copied.variables:
+        if variable.path.endswith(("momentum", "velocity")):
+            np.testing.assert_array_equal(variable.numpy(), theirs[variable.path].numpy())
+    result.model.fit(result.dataset, epochs=1, verbose=0)
+    reference.fit(data(16), epochs=1, verbose=0)
+    for mine, expected in zip(result.model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimizer_made_again_keeps_the_folded_biases_slots_so_a_saved_copy_reloads_its_state(tmp_path):
+    import warnings
+
+    import tfopt
+    from tests.conftest import FAKE_HARDWARE
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, name="conv")(inputs))
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x)))
+    user = keras.Model(inputs, outputs)
+    user.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((tf.ones((8, 8, 8, 3)), tf.ones((8, 2)))).batch(4)
+    recipes = [{"fused_layers": {"batch_norm": False, "conv_bias": True}}, {"grad_accum": {"steps": 2}}]
+    result = tfopt.apply(user, data, recipes, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
+    assert not result.model.get_layer("conv").bias.trainable  # folded
+    result.model.fit(result.dataset, epochs=2, verbose=0)
+    result.model.save(tmp_path / "copy.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns where it skips the optimizer's state
+        loaded = keras.saving.load_model(tmp_path / "copy.keras")
+    assert int(loaded.optimizer.iterations) == 2
+    for mine, theirs in zip(loaded.optimizer.variables, result.model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))

@@ -33,6 +33,32 @@ def test_ids_carried_by_a_float_input_reach_the_embedding_unrounded(cpu_hardware
     assert "reading ids or raw features: 'token_and_position_embedding" in str(built.plan.applied[-1])
 
 
+def test_layers_carrying_ids_from_a_float_input_to_an_embedding_stay_float32():
+    """keras-io's recommender style: the user and movie ids are columns of one float Input, taken by Lambdas (and a
+    Reshape) on their way to the Embeddings. Data sorted by user id (MovieLens') puts ids over 256 only in later
+    batches, which the first-batch check never sees: the layers on the way must not round them."""
+    inputs = keras.Input((2,))
+    users = keras.layers.Reshape((1,), name="as_column")(
+        keras.layers.Lambda(lambda t: t[:, 0], name="take_user")(inputs)
+    )
+    movies = keras.layers.Lambda(lambda t: t[:, 1], name="take_movie")(inputs)
+    features = keras.layers.Dense(3, name="features")(inputs)  # reads the same Input, carries no ids on
+    scaled = keras.layers.Discretization([0.0, 1.0], name="bins")(keras.layers.Dense(1, name="score")(inputs))
+    user_vectors = keras.layers.Flatten()(keras.layers.Embedding(1000, 4, name="user_embedding")(users))
+    movie_vectors = keras.layers.Embedding(100, 4, name="movie_embedding")(movies)
+    joined = keras.layers.Concatenate(name="joined")([user_vectors, movie_vectors, features, scaled])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(keras.layers.Dense(4, name="hidden")(joined)))
+    notes = set_dtype_policy(model, "mixed_bfloat16", None)
+    dtypes = {layer.name: layer.compute_dtype for layer in model.layers[1:]}
+    for name in ("take_user", "as_column", "take_movie", "user_embedding", "movie_embedding", "head"):
+        assert dtypes[name] == "float32", name
+    assert dtypes["features"] == dtypes["score"] == dtypes["joined"] == dtypes["hidden"] == "bfloat16"
+    carrying = notes[1].removeprefix("carrying them there: ").split(", ")
+    assert sorted(carrying) == ["'as_column' (Reshape)", "'take_movie' (Lambda)", "'take_user' (Lambda)"]
+    ids = np.array([[857.0, 99.0], [997.0, 3.0]], "float32")
+    np.testing.assert_array_equal(model.get_layer("take_user")(ids), [857.0, 997.0])  # bfloat16: 856, 996
+
+
 def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardware):
     user, data = keras_examples.transformer_classifier(vocab_size=20000)
     batch = next(iter(data))

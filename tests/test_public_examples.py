@@ -263,8 +263,9 @@ def test_a_custom_optimizer_and_schedule_without_get_config_are_copied_in_proces
         keras_examples.conditional_gan,
         keras_examples.distiller,
         keras_examples.custom_optimizer_classifier,
+        keras_examples.siamese_triplets,
     ],
-    ids=["auc_metrics", "gan_own_compile", "distiller_compute_loss", "custom_optimizer_and_schedule"],
+    ids=["auc_metrics", "gan_own_compile", "distiller_compute_loss", "custom_optimizer_and_schedule", "siamese"],
 )
 def test_the_result_trains_as_plain_keras_does(make):
     """Where nothing changes the numerics (float32 here, on a CPU without 16-bit units), two epochs of the model
@@ -272,6 +273,16 @@ def test_the_result_trains_as_plain_keras_does(make):
     user, data = make()
     result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], steps=4, warmup_steps=1)
     assert_same_training(result, user, data)
+
+
+def test_a_train_step_reading_label_free_triplets_is_checked_by_its_step(recipes, cpu_hardware):
+    """Keras would read (anchor, positive, negative) as (x, y, sample_weight): call() on the anchor alone fails,
+    while fit trains the model through its own train_step. No predictions to compare; its step's loss is."""
+    user, data = keras_examples.siamese_triplets()
+    result = tfopt.apply(user, data, recipes, hardware=cpu_hardware, measure_speed=False)
+    history = result.model.fit(result.dataset, epochs=1, verbose=0).history
+    assert sorted(history) == ["loss"] and np.isfinite(history["loss"][0])
+    assert int(user.optimizer.iterations) == 0 and int(result.model.optimizer.iterations) == 2
 
 
 def test_a_learning_rate_that_keras_cannot_serialize_is_named_when_a_recipe_would_scale_it(cpu_hardware):

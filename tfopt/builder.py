@@ -370,9 +370,12 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
             arguments = {**model._compile_config.config, "optimizer": optimizer, **_made_again(changed, plan)}
             # Wrapped again where it was (Keras' compile would wrap a mixed_float16 model's either way).
             auto_scale_loss = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            made = model.optimizer
             keras.Model.compile(
                 model, **{**arguments, "jit_compile": plan.jit_compile, "auto_scale_loss": auto_scale_loss}
             )
+            if "optimizer" in changed:
+                _carry_optimizer_state(made, model.optimizer)
     else:
         arguments = _compile_arguments(plan)
         declared = {  # XLA is set below, through Keras' setter
@@ -388,7 +391,35 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
     model.steps_per_execution = plan.steps_per_call
     if model._compile_config is not None:  # what get_compile_config() and a saved copy say
         model._compile_config.config["steps_per_execution"] = plan.steps_per_call
+        model._compile_config.config["jit_compile"] = model.jit_compile
     return _loss_scaling(model, plan.dtype_policy, own_policy)
+
+
+def _carry_optimizer_state(made: Any, new: Any) -> None:
+    """Starts the optimizer a recipe made again (a scaled learning rate, gradient accumulation) where the copy's
+    stood, as plain Keras would go on: a trained model's moments and step count, and the slots the copy's was
+    built with (a folded bias's, `tfopt.rewrites.conv_bias`), over the same variables in the same order. The
+    learning rate is the recipe's; an accumulation cycle starts afresh, at the same count of updates."""
+    import keras
+
+    if made is None or new is None or not made.built:
+        return
+    new.build(made._trainable_variables)
+    # A path below the optimizer's own name (the same config made both): 'sequential_dense_kernel_momentum'.
+    held = {variable.path.partition("/")[2]: variable for variable in made.variables}
+    for variable in new.variables:
+        name = variable.path.partition("/")[2]
+        source = held.get(name)
+        if name in ("iteration", "learning_rate") or name.endswith("_gradient_accumulator") or source is None:
+            continue
+        if tuple(source.shape) == tuple(variable.shape):
+            variable.assign(source)
+    unwrapped = [
+        optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+        for optimizer in (made, new)
+    ]
+    # `_iterations` counts micro-batches under accumulation, `iterations` the updates.
+    unwrapped[1]._iterations.assign(unwrapped[0].iterations * (unwrapped[1].gradient_accumulation_steps or 1))
 
 
 def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | None:

@@ -120,11 +120,7 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     # Outside the model's strategy scope: under several replicas Keras divides a loss by their number in
     # `_compute_loss` and its Loss objects (their gradients are summed), a loss of the user's own writing not.
     # No call(): a model whose train_step calls its parts has no predictions to compare, only its step's loss.
-    outputs = (
-        [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
-        if has_call(model)
-        else None
-    )
+    outputs = _forward_passes(model, parts) if has_call(model) else None
     if outputs is not None:
         per_piece = [tf.nest.flatten(output) for output in outputs]  # each output's pieces in a row: the whole's
         predictions = np.concatenate(
@@ -153,6 +149,23 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
         if values:
             loss = float(np.mean(values[0]))
     return Outcome(predictions=predictions, loss=loss)
+
+
+def _forward_passes(model: keras.Model, parts: list[Any]) -> list[Any] | None:
+    """The model's predictions on each part's inputs, read as `fit` reads a batch: (x, y, sample_weight).
+
+    A train_step of the model's own reads its batch as it likes (a Siamese model's (anchor, positive,
+    negative), without labels): where the model fails on what Keras would take for x, it has no predictions
+    to compare, only its step's loss, as a model without call().
+    """
+    import keras
+
+    try:
+        return [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
+    except Exception as error:
+        if out_of_memory(error) or type(model).train_step is keras.Model.train_step:
+            raise
+        return None
 
 
 def _pieces(batch: Any, pieces: int) -> list[Any]:

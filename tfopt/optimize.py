@@ -24,6 +24,7 @@ from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
 from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
 from tfopt.recipes.base import Recipe, chain
+from tfopt.recipes.distribution import several_steps_refused
 from tfopt.recipes.steps_per_execution import steps_choices
 from tfopt.training.micro_batches import fitted
 from tfopt.verdict import built_again, candidates, decided, decided_alone
@@ -356,6 +357,10 @@ def _applied(
             raise
 
     _, built = fitted(optimized, optimized_run, pieces=fitting.micro_batches)
+    if "steps_per_execution" in verifying and (refused := several_steps_refused(built.plan)):
+        # "auto" was planned before distribution placed the model: under this strategy there is nothing to measure.
+        why = f"{refused}: {built.plan.steps_per_call} step(s) per call, as before"
+        built = dataclasses.replace(built, plan=built.plan.left_out("steps_per_execution", why))
     before = after = before_profile = after_profile = None
     rounds: tuple[float, ...] = ()
     try:  # past the build, a failure stops what it started for the dataset (tf.data service workers)

@@ -100,10 +100,12 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
     kept: dict[str, list[Any]] = {}
     if policy in ("mixed_float16", "mixed_bfloat16"):
         reading = _holding_id_readers(model)
-        outputs = _output_layers(model, sample_inputs)
+        carrying = _carrying_to_id_readers(model) - reading
+        outputs = _output_layers(model, sample_inputs) - reading - carrying
         kept = {
             "reading ids or raw features": [layer for layer in layers if id(layer) in reading],
-            "producing the outputs": [layer for layer in layers if id(layer) in outputs and id(layer) not in reading],
+            "carrying them there": [layer for layer in layers if id(layer) in carrying],
+            "producing the outputs": [layer for layer in layers if id(layer) in outputs],
         }
     float32 = {id(layer) for group in kept.values() for layer in group}
     for layer in layers:
@@ -117,12 +119,8 @@ def _describe(layer: keras.Layer) -> str:
 
 def _holding_id_readers(model: keras.Model) -> set[int]:
     """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
-    import keras
 
-    readers = tuple(
-        getattr(getattr(keras, module), name)
-        for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES)
-    )
+    readers = _id_reader_classes()
     holding: set[int] = set()
 
     def visit(layer: keras.Layer) -> bool:
@@ -134,6 +132,49 @@ def _holding_id_readers(model: keras.Model) -> set[int]:
 
     visit(model)
     return holding
+
+
+def _carrying_to_id_readers(model: keras.Model) -> set[int]:
+    """The ids of the layers a functional graph passes an id reader's inputs through, from the model's inputs on
+    (a Lambda taking the user-id column of a float Input): Keras casts their float inputs to 16 bits as well. The
+    way back stops at a layer with weights, which computes features rather than carrying ids. A subclassed
+    model's call() has no graph to read: its first batch is checked (`tfopt.fidelity`)."""
+    import keras
+
+    readers = _id_reader_classes()
+    carrying: set[int] = set()
+    seen: set[int] = set()
+    tensors = [
+        tensor
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, readers)
+        for node in layer._inbound_nodes
+        for tensor in node.input_tensors
+    ]
+    while tensors:
+        tensor = tensors.pop()
+        history = getattr(tensor, "_keras_history", None)
+        if history is None or id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        operation, node_index, _ = history
+        if isinstance(operation, keras.layers.InputLayer):
+            continue
+        if isinstance(operation, keras.layers.Layer):
+            if operation.weights:  # it computes features (a Dense before a Normalization), carries no ids
+                continue
+            carrying.add(id(operation))
+        tensors.extend(operation._inbound_nodes[node_index].input_tensors)
+    return carrying
+
+
+def _id_reader_classes() -> tuple[type, ...]:
+    import keras
+
+    return tuple(
+        getattr(getattr(keras, module), name)
+        for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES)
+    )
 
 
 def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:

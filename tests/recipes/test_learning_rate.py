@@ -60,3 +60,60 @@ def test_a_warmup_alone_keeps_the_rate_it_ramps_to():
     scaled, _ = scale_learning_rate(config, old_batch_size=8, new_batch_size=8, rule="none", warmup_steps=2)
     schedule = keras.saving.deserialize_keras_object(scaled["optimizer"]["config"]["learning_rate"])
     np.testing.assert_allclose([float(schedule(0)), float(schedule(5))], [0.05, 0.1], rtol=1e-6)
+
+
+LOAD = """
+import json, sys
+import keras, tfopt
+
+out = {}
+try:
+    keras.models.load_model(sys.argv[1])
+    out["tfopt"] = "loaded"
+except TypeError as error:
+    out["tfopt"] = str(error)
+import tfopt.distribute.warmup
+
+model = keras.models.load_model(sys.argv[1])
+schedule = model.optimizer._learning_rate
+out["warmup"] = [type(schedule).__name__, [float(schedule(step)) for step in (0, 5)]]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_copy_with_tfopts_warmup_saves_a_file_that_loads_once_the_schedule_is_imported(tmp_path, cpu_hardware):
+    """A schedule without initial_learning_rate is wrapped in LinearWarmup, which Keras cannot load by itself and
+    `import tfopt` (lazy) does not register: the cards say to `import tfopt.distribute.warmup`, checked in a fresh
+    process as a user's would be."""
+    import json
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    import tfopt
+    from tests.processes import child_environment
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([4], [0.1, 0.01])
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="sparse_categorical_crossentropy")
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((32, 4), "float32"), np.zeros(32, "int32"))).batch(8)
+    recipes = [{"batch_size": {"batch_size": 16, "scale_learning_rate": "linear"}}]
+    result = tfopt.apply(model, data, recipes, hardware=cpu_hardware, measure_speed=False)
+    assert "schedule 'PiecewiseConstantDecay' -> LinearWarmup" in result.plan.applied[-1].detail
+    result.model.save(tmp_path / "copy.keras")
+    finished = subprocess.run(
+        [sys.executable, "-c", LOAD, str(tmp_path / "copy.keras")],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    (line,) = [line for line in finished.stdout.splitlines() if line.startswith("RESULT ")]
+    out = json.loads(line[len("RESULT ") :])
+    assert "could not be deserialized" in out["tfopt"]
+    assert out["warmup"][0] == "LinearWarmup"
+    np.testing.assert_allclose(out["warmup"][1], [0.2, 0.02], rtol=1e-6)

@@ -74,3 +74,33 @@ def test_a_default_pipeline_recipe_adapted_to_the_service_is_still_verified_by_t
     chain = resolve_recipes(["data_pipeline", {"data_service": {"workers": 1}}])
     assert type(chain.recipes[0]).__name__ == "ServedDataPipeline"
     assert "data_pipeline" in _left_to_tfopt(chain)
+
+
+def _no_search(*args, **kwargs):
+    raise AssertionError("a chain's check ran the batch-size search, which only applying the chain may run")
+
+
+def test_a_check_sees_the_batch_the_recipes_before_it_give(cpu_hardware, monkeypatch):
+    """grad_accum's effective batch must be a multiple of the batch after batch_size changed it: checked up front
+    on that batch, not the user's; a searched batch, which only the search finds, is checked once it ran."""
+    from tfopt.errors import RecipeConfigError
+    from tfopt.optimize import resolve_recipes
+    from tfopt.plan import make_plan
+    from tfopt.recipes import batch_size
+
+    monkeypatch.setattr(batch_size, "find_batch_size", _no_search)
+    by_16, by_32 = (make_plan(_classifier(), DATA.rebatch(size), hardware=cpu_hardware) for size in (16, 32))
+    searched = {"batch_size": "auto", "max_batch_size": 16}
+    for plan, resized, effective in ((by_16, 8, 16), (by_32, 16, 48), (by_16, searched, 16)):
+        resized = resized if isinstance(resized, dict) else {"batch_size": resized}
+        resolve_recipes([{"batch_size": resized}, {"grad_accum": {"effective_batch_size": effective}}]).check(plan)
+    with pytest.raises(RecipeConfigError, match=r"effective_batch_size=12 is not a multiple .* of the batch size 8"):
+        resolve_recipes([{"batch_size": {"batch_size": 8}}, {"grad_accum": {"effective_batch_size": 12}}]).check(by_16)
+
+
+def test_an_effective_batch_twice_the_resized_batch_accumulates_two_of_them(cpu_hardware):
+    recipes = [{"batch_size": {"batch_size": 8}}, {"grad_accum": {"effective_batch_size": 16}}]
+    with tfopt.apply(_classifier(), DATA, recipes, hardware=cpu_hardware, measure_speed=False) as result:
+        (step,) = [step for step in result.plan.applied if step.recipe == "grad_accum"]
+        assert step.detail.startswith("accumulates 2 micro-batches of 8: each update stands for a batch of 16")
+        assert result.model.optimizer.gradient_accumulation_steps == 2

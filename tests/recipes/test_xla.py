@@ -60,7 +60,7 @@ def test_auto_is_on_for_accelerators(machine):
 def test_forced_xla_compiles_and_trains_on_cpu(cpu_hardware):
     plan = Xla(jit_compile=True)(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
     model = build(plan).model
-    assert model.jit_compile is True
+    assert model.jit_compile is True and model.get_compile_config()["jit_compile"] is True  # a saved copy's too
     loss = model.fit(make_images(), epochs=1, verbose=0).history["loss"][0]
     assert np.isfinite(loss)
 

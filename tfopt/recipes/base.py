@@ -63,6 +63,19 @@ class Recipe(abc.ABC):
     def check(self, plan: Plan) -> None:  # noqa: B027 - optional: most recipes fit every plan
         """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
 
+    def planned(self, plan: Plan) -> Plan | None:
+        """The plan this recipe hands on, as far as the checks of the recipes after it read it (the batch, the
+        strategy, the compile settings), for `Chain.check`; None where that is known only once its trials ran.
+
+        Most recipes change a few settings, so this applies the recipe. Recipes of the DATA stage change the
+        pipeline only (a graph rewrite, a tf.data service that may be asked over the network), which no check
+        reads: the plan is handed on as it is. A recipe whose call reads the data overrides this
+        (`BatchSize`: the batch and learning rate it sets, without reading a batch).
+        """
+        if self.needs_trials:
+            return None
+        return plan if self.stage is Stage.DATA else self(plan)
+
     @property
     def needs_trials(self) -> bool:
         """Whether this recipe leaves a choice to timed trials, which `measured` makes."""
@@ -124,8 +137,20 @@ class Chain(Recipe):
         self.recipes: tuple[Recipe, ...] = tuple(sorted(flat, key=lambda recipe: recipe.stage))
 
     def check(self, plan: Plan) -> None:
+        """Checks each recipe on the plan the recipes before it make (`Recipe.planned`): grad_accum's effective
+        batch against the batch that batch_size and distribution give, not the user's. Where a recipe's plan is
+        known only from its trials (a batch-size search, which runs once, when the chain is applied), the
+        recipes after it are checked as the chain applies them, on the plan the trials made."""
+        self.planned(plan)
+
+    def planned(self, plan: Plan) -> Plan | None:
         for recipe in self.recipes:
             recipe.check(plan)
+            planned = recipe.planned(plan)
+            if planned is None:
+                return None
+            plan = planned
+        return plan
 
     def __call__(self, plan: Plan) -> Plan:
         for recipe in self.recipes:

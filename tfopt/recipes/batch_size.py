@@ -232,6 +232,17 @@ class BatchSize(Recipe):
         )
         return SearchedBatchSize(requested=self, search=search)
 
+    def planned(self, plan: Plan) -> Plan | None:
+        """The batch and learning rate a given size sets, for the checks after it (grad_accum's effective batch),
+        without rebatching the data or reading a batch of it; None for "auto", whose size the search finds."""
+        if self.needs_trials:
+            return None
+        size, rule = self.batch_size, self.scale_learning_rate
+        compile_config, _ = scale_learning_rate(
+            plan.compile_config, old_batch_size=plan.batch_size, new_batch_size=size, rule=rule
+        )
+        return plan.replace(batch_size=size, compile_config=compile_config)
+
     def __call__(self, plan: Plan) -> Plan:
         if self.needs_trials:
             raise RecipeConfigError(

@@ -14,9 +14,10 @@ import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tfopt.data.batches import rebatch_counted
 from tfopt.distribute.environment import ClusterEnvironment, detect_environment
 from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS, DEFAULT_START_TIMEOUT_SECONDS
-from tfopt.errors import RecipeConfigError
+from tfopt.errors import RecipeClashError, RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
@@ -27,6 +28,21 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "horovod", "tpu")
 SHARD_POLICIES = ("auto", "file", "data", "off")
+
+# Keras 3.15 (TF 2.21) cannot train these under tf.distribute's mirrored strategies, in its own fit as in tfopt's
+# step; plain Keras fails the same way (tests/recipes/test_distribution.py). Gradient accumulation applies its
+# update inside a cond, where the strategy refuses the all-reduce ("merge_call called while defining a new graph"),
+# whatever the replicas, under MultiWorkerMirroredStrategy too. Several steps per call fail with several replicas
+# in this process ("You must feed a value for placeholder"); tfopt's loop for several workers runs one step per
+# call. Horovod applies the update outside any tf.distribute strategy, and one device has no all-reduce.
+ACCUMULATION_FAILS_UNDER = ("mirrored", "multi_worker")
+ACCUMULATION_FAILS = (
+    "Keras 3.15 cannot accumulate gradients under MirroredStrategy or MultiWorkerMirroredStrategy: the optimizer "
+    'applies the accumulated update inside a cond, where the strategy refuses the all-reduce ("merge_call called '
+    'while defining a new graph"; plain Keras fails the same way). Use distribution alone, whose global batch '
+    "(scale_batch: true multiplies the batch by the replicas) is the larger batch accumulation would give, or "
+    "grad_accum without distribution, on one device"
+)
 
 
 def choose_strategy(hardware: Hardware, environment: ClusterEnvironment) -> tuple[str, str]:
@@ -69,6 +85,22 @@ def count_replicas(
     if strategy == "tpu":
         return max(1, hardware.tpu_cores)
     return 1
+
+
+def several_steps_refused(plan: Plan) -> str | None:
+    """Why the plan's strategy cannot train several steps per call of Keras' train function, or None where it can:
+    Keras 3.15 fails with more than one under MirroredStrategy over several replicas in this process."""
+    if plan.strategy != "mirrored":
+        return None
+    devices = plan.strategy_options.get("devices")
+    # Mirrored replicas are this machine's devices: no launcher's environment counts them.
+    replicas = count_replicas("mirrored", plan.hardware, detect_environment({}), tuple(devices) if devices else None)
+    if replicas == 1:
+        return None
+    return (
+        f"Keras 3.15 fails with more than one step per call under MirroredStrategy over {replicas} replicas in this "
+        'process ("You must feed a value for placeholder"; plain Keras fails the same way)'
+    )
 
 
 def shard_dataset(dataset: tf.data.Dataset, shard_by: str) -> tf.data.Dataset:
@@ -200,6 +232,21 @@ class Distribution(Recipe):
                 setting="strategy",
             )
         replicas = count_replicas(name, plan.hardware, environment, self.devices)
+        placed = plan.replace(strategy=name, strategy_options=self._strategy_options(name, environment))
+        refused = several_steps_refused(placed) if plan.steps_per_call > 1 else None
+        if refused and plan.steps_per_call == (plan.compile_objects.get("steps_per_execution") or 1):
+            raise RecipeConfigError(
+                f"distribution: your compile runs {plan.steps_per_call} steps per call (steps_per_execution="
+                f"{plan.steps_per_call}), and {refused}. Compile with steps_per_execution=1 beside this strategy, "
+                "or train on one device with it (strategy: one_device).",
+                setting="strategy",
+            )
+        if refused:
+            raise RecipeClashError(
+                f"distribution and steps_per_execution cannot be combined: {refused}. Leave steps_per_execution out "
+                "beside this strategy (one step per call), or train on one device with it (strategy: one_device).",
+                recipes=("distribution", "steps_per_execution"),
+            )
         if not self.scale_batch and plan.batch_size % replicas:
             raise RecipeConfigError(
                 f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
@@ -220,9 +267,11 @@ class Distribution(Recipe):
         dataset, batch_size, compile_config = plan.dataset, plan.batch_size, dict(plan.compile_config)
         if self.scale_batch and replicas > 1:
             batch_size = plan.batch_size * replicas
-            # drop_remainder keeps every global batch divisible by the replicas (static per-replica shapes).
-            dataset = dataset.rebatch(batch_size, drop_remainder=True)
-            notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}")
+            # drop_remainder keeps every global batch divisible by the replicas (static per-replica shapes). The
+            # length Dataset.rebatch loses is kept: Keras under the strategy counts a pipeline of unknown length
+            # wrongly in its logs, and one-iterator training reads `cardinality()` for its steps per epoch.
+            dataset, dropped = rebatch_counted(dataset, batch_size, drop_remainder=True)
+            notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}{_dropped(dropped, batch_size)}")
         else:
             notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
         if (self.scale_learning_rate != "none" and batch_size != plan.batch_size) or self.warmup_steps:
@@ -266,3 +315,15 @@ class Distribution(Recipe):
                 "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config",
             }
         return {}
+
+
+def _dropped(dropped: int | None, batch_size: int) -> str:
+    """What keeping every global batch whole drops of each pass over the data, for the plan's record."""
+    if dropped == 0:
+        return ""
+    count = f"up to {batch_size - 1}" if dropped is None else str(dropped)
+    return (
+        f" (the last {count} examples of each pass, short of a whole global batch, are dropped, so that every "
+        "replica gets a batch of the same size; shuffle the data each epoch so that other examples are dropped "
+        "each time)"
+    )

@@ -62,5 +62,5 @@ class FusedLayers(Recipe):
                 self.name, "batch_norm=False and conv_bias=False requested", skipped=True
             )
         return plan.replace(layer_rewrites=rewrites).record(
-            self.name, "layers rewritten with Keras' semantics (variables, statistics, config kept)"
+            self.name, "where the model has such layers, rewritten with Keras' semantics (variables, config kept)"
         )

@@ -13,7 +13,8 @@ gradient (Keras still divides by N), and a learning-rate schedule is called with
 the model's own that applies optimizers of its own (a GAN's), which would leave the compiled one, which
 accumulates, unused; BatchNormalization computes its
 statistics per micro-batch; and the micro-batches must all have b examples (a short last batch weighs
-as much as a full one).
+as much as a full one). Under MirroredStrategy and MultiWorkerMirroredStrategy Keras 3.15 cannot accumulate at
+all (`tfopt.recipes.distribution.ACCUMULATION_FAILS`): the recipe is refused beside them.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
-from tfopt.errors import RecipeConfigError
+from tfopt.errors import RecipeClashError, RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.distribution import ACCUMULATION_FAILS, ACCUMULATION_FAILS_UNDER
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
 from tfopt.training.micro_batches import accumulated
 
@@ -90,6 +92,11 @@ class GradAccum(Recipe):
         return steps
 
     def check(self, plan: Plan) -> None:
+        if plan.strategy in ACCUMULATION_FAILS_UNDER:
+            raise RecipeClashError(
+                f"distribution ({plan.strategy}) and grad_accum cannot be combined: {ACCUMULATION_FAILS}.",
+                recipes=("distribution", self.name),
+            )
         self.accumulation_steps(plan.whole_batch_size)
         accumulated(plan.compile_config, self.steps, who=self.name)
 

@@ -14,7 +14,9 @@ Hence this recipe is not in the default chain: a callback of yours that acts per
 
 With "auto" the number is chosen by measurement (`tfopt.verdict.decided_alone`): the optimized setup measured
 side by side at its own number and at each larger candidate; of those faster than its own number in every
-round, the one of highest median is kept, else the setup is left as it was, with the ratios.
+round, the one of highest median is kept, else the setup is left as it was, with the ratios. Under
+MirroredStrategy over several replicas, where Keras 3.15 fails with more than one step per call, "auto" is left
+out, saying so, and a number is refused by the distribution recipe.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import ClassVar
 from tfopt.errors import RecipeConfigError
 from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
+from tfopt.recipes.distribution import several_steps_refused
 
 # The numbers "auto" measures beside the plan's own: each a multiple of the one before, so that a gain that
 # keeps growing with N is seen, and small enough that a measurement's windows stay a few calls long.
@@ -90,5 +93,8 @@ CALLBACKS = (
 
 
 def steps_choices(plan: Plan) -> tuple[int, ...]:
-    """The numbers of steps per call "auto" measures beside the plan's own."""
+    """The numbers of steps per call "auto" measures beside the plan's own: none under a strategy Keras cannot run
+    several under (`tfopt.recipes.distribution.several_steps_refused`), where they would fail, not measure."""
+    if several_steps_refused(plan):
+        return ()
     return tuple(n for n in CANDIDATES if n > plan.steps_per_call)
