@@ -183,9 +183,10 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
     """One step of the model's own train function on `batch`, as `fit` runs it: its compiled state built first,
     traced (and under XLA where the model compiles with it; a layer can fail in a graph and not eagerly: an int32
     constant against a bfloat16 tensor), fed from a tf.data iterator (distributed under the model's strategy).
-    The iterator holds one batch, so one step runs whatever `steps_per_execution` says, and `fit` reuses the
-    traced function. In micro-batches, one step per piece, which must make exactly one update of the model's
-    optimizer (a train_step that applies optimizers of its own cannot accumulate them)."""
+    The iterator holds one batch, so one step runs whatever `steps_per_execution` says (measuring reuses the
+    traced function; the model `apply` gives back traces its own). In micro-batches, one step per piece, which
+    must make exactly one update of the model's optimizer (a train_step that applies optimizers of its own cannot
+    accumulate them)."""
     import numpy as np
     import tensorflow as tf
 
@@ -209,7 +210,7 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
         model.make_train_function()
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        # Its batch dimension unknown, as in the user's pipeline: the trace is the one fit runs, and reuses.
+        # Its batch dimension unknown, as in most pipelines: one trace serves the batches measuring feeds.
         size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
         data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size)
         data = split_batches(data, pieces).with_options(options)

@@ -396,6 +396,10 @@ def _applied(
     if not measuring and "steps_per_execution" in verifying and steps_choices(built.plan):
         why = f"not measured (measure_speed=False): {built.plan.steps_per_call} step(s) per call, as before"
         built = dataclasses.replace(built, plan=built.plan.left_out("steps_per_execution", why))
+    # The functions traced to check and measure the setup are not handed on: the user's fit traces its own from
+    # the pipeline it is given, as plain Keras does (a trace reused from a batch of unknown size does other
+    # work where a pipeline of unknown length with a fixed batch size runs out: Keras' loss mean and step count).
+    built.model.train_function = built.model.test_function = built.model.predict_function = None
     # The build may have changed what the recipes planned (XLA off where a layer cannot compile): its plan.
     return ApplyResult(
         model=built.model,
