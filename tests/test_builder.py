@@ -292,15 +292,28 @@ def test_a_model_mixing_weights_of_its_own_with_its_layers_computes_at_their_pre
 
 
 def _mlp():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(True))
-    return model
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
 
 
-def test_a_recipe_making_the_optimizer_again_starts_it_where_the_users_stood():
-    """grad_accum makes the optimizer again from its config: a trained model's step count and moments go on, as
-    they do where plain Keras trains on at the whole batch."""
+def _mlp_in_float16():
+    with dtype_policy_scope("mixed_float16"):
+        return keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, dtype="float32")]
+        )
+
+
+def _layers_of_one_name_in_two_models():
+    """Keras asks unique names of a model's own layers only: the optimizer's slots of the two 'd' share a name."""
+    inner_inputs = keras.Input((4,))
+    inner = keras.Model(inner_inputs, keras.layers.Dense(4, name="d")(inner_inputs), name="inner")
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Dense(4, name="d")(inner(inputs))))
+
+
+@pytest.mark.parametrize("make", [_mlp, _mlp_in_float16, _layers_of_one_name_in_two_models])
+def test_a_recipe_making_the_optimizer_again_starts_it_where_the_users_stood(make):
+    """grad_accum makes the optimizer again from its config: a trained model's step count, moments and loss scale
+    go on, each slot on its own variable, as they do where plain Keras trains on at the whole batch."""
     import tfopt
     from tests.conftest import FAKE_HARDWARE
 
@@ -310,22 +323,35 @@ def test_a_recipe_making_the_optimizer_again_starts_it_where_the_users_stood():
     def data(batch_size):
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
-    user, reference = _mlp(), _mlp()
-    for model in (user, reference):
+    def trained():
+        keras.utils.set_random_seed(0)
+        model = make()
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(True))
         model.fit(data(16), epochs=1, verbose=0)
+        return model
+
+    user, reference = trained(), trained()
     result = tfopt.apply(
         user, data(8), [{"grad_accum": {"steps": 2}}], hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False
     )
-    copied = result.model.optimizer
-    assert copied.gradient_accumulation_steps == 2 and int(copied.iterations) == int(user.optimizer.iterations) == 2
-    theirs = {variable.path: variable for variable in user.optimizer.variables}
-    for variable in copied.variables:
-        if variable.path.endswith(("momentum", "velocity")):
-            np.testing.assert_array_equal(variable.numpy(), theirs[variable.path].numpy())
-    result.model.fit(result.dataset, epochs=1, verbose=0)
-    reference.fit(data(16), epochs=1, verbose=0)
-    for mine, expected in zip(result.model.get_weights(), reference.get_weights(), strict=True):
-        np.testing.assert_allclose(mine, expected, rtol=1e-5, atol=1e-6)
+    scaled = isinstance(user.optimizer, keras.optimizers.LossScaleOptimizer)
+    copied, theirs = result.model.optimizer, user.optimizer
+    assert isinstance(copied, keras.optimizers.LossScaleOptimizer) is scaled
+    if scaled:
+        assert int(copied.step_counter) == int(theirs.step_counter) > 0
+        assert float(copied.dynamic_scale) == float(theirs.dynamic_scale)
+        copied, theirs = copied.inner_optimizer, theirs.inner_optimizer
+    assert copied.gradient_accumulation_steps == 2 and int(copied.iterations) == int(theirs.iterations) == 2
+    moments = [variable for variable in copied.variables if variable.path.endswith(("momentum", "velocity"))]
+    expected = [variable for variable in theirs.variables if variable.path.endswith(("momentum", "velocity"))]
+    assert len(moments) == len(expected) == 2 * len(user.trainable_variables)
+    for variable, original in zip(moments, expected, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), original.numpy())
+    if not scaled:  # float16 rounds the accumulated gradients otherwise than the whole batch's
+        result.model.fit(result.dataset, epochs=1, verbose=0)
+        reference.fit(data(16), epochs=1, verbose=0)
+        for mine, whole in zip(result.model.get_weights(), reference.get_weights(), strict=True):
+            np.testing.assert_allclose(mine, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_an_optimizer_made_again_keeps_the_folded_biases_slots_so_a_saved_copy_reloads_its_state(tmp_path):
@@ -352,3 +378,37 @@ def test_an_optimizer_made_again_keeps_the_folded_biases_slots_so_a_saved_copy_r
     assert int(loaded.optimizer.iterations) == 2
     for mine, theirs in zip(loaded.optimizer.variables, result.model.optimizer.variables, strict=True):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_a_model_fn_returning_the_users_model_itself_is_refused_and_the_model_left_as_it_was(cpu_hardware):
+    import tfopt
+
+    user = make_cnn()
+    with pytest.raises(IncompatibleModelError, match="model_fn returned the model you passed, not a new one"):
+        tfopt.apply(user, make_images(), hardware=cpu_hardware, model_fn=lambda: user, measure_speed=False)
+    assert not user.optimizer.built and all(layer.dtype_policy.name == "float32" for layer in user.layers)
+
+
+def test_a_model_fn_opening_its_own_strategy_scope_is_told_to_leave_placement_to_tfopt(cpu_hardware):
+    import tfopt
+
+    def make():
+        with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+            return make_cnn()
+
+    with pytest.raises(IncompatibleModelError, match=r"Take the `with strategy.scope\(\):` out of model_fn"):
+        tfopt.apply(None, make_images(), hardware=cpu_hardware, model_fn=make, measure_speed=False)
+
+
+def test_model_none_takes_the_compile_its_model_fn_makes(cpu_hardware):
+    import tfopt
+
+    def make():
+        model = make_cnn(compiled=False)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+        return model
+
+    result = tfopt.apply(None, make_images(), recipes=[], hardware=cpu_hardware, model_fn=make, measure_speed=False)
+    assert type(result.model.optimizer) is keras.optimizers.SGD
+    assert float(result.model.optimizer.learning_rate) == pytest.approx(0.05)
+    assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])

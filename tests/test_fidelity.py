@@ -59,6 +59,17 @@ def test_layers_carrying_ids_from_a_float_input_to_an_embedding_stay_float32():
     np.testing.assert_array_equal(model.get_layer("take_user")(ids), [857.0, 997.0])  # bfloat16: 856, 996
 
 
+def test_the_way_to_an_embedding_in_a_nested_tower_goes_on_in_the_graph_around_it():
+    tower = keras.Sequential([keras.layers.Embedding(20000, 4), keras.layers.Flatten(), keras.layers.Dense(4)])
+    inputs = keras.Input((3,))
+    model = keras.Model(
+        inputs, keras.layers.Dense(1)(tower(keras.layers.Lambda(lambda t: t[:, :1], name="pick")(inputs)))
+    )
+    set_dtype_policy(model, "mixed_bfloat16", None)
+    assert model.get_layer("pick").compute_dtype == "float32"
+    assert tower.layers[-1].compute_dtype == "bfloat16"
+
+
 def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardware):
     user, data = keras_examples.transformer_classifier(vocab_size=20000)
     batch = next(iter(data))
@@ -421,3 +432,44 @@ def test_a_layer_holding_an_id_reader_keeps_what_it_adds_to_its_positions_in_flo
     assert f"kept float32, failing under mixed_bfloat16: {inside}" in step.detail
     assert result.plan.float32_layers == (encoder.projection.name,)
     assert np.isfinite(model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+class ShiftsWhenPredicting(keras.layers.Layer):
+    """Adds a float32 constant at inference only: fails once its inputs are bfloat16."""
+
+    def call(self, inputs, training=False):
+        return inputs if training else inputs + tf.constant(0.0, tf.float32)
+
+
+class OwnStepReadingXY(keras.Model):
+    """A train_step of its own that reads (x, y) as fit does: its forward pass is compared."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.shift, self.head = keras.layers.Dense(8), ShiftsWhenPredicting(), keras.layers.Dense(3)
+
+    def call(self, inputs, training=False):
+        return self.head(self.shift(self.hidden(inputs), training=training))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def test_a_forward_pass_failing_in_16_bits_is_kept_float32_under_a_train_step_of_the_models_own(cpu_hardware):
+    """Its predictions are compared where the user's model gave some: a failure there is the layer's, not a
+    batch its train_step reads otherwise (as keras-io's Siamese triplets, tests/test_public_examples.py)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 4)).astype("float32"), rng.integers(0, 3, 16).astype("int32")
+    keras.utils.set_random_seed(0)
+    user = OwnStepReadingXY()
+    user(x[:2])
+    user.compile("adam", keras.losses.SparseCategoricalCrossentropy(True))
+    bf16 = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    result = tfopt.apply(user, data, bf16, hardware=cpu_hardware, **BUILD_ONLY)
+    assert "kept float32, failing under mixed_bfloat16: 'shifts_when_predicting'" in str(result.plan.applied[0])
+    assert result.model.predict(x, verbose=0).shape == (16, 3)

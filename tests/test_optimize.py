@@ -192,6 +192,16 @@ def test_profiled_apply_has_a_report(cpu_hardware, tmp_path):
     assert (tmp_path / "report.html").read_text().count("<img") >= 2
 
 
+def test_a_logdir_that_is_a_file_fails_before_anything_is_built(cpu_hardware, tmp_path, monkeypatch):
+    import tfopt.optimize
+
+    monkeypatch.setattr(tfopt.optimize, "make_plan", None)  # nothing may be planned, built or measured
+    (tmp_path / "traces").write_text("mine\n")
+    with pytest.raises(tfopt.StorageError, match="traces is a file, not a directory"):
+        tfopt.apply(make_cnn(), make_images(), hardware=cpu_hardware, profile=True, logdir=str(tmp_path / "traces"))
+    assert (tmp_path / "traces").read_text() == "mine\n"
+
+
 def test_report_without_profiles_is_a_clear_error(cpu_hardware):
     result = tfopt.apply(make_cnn(), make_images(), measure_speed=False, hardware=cpu_hardware)
     with pytest.raises(TfoptError, match="profile=True"):

@@ -183,9 +183,20 @@ def _create_model(plan: Plan) -> keras.Model:
                 "(tfopt.apply(model, dataset, model_fn=make_model)): tfopt calls it under the plan's "
                 "settings and copies your model's weights into it."
             ) from error
+        if "Mixing different tf.distribute.Strategy objects" in str(error):
+            raise IncompatibleModelError(
+                "model_fn creates its model under a tf.distribute strategy of its own, and tfopt places the model "
+                "itself, under the plan's strategy. Take the `with strategy.scope():` out of model_fn and ask for "
+                "the strategy with the distribution recipe ({'distribution': {'strategy': 'mirrored'}})."
+            ) from error
         raise IncompatibleModelError(f"model_fn raised {type(error).__name__}: {error}") from error
     if not isinstance(model, keras.Model):
         raise IncompatibleModelError(f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
+    if model is plan.weights_from:
+        raise IncompatibleModelError(
+            "model_fn returned the model you passed, not a new one: tfopt would change yours (its layers' dtypes, "
+            "its compile). Make model_fn create the model anew at each call, or pass the model alone: tfopt copies it."
+        )
     if not has_call(model):
         if not all(layer.built for layer in model._flatten_layers(include_self=False)):
             _traced_once(model, plan.dataset.element_spec)
@@ -397,29 +408,38 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
 
 def _carry_optimizer_state(made: Any, new: Any) -> None:
     """Starts the optimizer a recipe made again (a scaled learning rate, gradient accumulation) where the copy's
-    stood, as plain Keras would go on: a trained model's moments and step count, and the slots the copy's was
-    built with (a folded bias's, `tfopt.rewrites.conv_bias`), over the same variables in the same order. The
-    learning rate is the recipe's; an accumulation cycle starts afresh, at the same count of updates."""
+    stood, as plain Keras would go on: a trained model's moments and step count, loss scale, and the slots the
+    copy's was built with (a folded bias's, `tfopt.rewrites.conv_bias`). Both are of one class and config and
+    built over the same variables in the same order, so their slots pair by position (their names do not tell
+    two layers of one name in different models apart). The learning rate is the recipe's; an accumulation cycle
+    starts afresh, at the same count of updates."""
     import keras
 
     if made is None or new is None or not made.built:
         return
     new.build(made._trainable_variables)
-    # A path below the optimizer's own name (the same config made both): 'sequential_dense_kernel_momentum'.
-    held = {variable.path.partition("/")[2]: variable for variable in made.variables}
-    for variable in new.variables:
-        name = variable.path.partition("/")[2]
-        source = held.get(name)
-        if name in ("iteration", "learning_rate") or name.endswith("_gradient_accumulator") or source is None:
-            continue
-        if tuple(source.shape) == tuple(variable.shape):
-            variable.assign(source)
-    unwrapped = [
+    if isinstance(made, keras.optimizers.LossScaleOptimizer) and isinstance(new, keras.optimizers.LossScaleOptimizer):
+        new.step_counter.assign(made.step_counter)
+        new.dynamic_scale.assign(made.dynamic_scale)
+    made, new = (
         optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
         for optimizer in (made, new)
-    ]
+    )
+    for source, variable in zip(_slots(made), _slots(new), strict=True):
+        variable.assign(source)
     # `_iterations` counts micro-batches under accumulation, `iterations` the updates.
-    unwrapped[1]._iterations.assign(unwrapped[0].iterations * (unwrapped[1].gradient_accumulation_steps or 1))
+    new._iterations.assign(made.iterations * (new.gradient_accumulation_steps or 1))
+
+
+def _slots(optimizer: Any) -> list[Any]:
+    """An optimizer's state per trained variable (moments, velocities), in the order it was built, without its
+    step count, learning rate and gradient accumulators."""
+    own = {id(optimizer._iterations), id(getattr(optimizer, "_learning_rate", None))}
+    return [
+        variable
+        for variable in optimizer.variables
+        if id(variable) not in own and not variable.path.endswith("_gradient_accumulator")
+    ]
 
 
 def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | None:

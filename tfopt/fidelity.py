@@ -86,7 +86,7 @@ class Agreement:
         )
 
 
-def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
+def outcome(model: keras.Model, batch: Any, pieces: int = 1, predictions: bool | None = None) -> Outcome:
     """Runs `model` on one batch: predictions and loss, then one training step whose changes are put back.
 
     Args:
@@ -94,6 +94,9 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
         batch: One batch of the user's pipeline.
         pieces: Micro-batches the batch trains as (`tfopt.training.micro_batches`): the batch is run piece by
             piece, its predictions and loss those of the whole batch, its step one update of `pieces` steps.
+        predictions: Whether the model's forward pass gives predictions to compare (True: a failure there is
+            raised); None for the user's model, where it does if the model reads batches as `fit` does
+            (`_forward_passes`). The optimized model is asked what the user's gave.
 
     Raises:
         Exception: Whatever the model raises on the batch (the caller names the layer).
@@ -102,13 +105,13 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1) -> Outcome:
 
     # The forward passes too: a stateful RNN carries its states from one call to the next.
     with training_state_restored(model):
-        outcome = _outcome_of_calls(model, batch, pieces)
+        outcome = _outcome_of_calls(model, batch, pieces, predictions)
     with model.distribute_strategy.scope():
         model.reset_metrics()
     return outcome
 
 
-def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
+def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int, compared: bool | None) -> Outcome:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -120,7 +123,7 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     # Outside the model's strategy scope: under several replicas Keras divides a loss by their number in
     # `_compute_loss` and its Loss objects (their gradients are summed), a loss of the user's own writing not.
     # No call(): a model whose train_step calls its parts has no predictions to compare, only its step's loss.
-    outputs = _forward_passes(model, parts) if has_call(model) else None
+    outputs = _forward_passes(model, parts, compared) if has_call(model) and compared is not False else None
     if outputs is not None:
         per_piece = [tf.nest.flatten(output) for output in outputs]  # each output's pieces in a row: the whole's
         predictions = np.concatenate(
@@ -151,19 +154,19 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int) -> Outcome:
     return Outcome(predictions=predictions, loss=loss)
 
 
-def _forward_passes(model: keras.Model, parts: list[Any]) -> list[Any] | None:
+def _forward_passes(model: keras.Model, parts: list[Any], compared: bool | None) -> list[Any] | None:
     """The model's predictions on each part's inputs, read as `fit` reads a batch: (x, y, sample_weight).
 
-    A train_step of the model's own reads its batch as it likes (a Siamese model's (anchor, positive,
-    negative), without labels): where the model fails on what Keras would take for x, it has no predictions
-    to compare, only its step's loss, as a model without call().
+    A train_step of the user's model's own reads its batch as it likes (a Siamese model's (anchor, positive,
+    negative), without labels): where it fails on what Keras would take for x (`compared` None), it has no
+    predictions to compare, only its step's loss, as a model without call().
     """
     import keras
 
     try:
         return [model(keras.utils.unpack_x_y_sample_weight(part)[0], training=False) for part in parts]
     except Exception as error:
-        if out_of_memory(error) or type(model).train_step is keras.Model.train_step:
+        if compared or out_of_memory(error) or type(model).train_step is keras.Model.train_step:
             raise
         return None
 
@@ -387,14 +390,15 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         IncompatibleModelError: The optimized setup fails on the batch for a reason other than its precision.
     """
     model, plan = built.model, built.plan
+    compared = reference.predictions is not None  # where the user's model gave predictions, so must this one
     kept: list[str] = []
     while True:
         try:
-            result = outcome(model, batch, plan.micro_batches)
+            result = outcome(model, batch, plan.micro_batches, compared)
         except Exception as error:
             if out_of_memory(error) or isinstance(error, IncompatibleModelError):
                 raise
-            if plan.jit_compile and _runs_without_xla(model, batch, plan.micro_batches):
+            if plan.jit_compile and _runs_without_xla(model, batch, plan.micro_batches, compared):
                 return Checked(built, xla_fails=f"the first batch fails under XLA only: {describe_error(error)}")
             if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
@@ -415,7 +419,8 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         if not checked.agrees and plan.jit_compile:
             # A train step's own random numbers (keras.random in a GAN's train_step) are other ones under XLA,
             # whose generator differs: a disagreement that goes with XLA is XLA's, not the precision's.
-            alone = agreement(reference, _outcome_without_xla(model, batch, plan.micro_batches), plan.dtype_policy)
+            alone = _outcome_without_xla(model, batch, plan.micro_batches, compared)
+            alone = agreement(reference, alone, plan.dtype_policy)
             if alone.agrees:
                 return Checked(built, xla_fails=f"the first batch disagrees under XLA only ({checked})")
         if not checked.agrees and plan.dtype_policy != baseline_policy:
@@ -480,22 +485,22 @@ def _fails_as_it_is(error: Exception, model: keras.Model, plan: Plan) -> str:
     )
 
 
-def _runs_without_xla(model: keras.Model, batch: Any, pieces: int) -> bool:
+def _runs_without_xla(model: keras.Model, batch: Any, pieces: int, compared: bool) -> bool:
     """Whether the batch the model failed on runs with XLA off: the failure is XLA's, not a layer's in 16 bits
     or a recipe's."""
     try:
-        _outcome_without_xla(model, batch, pieces)
+        _outcome_without_xla(model, batch, pieces, compared)
     except Exception:  # noqa: BLE001 - it fails without XLA too: not XLA's doing
         return False
     return True
 
 
-def _outcome_without_xla(model: keras.Model, batch: Any, pieces: int) -> Outcome:
+def _outcome_without_xla(model: keras.Model, batch: Any, pieces: int, compared: bool) -> Outcome:
     """The model's outcome on the batch with XLA off (its train function made again, then again under XLA)."""
     model.jit_compile = False
     model.train_function = None
     try:
-        return outcome(model, batch, pieces)
+        return outcome(model, batch, pieces, compared)
     finally:
         model.jit_compile = True
         model.train_function = None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfopt.builder import build, without_mixed_precision
-from tfopt.errors import DataError, MeasurementError, RecipeConfigError
+from tfopt.errors import DataError, MeasurementError, RecipeConfigError, StorageError, storage_error
 from tfopt.fidelity import Outcome, first_batch_checked, reference_outcome
 from tfopt.hardware import Hardware, detect
 from tfopt.plan import Plan, make_plan
@@ -283,6 +283,8 @@ def apply(
                 "A tfopt.data source was passed as the dataset: give batch_size= so tfopt can build the pipeline."
             )
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
+    if profile and logdir is not None:
+        _made_directory(logdir)
     baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
     if recipe is not None:
         recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
@@ -415,6 +417,24 @@ def _applied(
         speedup_rounds=rounds,
         service=built.service,
     )
+
+
+def _made_directory(logdir: str) -> None:
+    """The traces' directory made before anything is built: a file in its place, or a write the storage
+    refuses, fails now, not once every setup has been measured."""
+    import os
+
+    if os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise StorageError(
+            f"logdir {logdir} is a file, not a directory: pass a directory (made if needed) for the traces."
+        )
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as error:
+        refused = storage_error(error, os.path.join(logdir, "before"), "Nothing was built or measured.")
+        if refused:
+            raise refused from error
+        raise
 
 
 def _planned(

@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, IncompatibleModelError, describe_error, released
+from tfopt.errors import DataError, IncompatibleModelError, TfoptError, describe_error, released
 from tfopt.hardware import Hardware
 from tfopt.model_copy import copy_model
 from tfopt.policies import model_dtype_policy, users_tf32_setting
@@ -245,9 +245,15 @@ def make_plan(
             "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size), or pass a "
             "tfopt.data source."
         )
-    compile_objects = {**_compile_objects(model, compile), "jit_compile": _chosen_jit_compile(model, compile)}
+    # Without a model, what model_fn compiles is the user's compile (and precision): one model made to read it.
+    described = model if model is not None or compile is not None else _made_by(model_fn)
+    compile_objects = {
+        **_compile_objects(described, compile),
+        "jit_compile": _chosen_jit_compile(described, compile),
+    }
     sample_inputs = first_inputs(dataset)
     tf32 = users_tf32_setting()
+    strategy, strategy_options, placed = _users_strategy(model)
     return Plan(
         model_fn=functools.partial(copy_model, model) if model_fn is None else model_fn,
         dataset=dataset,
@@ -255,7 +261,7 @@ def make_plan(
         compile_config={
             **_serialized(compile_objects),
             "jit_compile": bool(users_jit_compile(compile_objects)),
-            **_steps_per_call(model, compile),
+            **_steps_per_call(described, compile),
         },
         compile_objects=compile_objects,
         hardware=hardware,
@@ -265,11 +271,35 @@ def make_plan(
         source=source,
         keeps_users_compile=compile is None,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
-        dtype_policy=model_dtype_policy(model) if model is not None else "float32",
+        dtype_policy=model_dtype_policy(described) if described is not None else "float32",  # compile= given
         tf32=tf32,
+        strategy=strategy,
+        strategy_options=strategy_options,
         # A "float32" baseline on an Ampere+ GPU is not IEEE float32: say so, or its numbers mislead.
-        applied=(Step("baseline", tf32_note(hardware)),) if tf32 and hardware.has_tf32 else (),
+        applied=tuple(
+            Step("baseline", note)
+            for note in (placed, tf32_note(hardware) if tf32 and hardware.has_tf32 else None)
+            if note is not None
+        ),
     )
+
+
+def _users_strategy(model: keras.Model | None) -> tuple[str, dict[str, Any], str | None]:
+    """The strategy the user's model was made under, which the baseline (and what recipes leave as it is) trains
+    under: `MirroredStrategy` over its devices, or `OneDeviceStrategy` on its device, with what the plan says of
+    it. Another strategy (multi-worker, TPU) joins a cluster: the distribution recipe's to set."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy if model is not None else None
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        from tfopt.distribute.strategy import adopt_mirrored
+
+        devices = adopt_mirrored(strategy)
+        return "mirrored", {"devices": devices}, f"MirroredStrategy over {len(devices)} devices, as your model was made"
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        (device,) = strategy.extended.worker_devices
+        return "one_device", {"device": device}, f"OneDeviceStrategy on {device}, as your model was made"
+    return "default", {}, None
 
 
 def users_jit_compile(compile_objects: Mapping[str, Any]) -> bool | None:
@@ -298,6 +328,21 @@ def tf32_note(hardware: Hardware) -> str:
         "float32 matmuls and convolutions with a 10-bit mantissa); mixed_precision tf32: false gives IEEE "
         "float32"
     )
+
+
+def _made_by(model_fn: Callable[[], Any]) -> keras.Model:
+    """A model of model_fn's, made to read what it compiles."""
+    import keras
+
+    try:
+        made = model_fn()
+    except TfoptError:
+        raise
+    except Exception as error:
+        raise IncompatibleModelError(f"model_fn raised {describe_error(error)}") from error
+    if not isinstance(made, keras.Model):
+        raise IncompatibleModelError(f"model_fn must return a keras.Model; it returned {type(made).__name__}.")
+    return made
 
 
 def _compile_objects(model: keras.Model, compile_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -119,7 +119,6 @@ def _describe(layer: keras.Layer) -> str:
 
 def _holding_id_readers(model: keras.Model) -> set[int]:
     """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
-
     readers = _id_reader_classes()
     holding: set[int] = set()
 
@@ -142,11 +141,19 @@ def _carrying_to_id_readers(model: keras.Model) -> set[int]:
     import keras
 
     readers = _id_reader_classes()
+    layers = model._flatten_layers(include_self=False, recursive=True)
+    # A nested model's inputs are what the graph around it feeds it: the way back goes on there.
+    fed: dict[int, list[Any]] = {}
+    for nested in layers:
+        if isinstance(nested, keras.Model) and getattr(nested, "inputs", None):
+            for node in nested._inbound_nodes:
+                for inner, outer in zip(keras.tree.flatten(nested.inputs), node.input_tensors):
+                    fed.setdefault(id(inner), []).append(outer)
     carrying: set[int] = set()
     seen: set[int] = set()
     tensors = [
         tensor
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in layers
         if isinstance(layer, readers)
         for node in layer._inbound_nodes
         for tensor in node.input_tensors
@@ -159,6 +166,7 @@ def _carrying_to_id_readers(model: keras.Model) -> set[int]:
         seen.add(id(tensor))
         operation, node_index, _ = history
         if isinstance(operation, keras.layers.InputLayer):
+            tensors.extend(fed.get(id(tensor), ()))
             continue
         if isinstance(operation, keras.layers.Layer):
             if operation.weights:  # it computes features (a Dense before a Normalization), carries no ids
@@ -169,6 +177,7 @@ def _carrying_to_id_readers(model: keras.Model) -> set[int]:
 
 
 def _id_reader_classes() -> tuple[type, ...]:
+    """The Keras classes of `_READS_IDS_OR_RAW_FEATURES`."""
     import keras
 
     return tuple(

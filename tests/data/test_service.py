@@ -26,6 +26,7 @@ from tfopt.data import graph as pipeline_graph
 from tfopt.data.rewrite import parallelize
 from tfopt.data.service import COMPRESS_FROM_BYTES, dynamic_sharding, plan_offload, python_blocker
 from tfopt.data.service_client import serve
+from tfopt.data.synthetic import SyntheticSource
 from tfopt.errors import DataError, DistributionError
 
 
@@ -213,6 +214,37 @@ def test_what_several_workers_would_each_do_differently_stays_local_or_is_said()
     assert any("each worker drops its own last partial batch" in reason for reason in dropping.reasons)
 
 
+def test_a_function_after_a_batch_keeps_several_workers_off():
+    """Each worker batches the splits it was handed: a map after the batch would see other rows together than
+    the local pipeline's batches (on TF 2.21, per-batch centering delivered rows the local pipeline never made,
+    and batches padded to their own longest text failed in the client's rebatch). One worker serves it exactly.
+    A map of element-wise ops on single values (tfopt's own pipelines finish their batches so) gives each row
+    the same value in any batch, and tf.data's own map before a rebatch or an unbatch changes no row."""
+    rows = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    batched = tf.data.Dataset.from_tensor_slices(rows).batch(8)
+    per_column = tf.constant([1.0, 2.0, 3.0, 4.0])  # a tensor closed over, as long as the batch could be
+    for dataset, op in (
+        (batched.map(lambda batch: batch - tf.reduce_mean(batch, 0)), "MapDataset"),
+        (parallelize(batched.map(lambda batch: batch - tf.reduce_min(batch)), prefetch_batches=2)[0], "ParallelMap"),
+        (batched.map(lambda batch: batch * per_column), "MapDataset"),
+        (batched.map(lambda batch: batch * [1.0, 2.0, 3.0, 4.0]), "MapDataset"),
+        (batched.filter(lambda batch: tf.reduce_sum(batch) > 0), "FilterDataset"),
+        (batched.batch(2), "BatchDatasetV2"),
+    ):
+        offload, why = plan_offload(dataset, workers=2)
+        assert offload is None and f"its {op}" in why and "comes after a batch" in why, why
+        assert plan_offload(dataset, dispatcher="grpc://10.0.0.5:5050")[0] is None
+        assert plan_offload(dataset, workers=1)[0].sharding == "off"
+    for dataset in (
+        batched.map(lambda batch: tf.cast(batch, tf.float16) * 2 + 1),
+        parallelize(batched.map(lambda batch: tf.maximum(batch, 0.0)), prefetch_batches=2)[0],
+        batched.rebatch(4),
+        batched.unbatch().map(lambda row: row - tf.reduce_mean(row)).batch(4),
+        SyntheticSource("image", examples=32, image_size=(8, 8)).pipeline(batch_size=4, optimized=True),
+    ):
+        assert plan_offload(dataset, workers=2)[0].sharding == "dynamic"
+
+
 def test_the_build_decides_again_on_the_pipeline_it_serves(in_process_service, cpu_hardware):
     """A recipe of a later stage may change the pipeline after data_service decided: the build plans it again
     and keeps it local where it no longer fits, saying why in place of the recipe's decision."""
@@ -297,15 +329,13 @@ def test_compression_by_element_size_and_place():
 
 
 def test_a_batch_that_a_map_reshapes_afterwards_is_sized_by_the_batch_size():
-    """A map after the batch leaves tf.data's batch dimension open: the plan's batch size sizes it."""
-    mapped = (
-        tf.data.Dataset.range(64)
-        .map(lambda i: tf.fill([64, 64, 3], tf.cast(i, tf.float32)))
-        .batch(8)
-        .map(lambda images: images / 2)
-    )
+    """A map after the batch, or a rebatch, leaves tf.data's batch dimension open: the plan's batch size sizes
+    it. (A map after the batch goes to one worker only: several would each batch rows of their own.)"""
+    images = tf.data.Dataset.range(64).map(lambda i: tf.fill([64, 64, 3], tf.cast(i, tf.float32)))
+    mapped = images.batch(8).map(lambda images: images / 2)
     assert plan_offload(mapped, workers=1)[0].batch_bytes is None
-    sized = plan_offload(mapped, dispatcher="grpc://10.0.0.5:5050", batch_size=8)[0]
+    assert plan_offload(mapped, workers=1, batch_size=8)[0].batch_bytes == 8 * 64 * 64 * 3 * 4
+    sized = plan_offload(images.batch(16).rebatch(8), dispatcher="grpc://10.0.0.5:5050", batch_size=8)[0]
     assert sized.batch_bytes == 8 * 64 * 64 * 3 * 4 and sized.compression == "AUTO"
     assert "KiB elements cross the network" in sized.reasons[1]
 
@@ -655,6 +685,110 @@ def test_the_command_line_servers_serve_a_pipeline_log_it_and_stop_on_sigterm():
         for server in (worker, dispatcher):
             server.kill()
             server.wait(timeout=30)
+
+
+KILLED_TRAINING = """
+import tensorflow as tf
+
+from tfopt.data.service import plan_offload
+from tfopt.data.service_client import serve
+from tfopt.data.service_servers import LocalCluster
+
+dataset = tf.data.Dataset.range(10**6).map(lambda i: i * 2).batch(10)
+offload, _ = plan_offload(dataset, workers=2)  # dynamic sharding: the worker asks this process for every split
+cluster = LocalCluster(1)
+for step, _ in enumerate(serve(dataset, offload, cluster.target, batch_size=10)):
+    if step == 20:
+        print(*cluster.worker_pids, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_workers_of_a_training_process_killed_while_it_reads_end_within_seconds():
+    """SIGKILL leaves no `close()`: the kernel sends each worker SIGTERM, and on TF 2.21 its server's stop
+    then hung (holding the GIL) in pipeline threads that retried their split requests to the dead dispatcher,
+    still listening 75 s later. The stop is bounded by `STOP_SECONDS`."""
+    from tfopt.data.service_servers import STOP_SECONDS
+
+    training = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TRAINING], stdout=subprocess.PIPE, text=True, env=child_environment()
+    )
+    workers = []
+    try:
+        workers = [int(pid) for pid in training.stdout.readline().split()]
+        assert workers and all(alive(pid) for pid in workers)
+        training.kill()
+        training.wait(timeout=30)
+        assert wait_gone(workers, seconds=STOP_SECONDS + 5) == []
+    finally:
+        kill_all(training, workers)
+
+
+def test_a_worker_says_it_registers_and_fails_where_no_dispatcher_answers():
+    """TensorFlow's registration retries for ever, silently; the command says what it waits for and fails at
+    its deadline, as a training run does."""
+    from tfopt.distribute.launcher import free_ports
+
+    port = free_ports(1)[0]
+    finished = subprocess.run(
+        [sys.executable, "-m", "tfopt.cli", "data-service", "worker", "--dispatcher", f"127.0.0.1:{port}"]
+        + ["--dispatcher-timeout", "1s"],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        timeout=120,
+    )
+    assert finished.returncode == 1
+    assert f"registering with the dispatcher at 127.0.0.1:{port} (waiting up to 1 s" in finished.stdout
+    assert finished.stderr.strip() == (
+        f"tfopt-recipe: error: data_service: no dispatcher answered at 127.0.0.1:{port} within 1 s (Connection "
+        "refused). Start it (tfopt-recipe data-service dispatcher --port PORT), correct --dispatcher, or wait "
+        "longer with --dispatcher-timeout."
+    )
+
+
+def test_a_worker_that_tensorflow_holds_registering_ends_on_sigterm():
+    """A dispatcher that answers HTTP/2 and never the registration: TensorFlow retries it in C++ holding the
+    GIL, where no Python handler runs, so SIGTERM takes its default action there and ends the process."""
+    import socket
+    import threading
+
+    connections, registering = [], threading.Event()
+
+    def answer_settings_only(listener):
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            connections.append(connection)
+            connection.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # an empty SETTINGS frame: gRPC's first words
+            greeting = b""  # the HTTP/2 preface (24 bytes), then the length of the client's SETTINGS frame
+            while len(greeting) < 27 and (received := connection.recv(27 - len(greeting))):
+                greeting += received
+            if greeting[24:] not in (b"", b"\x00\x00\x00"):  # settings of its own: gRPC's client, not tfopt's check
+                registering.set()
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        threading.Thread(target=answer_settings_only, args=(listener,), daemon=True).start()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tfopt.cli", "data-service", "worker"]
+            + ["--dispatcher", f"127.0.0.1:{listener.getsockname()[1]}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=child_environment(),
+        )
+        try:
+            assert registering.wait(timeout=60)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=5) == -signal.SIGTERM
+        finally:
+            worker.kill()
+            worker.wait(timeout=30)
+            for connection in connections:
+                connection.close()
 
 
 @pytest.mark.parametrize("server", [["dispatcher"], ["worker", "--dispatcher", "127.0.0.1:1"]])

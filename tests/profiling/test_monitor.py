@@ -31,7 +31,7 @@ FEATURES = 16
 KEYS = {"tfopt/steps_per_second", "tfopt/examples_per_second", "tfopt/input_wait_percent"}
 
 
-def make_model(width=16, hidden=1):
+def make_model(width=16, hidden=1, optimizer=None, **compile_kwargs):
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -40,8 +40,24 @@ def make_model(width=16, hidden=1):
             keras.layers.Dense(1),
         ]
     )
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs)
     return model
+
+
+def finite_dataset(batches, *, last=BATCH, drop_remainder=False):
+    """`batches` batches of BATCH examples, the last one of `last`: a length Keras knows."""
+    features = np.random.default_rng(0).random(((batches - 1) * BATCH + last, FEATURES), dtype=np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(BATCH, drop_remainder=drop_remainder)
+
+
+class TracedTrainStep(keras.Sequential):
+    """Counts the traces of its train step."""
+
+    traces = 0
+
+    def train_step(self, data):
+        type(self).traces += 1
+        return super().train_step(data)
 
 
 def steady_dataset():
@@ -173,6 +189,39 @@ def test_monitor_does_not_change_training():
     monitored.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0, callbacks=[Monitor(every_steps=2)])
     for got, want in zip(monitored.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_short_last_batch_traces_the_train_step_no_more_than_fit_does():
+    def traces(callbacks):
+        TracedTrainStep.traces = 0
+        keras.utils.set_random_seed(0)
+        model = TracedTrainStep([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(finite_dataset(4, last=8), epochs=2, verbose=0, callbacks=callbacks)
+        return TracedTrainStep.traces
+
+    # Keras traces its one-step function for the iterator's spec (batch dimension None): a batch of 8
+    # after the batches of 32 traces nothing again, with the Monitor as without it.
+    assert traces([Monitor(every_steps=2, hardware=Hardware())]) == traces([])
+
+
+def test_monitor_trains_data_of_unknown_length_as_fit_does():
+    """Keras' call on the spent iterator at each epoch's end adds one to Adam's `iterations` without XLA
+    (which its bias correction reads): the Monitor makes the same call, so training is the same."""
+    features = np.random.default_rng(0).random((48, FEATURES), dtype=np.float32)
+    unknown = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).filter(lambda x, y: x[0] > 0.2).batch(8)
+    assert unknown.cardinality() == tf.data.UNKNOWN_CARDINALITY
+
+    def train(callbacks):
+        model = make_model(optimizer=keras.optimizers.Adam(0.01), jit_compile=False)
+        history = model.fit(unknown, epochs=3, verbose=0, callbacks=callbacks)
+        return model, history.history["loss"]
+
+    (plain, plain_loss), (monitored, monitored_loss) = train([]), train([Monitor(every_steps=2, hardware=Hardware())])
+    assert monitored_loss == plain_loss
+    assert int(monitored.optimizer.iterations) == int(plain.optimizer.iterations)
+    for got, want in zip(monitored.get_weights(), plain.get_weights()):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_cpu_says_which_metrics_do_not_apply(caplog):
@@ -376,6 +425,78 @@ def test_a_metric_that_cannot_be_read_is_dropped_and_training_goes_on(monkeypatc
     assert all("mfu_percent" not in w and "device_memory_peak_bytes" not in w for w in monitor.records_of("window"))
     dropped = [record.getMessage() for record in caplog.records if "not measured from here on" in record.getMessage()]
     assert len(dropped) == 2 and "GPU:1" in dropped[1] and "ZeroDivisionError" in dropped[0]
+
+
+def test_steps_per_execution_counts_the_steps_each_call_ran(caplog):
+    model = make_model(steps_per_execution=4)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    with caplog.at_level(logging.INFO, logger="tfopt"):
+        # 13 batches an epoch at 4 a call: calls of 4, 4, 4 and 1 step.
+        model.fit(finite_dataset(13, last=8), epochs=3, verbose=0, callbacks=[monitor])
+        model.fit(finite_dataset(4), epochs=1, verbose=0, callbacks=[monitor])
+    assert int(model.optimizer.iterations) == 3 * 13 + 4
+    windows = [(window["step"], window["steps"]) for window in monitor.records_of("window")]
+    # Steps 1-4 (the first call) are untimed; 13 and 26 end an epoch's short call; 39 alone is too short to keep.
+    assert windows == [(8, 4), (12, 4), (17, 5), (21, 4), (25, 4), (30, 5), (34, 4), (38, 4)]
+    assert [start["step"] for start in monitor.records_of("start")] == [0, 39]
+    # Batches of no static size: examples/s is not measured, and the Monitor says so once.
+    assert not any("examples_per_second" in window for window in monitor.records_of("window"))
+    (said,) = [record.getMessage() for record in caplog.records if "not measured in this fit" in record.getMessage()]
+    assert said.startswith("tfopt.Monitor: not measured in this fit: examples_per_second (")
+    assert "drop_remainder=True" in said
+
+
+def test_steps_per_execution_counts_micro_batches_under_gradient_accumulation():
+    optimizer = keras.optimizers.SGD(0.01, gradient_accumulation_steps=2)
+    model = make_model(optimizer=optimizer, steps_per_execution=3)
+    monitor = Monitor(every_steps=3, hardware=Hardware())
+    for _ in range(2):
+        model.fit(finite_dataset(8), epochs=1, verbose=0, callbacks=[monitor])
+    # 16 micro-batches, 8 updates: the steps are the micro-batches, so the second fit counts on from 8.
+    assert int(model.optimizer.iterations) == 8
+    assert [start["step"] for start in monitor.records_of("start")] == [0, 8]
+    assert [(window["step"], window["steps"]) for window in monitor.records_of("window")] == [(6, 3), (14, 3)]
+
+
+def test_steps_per_execution_with_a_static_batch_measures_examples_and_mfu(monkeypatch):
+    monkeypatch.setattr(monitor_module, "_visible_gpus", lambda: ["GPU:0"])
+    monkeypatch.setattr(monitor_module, "_allocator_peak_bytes", lambda devices: 2**30)
+    model = make_model(steps_per_execution=2)
+    monitor = Monitor(every_steps=4, hardware=FAKE_HARDWARE["h100"])
+    model.fit(finite_dataset(10, drop_remainder=True), epochs=1, verbose=0, callbacks=[monitor])
+    windows = monitor.records_of("window")
+    assert monitor.flops_per_step > 2 * BATCH * FEATURES  # counted on the dataset's spec
+    assert windows and all(
+        window["examples_per_second"] == pytest.approx(BATCH * window["steps_per_second"]) and "mfu_percent" in window
+        for window in windows
+    )
+
+
+class OwnOptimizer(keras.Sequential):
+    """A train_step that applies an optimizer of its own (as a GAN's does): the compiled one counts nothing."""
+
+    def __init__(self, layers):
+        super().__init__(layers)
+        self.own_optimizer = keras.optimizers.SGD(0.01)
+
+    def train_step(self, data):
+        features, targets = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((self(features, training=True) - targets) ** 2)
+        self.own_optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_weights), self.trainable_weights))
+        return {"loss": loss}
+
+
+def test_steps_per_execution_without_a_counting_optimizer_counts_whole_calls(caplog):
+    model = OwnOptimizer([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.compile(steps_per_execution=4)
+    monitor = Monitor(every_steps=4, hardware=Hardware())
+    with caplog.at_level(logging.INFO, logger="tfopt"):
+        model.fit(finite_dataset(8), epochs=2, verbose=0, callbacks=[monitor])
+    assert int(model.own_optimizer.iterations) == 16 and int(model.optimizer.iterations) == 0
+    assert [(window["step"], window["steps"]) for window in monitor.records_of("window")] == [(8, 4), (12, 4), (16, 4)]
+    said = [record.getMessage() for record in caplog.records if "counted no step" in record.getMessage()]
+    assert len(said) == 1 and "steps_per_execution=4" in said[0]
 
 
 def test_steps_per_execution_leaves_input_wait_unmeasured():

@@ -134,7 +134,20 @@ def test_without_markers_wall_steps_come_from_keras_train_calls(tmp_path):
     breakdown = trace_breakdown(xplane)
     assert breakdown.step_seconds == pytest.approx((0.005, 0.007))
     assert breakdown.input_seconds == pytest.approx(0.0005)
-    assert any("reconstructed from Keras' train-function calls" in note for note in breakdown.notes)
+    # The note counts what the header counts: 3 calls end 2 wall steps.
+    assert breakdown.notes[0] == (
+        "No tfopt step markers: 2 wall steps reconstructed from 3 Keras train-function calls on the host "
+        "(a wall step runs from one call's end to the next's)."
+    )
+
+
+def test_a_single_keras_train_call_is_one_wall_step_in_the_note(tmp_path):
+    xplane = _write_xspace(tmp_path / "keras.xplane.pb", keras_calls=[(5, 9)])
+    breakdown = trace_breakdown(xplane)
+    assert breakdown.step_seconds == pytest.approx((0.004,))
+    assert breakdown.notes[0].startswith(
+        "No tfopt step markers: 1 wall step reconstructed from 1 Keras train-function call on the host"
+    )
 
 
 def test_the_gpus_come_from_the_captures_device_planes(tmp_path):

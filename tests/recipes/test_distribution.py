@@ -168,6 +168,8 @@ def test_several_steps_per_call_are_refused_under_several_replicas_in_this_proce
     chain(Distribution(strategy="mirrored", devices=["/cpu:0"]), StepsPerExecution(steps=4)).check(plan_on())
     chain(two, StepsPerExecution()).check(plan_on())
     assert steps_choices(two(plan_on())) == () and steps_choices(Distribution(strategy="one_device")(plan_on()))
+    (step,) = StepsPerExecution()(two(plan_on())).applied[-1:]
+    assert step.skipped and step.detail.startswith("Keras 3.15 fails with more than one step per call under")
 
 
 TWO_REPLICAS = """
@@ -211,6 +213,13 @@ for name, compiled in (("accumulation", {"accumulation": 2}), ("four_steps", {"s
         out[name] = "trained"
     except Exception as error:
         out[name] = str(error)
+# A model the user made under their own strategy is copied and trained under it, as plain Keras trains it.
+with strategy.scope():
+    theirs, copied = mlp(), mlp()
+out["theirs"] = theirs.fit(data(16), epochs=2, verbose=0, shuffle=False).history
+result = tfopt.apply(copied, data(16), ["data_pipeline"], hardware=Hardware(cpu_count=2), measure_speed=False)
+out["placed"] = [result.plan.strategy, result.strategy.num_replicas_in_sync, str(result.plan.applied[0])]
+out["copied"] = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
 print("RESULT " + json.dumps(out))
 """
 
@@ -241,4 +250,7 @@ def test_under_two_replicas_the_scaled_batch_learns_and_logs_as_keras_at_the_glo
         "step(s) per call, as before"
     ]
     assert "merge_call` called while defining a new graph" in out["accumulation"]
+    assert out["placed"] == ["mirrored", 2, "baseline: MirroredStrategy over 2 devices, as your model was made"]
+    for name, values in out["theirs"].items():
+        np.testing.assert_allclose(out["copied"][name], values, rtol=1e-6)
     assert "You must feed a value for placeholder" in out["four_steps"]

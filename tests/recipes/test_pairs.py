@@ -96,6 +96,12 @@ def test_a_check_sees_the_batch_the_recipes_before_it_give(cpu_hardware, monkeyp
         resolve_recipes([{"batch_size": resized}, {"grad_accum": {"effective_batch_size": effective}}]).check(plan)
     with pytest.raises(RecipeConfigError, match=r"effective_batch_size=12 is not a multiple .* of the batch size 8"):
         resolve_recipes([{"batch_size": {"batch_size": 8}}, {"grad_accum": {"effective_batch_size": 12}}]).check(by_16)
+    summed = _classifier()  # wrong whatever batch the search finds: refused before it runs
+    summed.compile("adam", keras.losses.SparseCategoricalCrossentropy(reduction="sum"))
+    with pytest.raises(RecipeConfigError, match="reduction='sum'"):
+        resolve_recipes([{"batch_size": searched}, {"grad_accum": {"steps": 2}}]).check(
+            make_plan(summed, DATA.rebatch(16), hardware=cpu_hardware)
+        )
 
 
 def test_an_effective_batch_twice_the_resized_batch_accumulates_two_of_them(cpu_hardware):

@@ -264,6 +264,13 @@ def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="the address clients reach this worker at (default: this host's name and the port)",
     )
+    worker.add_argument(
+        "--dispatcher-timeout",
+        type=options.seconds,
+        default=10.0,
+        metavar="TIME",
+        help="fail where the dispatcher has not answered within TIME (default 10s, as long as a training run waits)",
+    )
     worker.set_defaults(handler=_data_service, server="worker")
     for server in (dispatcher, worker):
         server.add_argument(
@@ -529,7 +536,12 @@ def _data_service(args: argparse.Namespace) -> int:
             )
         else:
             serve_worker(
-                args.dispatcher, port=args.port, address=args.address, report_seconds=args.report_every, say=say
+                args.dispatcher,
+                port=args.port,
+                address=args.address,
+                answer_timeout_seconds=args.dispatcher_timeout,
+                report_seconds=args.report_every,
+                say=say,
             )
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the server stopped and said so
         pass

@@ -18,8 +18,14 @@ reads it back):
   `skip`, `zip`, `enumerate`, `scan`, `unique` and their kin would run once per worker and mean something
   else (`take(50)` of a range over two workers gives 100 elements, and a `zip` of two ranges pairs the
   wrong elements), a `padded_batch` pads each worker's last batch to its own length, a file cache would be
-  written by every worker at once. With several workers such a pipeline stays local, with the reason (one
-  worker can serve it). A `batch(drop_remainder=True)` drops each worker's last partial batch: said.
+  written by every worker at once. Each worker also makes its batches of the splits it got, so a function
+  after a batch (a `map`, a `filter`) would see other rows together than the local pipeline's batches: a
+  per-batch normalization gives other values, a padding to each batch's longest text other lengths, which
+  the client could not cut into the local batches again. The splits are the source's elements, and tf.data
+  service has no way to hand out whole batches, so such a pipeline has no exact split; only a map of
+  element-wise ops (a cast, a rescale: tfopt's own pipelines finish their batches so) gives each row the
+  same value in any batch. With several workers such a pipeline stays local, with the reason (one worker
+  can serve it). A `batch(drop_remainder=True)` drops each worker's last partial batch: said.
 * **Caches.** Each epoch is a service job of its own, in which the workers build the pipeline again: an
   in-memory `cache()` lasts one epoch there. On this host that redoes the work the cache saves on the cores
   it saves them for, so it stays local; other hosts may take it, with that said.
@@ -44,8 +50,8 @@ SPLITTABLE_SOURCES = frozenset(
 )
 # Ops that treat elements one by one (or batch them), so that running them on each worker's share of the
 # splits gives the same elements as running them once on all (tests/data/test_service.py checks a pipeline of
-# each against the local one). Interleave and flat_map split their outer input; the datasets their functions
-# build stay whole.
+# each against the local one), as long as no function runs after a batch (`_BATCH_SEEING`). Interleave and
+# flat_map split their outer input; the datasets their functions build stay whole.
 _PER_ELEMENT_OPS = frozenset(
     {
         "MapDataset",
@@ -69,6 +75,42 @@ _PER_ELEMENT_OPS = frozenset(
         "ModelDataset",
         "MaxIntraOpParallelismDataset",
         "PrivateThreadPoolDataset",
+    }
+)
+# Ops that make batches, and ops whose function sees an element whole: after a batch, a whole batch, which
+# each worker makes of its own splits (a map of element-wise ops alone excepted, `_element_wise_map`). A batch of
+# batches nests each worker's batches likewise.
+_BATCHING_OPS = frozenset({"BatchDatasetV2", "ParallelBatchDataset", "MapAndBatchDataset", "RebatchDatasetV2"})
+_BATCH_SEEING = frozenset(
+    {
+        "MapDataset",
+        "ParallelMapDatasetV2",
+        "FilterDataset",
+        "FlatMapDataset",
+        "InterleaveDataset",
+        "ParallelInterleaveDatasetV4",
+        "MapAndBatchDataset",
+        "BatchDatasetV2",
+        "ParallelBatchDataset",
+    }
+)
+# Ops before which tf.data puts a map of its own (`normalize_to_dense`: sparse and ragged parts as batched
+# dense tensors), which changes no row: it is not the user's function.
+_NORMALIZED_INPUT_OPS = frozenset({"RebatchDatasetV2", "UnbatchDataset"})
+# Ops whose output's row i depends on row i of their inputs alone, broadcast against single values: a function of
+# these gives each row the same value in whichever batch it is (tfopt's own `finish`, a cast and a rescale).
+# Calls count by the functions they call. A constant of more than one value might broadcast along the batch.
+_ELEMENT_WISE_OPS = frozenset(
+    {
+        *("Identity", "IdentityN", "StopGradient", "NoOp", "Const", "Cast", "PartitionedCall"),
+        *("StatefulPartitionedCall", "Select", "SelectV2", "ClipByValue", "AddN"),
+        *("Abs", "Neg", "Reciprocal", "Square", "Sqrt", "Rsqrt", "Exp", "Expm1", "Log", "Log1p", "Sin", "Cos"),
+        *("Tanh", "Sigmoid", "Relu", "Relu6", "Elu", "Softplus", "Floor", "Ceil", "Round", "Rint", "Sign"),
+        *("IsNan", "IsInf", "IsFinite", "LogicalNot", "Erf"),
+        *("Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "DivNoNan", "RealDiv", "FloorDiv", "FloorMod"),
+        *("TruncateDiv", "TruncateMod", "Pow", "Maximum", "Minimum", "SquaredDifference", "Equal", "NotEqual"),
+        *("Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr"),
+        *("BitwiseAnd", "BitwiseOr", "BitwiseXor", "LeftShift", "RightShift"),
     }
 )
 _PYTHON_OPS = {"EagerPyFunc": "py_function", "PyFunc": "numpy_function", "PyFuncStateless": "numpy_function"}
@@ -310,6 +352,9 @@ def dynamic_sharding(graph: GraphDef) -> tuple[bool, str]:
             return False, (
                 f"its {node.op} would run on each worker's share of the elements, which changes what it means"
             )
+    after_batch = _sees_worker_batches(graph)
+    if after_batch:
+        return False, after_batch
     if len(sources) != 1 or sources[0].op not in SPLITTABLE_SOURCES:
         names = ", ".join(node.op for node in sources) or "none found"
         return (
@@ -318,6 +363,70 @@ def dynamic_sharding(graph: GraphDef) -> tuple[bool, str]:
             "not split as one",
         )
     return True, f"the source {sources[0].op} splits"
+
+
+def _sees_worker_batches(graph: GraphDef) -> str | None:
+    """Why an op after a batch would see each worker's own batches (its function, or a batch of them), or None.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> batches = tf.data.Dataset.range(8).batch(4)
+        >>> print(_sees_worker_batches(pipeline_graph.serialize(batches.map(lambda b: b - tf.reduce_min(b)))))
+        its MapDataset comes after a batch, and each worker batches the elements it was handed: it would see...
+        >>> print(_sees_worker_batches(pipeline_graph.serialize(batches.map(lambda b: b * 2).rebatch(2))))
+        None
+    """
+    chain = list(pipeline_graph.output_chain(graph))[::-1]  # from the source on
+    batched = False
+    for node, following in zip(chain, [*chain[1:], None]):
+        normalizing = node.op == "MapDataset" and following is not None and following.op in _NORMALIZED_INPUT_OPS
+        if batched and node.op in _BATCH_SEEING and not (normalizing or _element_wise_map(graph, node)):
+            return (
+                f"its {node.op} comes after a batch, and each worker batches the elements it was handed: it "
+                "would see other rows together than the local pipeline's batches (a per-batch statistic or "
+                "padding would differ); apply it to the elements before the batch"
+            )
+        if node.op in _BATCHING_OPS:
+            batched = True
+        elif node.op == "UnbatchDataset":
+            batched = False
+    return None
+
+
+def _element_wise_map(graph: GraphDef, node: Any) -> bool:
+    """Whether `node` is a map whose function, through the functions it calls, runs element-wise ops on
+    constants of one value alone (`_ELEMENT_WISE_OPS`), its captured tensors included."""
+    import tensorflow as tf
+
+    if node.op not in ("MapDataset", "ParallelMapDatasetV2"):
+        return False
+    producers = {other.name: other for other in graph.node}
+    functions = {function.signature.name: function for function in graph.library.function}
+    captured = node.input[1 : 1 + len(node.attr["Targuments"].list.type)]  # tensors the function closes over
+    constants = [producers.get(name.split(":")[0]) for name in captured]
+    pending, seen = [node.attr["f"].func.name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current not in functions:
+            return False
+        for inner in functions[current].node_def:
+            if inner.op in functions:  # a function called by its name
+                pending.append(inner.op)
+            elif inner.op not in _ELEMENT_WISE_OPS:
+                return False
+            elif inner.op == "Const":
+                constants.append(inner)
+            else:
+                pending += [value.func.name for value in inner.attr.values() if value.HasField("func")]
+    return all(
+        constant is not None
+        and constant.op == "Const"
+        and tf.TensorShape(constant.attr["value"].tensor.tensor_shape).num_elements() in (0, 1)
+        for constant in constants
+    )
 
 
 def _compression(setting: str, size: int | None, size_why: str | None, *, local: bool) -> tuple[str | None, str]:

@@ -12,18 +12,32 @@ starts them, says what they serve, and stops them. Two uses:
 * `LocalCluster` is a dispatcher in this process and N worker processes on 127.0.0.1 (each
   `python -m tfopt.cli data-service worker`), for one host with spare cores and for tests. No worker
   outlives it: `close()` (also at interpreter exit) stops them, and each asks the kernel for SIGTERM when
-  this process dies (`PR_SET_PDEATHSIG`). A worker that dies while it runs is started again at the same
-  address, the tf.data service's own recovery: the client reconnects and the job goes on, without the
-  elements the dead worker had taken and not delivered (dynamic sharding visits each at most once), or, a
-  single worker, from the start of its pass.
+  this process dies (`PR_SET_PDEATHSIG`), after which its stop lasts `STOP_SECONDS` at most. Addressed at
+  127.0.0.1, the servers listen on every interface all the same: TensorFlow binds them to all addresses
+  (`[::]`), and neither `DispatcherConfig` nor `WorkerConfig` takes one to bind to. A worker that dies while
+  it runs is started again at the same address, the tf.data service's own recovery: the client reconnects
+  and the job goes on, without the elements the dead worker had taken and not delivered (dynamic sharding
+  visits each at most once), or, a single worker, from the start of its pass.
+
+Signals while TensorFlow holds the process: TensorFlow 2.21's servers keep the GIL through two calls that
+can wait for ever, a worker's registration (retried until a dispatcher answers) and `stop()` (a worker
+serving a job joins its pipeline threads, which wait on the job: those of a job whose dispatcher died retry
+their split requests for an hour). No Python signal handler runs meanwhile, nor tfopt-recipe's own
+watcher (`tfopt.cli.interrupt`), which needs the GIL too. So a worker first waits for its dispatcher to
+answer from Python (`answer_timeout_seconds`, then an error that says so); during both calls SIGTERM,
+SIGINT and SIGHUP end the process at once (the kernel's default action); and a stop that has not returned
+after `STOP_SECONDS` ends the process (faulthandler's watchdog, a thread that needs no GIL: exit code 1,
+Python's stack on stderr).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +47,7 @@ from collections.abc import Callable, Iterator
 
 from tfopt.distribute.launcher import free_ports, signals_deferred, stop_processes, terminate_with_parent
 from tfopt.errors import DistributionError
-from tfopt.waiting import announce
+from tfopt.waiting import announce, first_reply, is_grpc
 
 _log = logging.getLogger("tfopt")
 
@@ -49,6 +63,13 @@ MAX_RESTARTS = 3
 # TensorFlow's default of seconds would make every stop that slow.
 HEARTBEAT_MS = 100
 _POLL_SECONDS = 0.5
+# How long a server's stop may take before the process ends without it: a worker's takes well under a second
+# (a heartbeat), and Kubernetes and Slurm wait 30 s before SIGKILL.
+STOP_SECONDS = 5.0
+# How long a worker waits for its dispatcher to answer by default: as long as a training process does
+# (data_service.answer_timeout_seconds).
+_DISPATCHER_ANSWER_SECONDS = 10.0
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def serve_dispatcher(
@@ -92,6 +113,7 @@ def serve_worker(
     *,
     port: int = 0,
     address: str | None = None,
+    answer_timeout_seconds: float = _DISPATCHER_ANSWER_SECONDS,
     report_seconds: float = 30.0,
     say: Callable[[str], None] = print,
 ) -> None:
@@ -102,9 +124,12 @@ def serve_worker(
         port: The port to serve on; 0 picks a free one. A restarted worker that keeps its port is
             reconnected to by clients.
         address: The host:port clients reach this worker at; by default this host's name and the port.
+        answer_timeout_seconds: How long to wait for the dispatcher to answer before failing (it may be
+            starting too).
 
     Raises:
-        DistributionError: The port is taken (the message names it and `--port`).
+        DistributionError: The port is taken (the message names it and `--port`), or no dispatcher answered
+            within `answer_timeout_seconds`.
     """
     from tensorflow.data.experimental import service
 
@@ -112,17 +137,56 @@ def serve_worker(
     port = port or free_ports(1)[0]
     address = address or f"{_host()}:{port}"
     with _serving_on(port):
-        server = service.WorkerServer(
-            service.WorkerConfig(
-                dispatcher_address=dispatcher,
-                worker_address=address,
-                port=port,
-                protocol="grpc",
-                heartbeat_interval_ms=HEARTBEAT_MS,
-            )
+        say(
+            f"tf.data service worker at {address} registering with the dispatcher at {dispatcher} (waiting up "
+            f"to {answer_timeout_seconds:g} s for it to answer)"
         )
+        _await_dispatcher(dispatcher, answer_timeout_seconds)
+        with _signals_end_process():  # registering: TensorFlow retries in C++, holding the GIL
+            server = service.WorkerServer(
+                service.WorkerConfig(
+                    dispatcher_address=dispatcher,
+                    worker_address=address,
+                    port=port,
+                    protocol="grpc",
+                    heartbeat_interval_ms=HEARTBEAT_MS,
+                )
+            )
     say(f"tf.data service worker {READY} at {address} for the dispatcher at {dispatcher}")
     _run_until_stopped(server, report_seconds, say, f"worker {address}")
+
+
+def _await_dispatcher(dispatcher: str, timeout_seconds: float) -> None:
+    """Returns once a gRPC server answers at `dispatcher`, asking again every `_POLL_SECONDS` (a dispatcher
+    started at the same time may not listen yet); in Python, where SIGTERM and Ctrl-C end the wait.
+
+    Raises:
+        DistributionError: None answered within `timeout_seconds`, or what answers is not a gRPC server.
+    """
+    deadline = announce(
+        f"the tf.data service dispatcher at {dispatcher} to answer", timeout_seconds, "--dispatcher-timeout"
+    )
+    while True:
+        try:
+            reply = first_reply(dispatcher, max(deadline - time.monotonic(), _POLL_SECONDS))
+        except TimeoutError:
+            why = "it accepted the connection and did not answer"
+        except OSError as error:
+            why = error.strerror or str(error)
+        else:
+            if is_grpc(reply):
+                return
+            raise DistributionError(
+                f"data_service: what answers at {dispatcher} is not a gRPC server (its first reply is not "
+                "HTTP/2). Check --dispatcher: it should be a tf.data service dispatcher's host:port."
+            )
+        if time.monotonic() >= deadline:
+            raise DistributionError(
+                f"data_service: no dispatcher answered at {dispatcher} within {timeout_seconds:g} s ({why}). "
+                "Start it (tfopt-recipe data-service dispatcher --port PORT), correct --dispatcher, or wait "
+                "longer with --dispatcher-timeout."
+            )
+        time.sleep(_POLL_SECONDS)
 
 
 @contextlib.contextmanager
@@ -174,8 +238,40 @@ def _run_until_stopped(server, report_seconds: float, say: Callable[[str], None]
             )
             sent = now
     finally:
-        server.stop()
+        _stop(server)
         say(f"{name} stopped")
+
+
+def _stop(server) -> None:
+    """`server.stop()`, or the end of the process `STOP_SECONDS` after it began: TensorFlow's stop holds the
+    GIL, so only a watchdog that needs none can end a stop that hangs (faulthandler's: Python's stack on
+    stderr, exit code 1). A second signal meanwhile ends the process at once."""
+    with _signals_end_process():
+        faulthandler.dump_traceback_later(STOP_SECONDS, exit=True, file=sys.__stderr__)
+        try:
+            server.stop()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+@contextlib.contextmanager
+def _signals_end_process() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP take the kernel's default action in the block, ending the process at once:
+    for TensorFlow calls that hold the GIL while they wait, when no Python handler can run. Signals the
+    process ignores stay ignored. Outside the main thread it changes nothing: Python runs handlers in the
+    main thread, which is then free to run them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {signum: signal.getsignal(signum) for signum in _STOPPING_SIGNALS}
+    ended = [signum for signum, handler in handlers.items() if handler not in (signal.SIG_IGN, None)]
+    for signum in ended:
+        signal.signal(signum, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for signum in ended:
+            signal.signal(signum, handlers[signum])
 
 
 def _holding(server) -> str:

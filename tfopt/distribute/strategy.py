@@ -119,6 +119,15 @@ def communication_options(timeout_seconds: float | None, implementation: str = "
 _mirrored_by_devices: dict[tuple[str, ...] | None, Any] = {}
 
 
+def adopt_mirrored(strategy: Any) -> tuple[str, ...]:
+    """Hands out the user's own `MirroredStrategy` for its devices from here on: a model made under it can be
+    copied only under it (TensorFlow refuses variables of one strategy in another's scope). Returns the devices,
+    the option that names it."""
+    devices = tuple(strategy.extended.worker_devices)
+    _mirrored_by_devices[devices] = strategy
+    return devices
+
+
 def _mirrored(tf: Any, devices: list[str] | None) -> Any:
     key = tuple(devices) if devices is not None else None
     if key not in _mirrored_by_devices:

@@ -6,17 +6,21 @@ reads the device, decides when to capture, and writes and alerts. How it measure
 
 - **No per-step sync.** The Monitor wraps the model's `train_function` for the length of `fit` and does
   all its work in the training thread, inside that wrapper. It reads the loss to the host once at each
-  window's end (one device sync) and adds none in between. (Keras 3 on the TensorFlow backend reads
-  every call's logs to the host itself, `pythonify_logs` in its CallbackList, whatever the callbacks:
-  its thread-pool dispatch is off for TensorFlow, which it does not mark thread-safe.)
+  window's end (one device sync) and adds none in between; under `steps_per_execution > 1` it reads the
+  optimizer's step count after each call, a wait Keras makes anyway right after. (Keras 3 on the
+  TensorFlow backend reads every call's logs to the host itself, `pythonify_logs` in its CallbackList,
+  whatever the callbacks: its thread-pool dispatch is off for TensorFlow, which it does not mark
+  thread-safe.)
 - **Input wait.** Keras 3 fetches the next batch inside its traced train function, so host time between
   callbacks never sees the wait. With `steps_per_execution=1` the wrapper fetches the batch itself
   (`next(iterator)`, timed) and hands it to Keras' own one-step function, which Keras runs for any
-  iterator that is not a `tf.data` one: the same step, the fetch timed in Python. Input wait % is the
-  host time blocked in that fetch over the window's wall time. On an accelerator the host may run ahead
-  of the device, so a short wait can overlap device work: the profiler capture (`profile_every=`) says
-  how busy the device really was. With `steps_per_execution > 1` the fetch stays in Keras' graph and
-  input wait is not measured.
+  iterator that is not a `tf.data` one, traced once for the iterator's element spec as `fit`'s own
+  graph traces it (a short last batch traces nothing again): the same step, the fetch timed in Python.
+  Where data of unknown length ends, Keras' own train function meets the spent iterator, as in `fit`
+  without the Monitor. Input wait % is the host time blocked in that fetch over the window's wall time.
+  On an accelerator the host may run ahead of the device, so a short wait can overlap device work: the
+  profiler capture (`profile_every=`) says how busy the device really was. With `steps_per_execution > 1`
+  the fetch stays in Keras' graph and input wait is not measured.
 - **MFU** (accelerators in `peak_flops`' table): FLOPs of one step counted once, from the first batch,
   by TensorFlow's cost analysis (`measurement.train_step_flops`), times steps/s, over the devices' peak.
 - **Device memory peak**: TensorFlow's allocator peak per window (GPU); it reads zeros on a CPU.
@@ -26,7 +30,9 @@ reads the device, decides when to capture, and writes and alerts. How it measure
   window of N steps closes whatever the epoch length, 20+ short epochs included. Each `fit`'s first step
   is never timed (it traces, or reads the batches a resumed run skips); the window open at the end of
   `fit` is kept when it has `MIN_WINDOW_STEPS` steps. Steps are global: they count on from the
-  optimizer's `iterations`, as Keras' TensorBoard callback does, so a resumed run goes on numbering.
+  optimizer's step count (`step_counter`), as Keras' TensorBoard callback does, so a resumed run goes on
+  numbering. Under `steps_per_execution > 1` a call's steps are the ones the optimizer counted, for an
+  epoch's last call may run fewer.
 - **A failed fit.** Keras 3's `fit` has no `finally`: when it raises, no callback hears of it. A step
   that raises (an error, Ctrl-C) closes the Monitor on its way out; an error raised in another callback
   is caught up with at the model's next train-function call, which finds this Monitor's fit over
@@ -132,6 +138,7 @@ class Monitor(keras.callbacks.Callback):
         self._last_outputs: Mapping[str, Any] | None = None
         self._armed = False
         self._said_not_applicable = self._warned_no_window = self._said_destination = False
+        self._said_uncounted = self._said_dynamic_batch = False
 
     @property
     def flops_per_step(self) -> float | None:
@@ -181,7 +188,11 @@ class Monitor(keras.callbacks.Callback):
         self._gpus = [name for name in devices if name.startswith("GPU")] if accelerator == "gpu" else []
         self._fetch_floor = 0.0
         self._counted = False
-        self._step = self._fit_start_step = int(self.model.optimizer.iterations.numpy())
+        self._step_on_batch: Callable[[Any], Any] | None = None  # made at the fit's first step, for its data
+        self._counter = step_counter(self.model)
+        self._step = self._fit_start_step = self._counter_value = (
+            int(self._counter.numpy()) if self._counter is not None else 0
+        )
         self._windows_before_fit = len(self.records_of("window"))
         self._epoch_records: list[dict[str, Any]] = []
         not_applicable = {
@@ -292,16 +303,8 @@ class Monitor(keras.callbacks.Callback):
             self._armed = False
             try:
                 with self._capture.marker(self._step + 1):
-                    if self._fetch:
-                        start = time.perf_counter()
-                        batch = next(iterator)
-                        fetched = max(0.0, time.perf_counter() - start - self._fetch_floor)
-                        outputs = original(iter((batch,)))
-                    else:
-                        batch, fetched = None, 0.0
-                        outputs = original(iterator)
-                self._step += 1 if self._fetch else self.model.steps_per_execution
-                return self._after_step(outputs, batch, fetched)
+                    outputs, batch, fetched = self._call(original, iterator)
+                return self._after_step(outputs, batch, fetched, iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of the data: Keras ends the epoch, as without the Monitor
             except BaseException:
@@ -312,9 +315,64 @@ class Monitor(keras.callbacks.Callback):
         train_function.tfopt_monitor = self
         return train_function
 
-    def _after_step(self, outputs: Mapping[str, Any], batch: Any, fetched: float) -> Mapping[str, Any]:
+    def _call(self, original: Callable[[Any], Any], iterator: Any) -> tuple[Mapping[str, Any], Any, float]:
+        """One call of Keras' train function as `fit` makes it, the fetch timed where the Monitor makes it.
+
+        Returns:
+            The call's outputs, the batch the Monitor fetched (None under `steps_per_execution > 1`) and
+            the seconds the fetch waited; `self._step` counts on by the steps the call ran.
+        """
+        import tensorflow as tf
+
+        if not self._fetch:
+            outputs = original(iterator)
+            self._step += self._steps_in_call()
+            return outputs, None, 0.0
+        if self._step_on_batch is None:
+            self._step_on_batch = _keras_one_step(original, iterator.element_spec, eagerly=self.model.run_eagerly)
+        start = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except (StopIteration, tf.errors.OutOfRangeError):
+            # The end of data of unknown length. `fit` without the Monitor calls its train function on the
+            # spent iterator, and that call does more than raise: without XLA, TensorFlow runs the step's
+            # ops that need no batch before the fetch fails, and the optimizer's `iterations += 1` did so
+            # at every such epoch's end (Keras 3.15; Adam's bias correction reads it). Keras' own call on
+            # the spent iterator does here whatever it does there; the clock stops first: no step runs.
+            self._pause()
+            original(iterator)
+            raise
+        fetched = max(0.0, time.perf_counter() - start - self._fetch_floor)
+        outputs = self._step_on_batch(batch)
+        self._step += 1
+        return outputs, batch, fetched
+
+    def _steps_in_call(self) -> int:
+        """The steps the last call ran under `steps_per_execution > 1`: as many as the optimizer counted,
+        for a call runs fewer where the data ends (an epoch's short last call). Where the fit's first
+        call advanced no counter (a train_step applying optimizers of its own), `steps_per_execution` a
+        call from then on, said once at INFO."""
+        steps_per_execution = self.model.steps_per_execution
+        if self._counter is None:
+            return steps_per_execution
+        counted = int(self._counter.numpy())  # waits for the call, as Keras does next to read its logs
+        steps, self._counter_value = counted - self._counter_value, counted
+        if steps or self._step > self._fit_start_step:
+            return steps
+        self._counter = None
+        if not self._said_uncounted:
+            self._said_uncounted = True
+            _log.info(
+                "tfopt.Monitor: the model's optimizer counted no step of this fit's first call (a train_step "
+                "that applies optimizers of its own, or loss scaling that skipped every update), so each call "
+                "counts as steps_per_execution=%d steps, an epoch's short last call too.",
+                steps_per_execution,
+            )
+        return steps_per_execution
+
+    def _after_step(self, outputs: Mapping[str, Any], batch: Any, fetched: float, iterator: Any) -> Mapping[str, Any]:
         if not self._counted:
-            self._first_step(batch)
+            self._first_step(batch, iterator.element_spec)
         self._last_outputs = outputs
         if self._capture.running:
             if self._capture.count_step():
@@ -345,23 +403,43 @@ class Monitor(keras.callbacks.Callback):
             self.sync(self._last_outputs)
         self._meter.pause(now=time.perf_counter())
 
-    def _first_step(self, batch: Any) -> None:
-        """Batch size and FLOPs from the first batch (the first step traces and is never timed)."""
+    def _first_step(self, batch: Any, spec: Any) -> None:
+        """Batch size and FLOPs from the first batch (the first step traces and is never timed).
+
+        Under `steps_per_execution > 1` the batches stay in Keras' graph: the dataset's element spec says
+        their size where it is static (`drop_remainder=True`), and the FLOPs are counted on that spec;
+        otherwise examples/s and MFU are not measured, said once at INFO.
+        """
         import tensorflow as tf
 
         from tfopt.profiling.measurement import CeilingStep, train_step_flops, train_step_function
 
         self._counted = True
-        if batch is None:
-            return
         meter = self._meter
         strategy = self.model.distribute_strategy
-        meter.batch_size = sum(
-            int(tf.shape(part)[0]) for part in strategy.experimental_local_results(tf.nest.flatten(batch)[0])
-        )
-        self._fetch_floor = _eager_fetch_seconds(
-            tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], batch)
-        )
+        if batch is not None:
+            meter.batch_size = sum(
+                int(tf.shape(part)[0]) for part in strategy.experimental_local_results(tf.nest.flatten(batch)[0])
+            )
+            self._fetch_floor = _eager_fetch_seconds(
+                tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], batch)
+            )
+        else:
+            meter.batch_size = _static_batch_size(spec, strategy.num_replicas_in_sync)
+            batch = spec
+            unmeasured = [] if meter.batch_size else ["examples_per_second"]
+            if meter.flops_per_step is None and meter.peak_flops_per_second and not _fully_static(spec):
+                # cost analysis counts no FLOPs in an op of unknown dimensions
+                unmeasured.append("mfu_percent")
+                meter.peak_flops_per_second = None
+            if unmeasured and not self._said_dynamic_batch:
+                self._said_dynamic_batch = True
+                _log.info(
+                    "tfopt.Monitor: not measured in this fit: %s (steps_per_execution > 1 keeps the batches in "
+                    "Keras' graph, and the dataset's element spec leaves their shape open: batch(..., "
+                    "drop_remainder=True) fixes the batch size).",
+                    ", ".join(unmeasured),
+                )
         if meter.flops_per_step is None and meter.peak_flops_per_second is not None:
             step = CeilingStep(step=train_step_function(self.model), batch=batch, steps_per_call=1)
             try:
@@ -475,6 +553,52 @@ class _RecordWriter:
     def close(self) -> None:
         self._summaries.close()
         self._jsonl.close()
+
+
+def step_counter(model: keras.Model) -> Any | None:
+    """The variable that counts the model's train steps, one per step: its optimizer's `_iterations` (the
+    inner optimizer's under loss scaling), which under gradient accumulation counts the micro-batches
+    where `iterations` counts updates. None without a Keras optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    return getattr(optimizer, "_iterations", None)
+
+
+def _keras_one_step(original: Callable[[Any], Any], spec: Any, *, eagerly: bool) -> Callable[[Any], Any]:
+    """Keras' own one-step function on a batch the Monitor fetched, traced once for the iterator's spec.
+
+    Keras' train function runs its one-step function on a batch of a non-`tf.data` iterator. Called with
+    concrete batches, that function would trace first for the full batch's shape and again for a short
+    last batch; inside `fit`'s own graph it is traced for the iterator's spec (a batch dimension of None
+    without `drop_remainder`). Fixing the spec here traces the user's train_step as `fit` does: once.
+    """
+    import tensorflow as tf
+
+    def step(batch: Any) -> Any:
+        return original(iter((batch,)))
+
+    return step if eagerly else tf.function(step, input_signature=(spec,), autograph=False)
+
+
+def _static_batch_size(spec: Any, replicas: int) -> int | None:
+    """The global batch size an element spec fixes (its first component's leading dimension, summed over
+    the replicas), or None where it is not static."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(spec)[0]
+    parts = [first] if isinstance(first, tf.TensorSpec) else tf.nest.flatten(first, expand_composites=True)
+    sizes = [part.shape[0] if isinstance(part, tf.TensorSpec) and part.shape.rank else None for part in parts]
+    if len(sizes) != max(1, replicas) or None in sizes:
+        return None
+    return sum(sizes)
+
+
+def _fully_static(spec: Any) -> bool:
+    """Whether every tensor an element spec describes has a static shape."""
+    import tensorflow as tf
+
+    parts = tf.nest.flatten(spec, expand_composites=True)
+    return all(isinstance(part, tf.TensorSpec) and part.shape.is_fully_defined() for part in parts)
 
 
 def _drop(metric: str, error: BaseException) -> None:

@@ -221,14 +221,10 @@ def _wall_steps(
     notes: list[str] = []
     ends = {number: end for number, (_, end) in events.markers.items()}
     starts = {number: start for number, (start, _) in events.markers.items()}
-    if not ends and step_numbers is None and events.keras_steps:
-        calls = sorted(events.keras_steps)
+    calls = sorted(events.keras_steps) if not ends and step_numbers is None else []
+    if calls:
         ends = dict(enumerate(end for _, end in calls))
         starts = dict(enumerate(start for start, _ in calls))
-        notes.append(
-            f"No tfopt step markers: {len(calls)} wall steps were reconstructed from Keras' "
-            "train-function calls on the host."
-        )
     selected = sorted(number for number in ends if step_numbers is None or number in step_numbers)
     if not selected:
         raise MeasurementError(
@@ -245,7 +241,19 @@ def _wall_steps(
             "Only one step without the step before it: its wall time is its own marker's span, so "
             "the wait before it is not seen."
         )
+    if calls:
+        # Said with the count the header shows: n calls end n - 1 wall steps (the first only starts one).
+        notes.insert(
+            0,
+            f"No tfopt step markers: {_count(len(steps), 'wall step')} reconstructed from "
+            f"{_count(len(calls), 'Keras train-function call')} on the host (a wall step runs from one call's "
+            "end to the next's).",
+        )
     return steps, notes
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _share(kernels: list[tuple[Interval, bool | None, bool]], counts: Any, *, typed_only: bool) -> float | None:

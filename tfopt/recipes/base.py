@@ -63,6 +63,13 @@ class Recipe(abc.ABC):
     def check(self, plan: Plan) -> None:  # noqa: B027 - optional: most recipes fit every plan
         """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
 
+    def check_before_trials(self, plan: Plan) -> None:
+        """What `check` raises whatever batch the trials of a recipe before this one pick (a batch-size search,
+        which runs when the chain is applied): `Chain.check` asks this where that batch is not known yet, so that
+        a setting wrong anyway fails before the trials. All of `check` by default; a check reading the batch
+        overrides it."""
+        self.check(plan)
+
     def planned(self, plan: Plan) -> Plan | None:
         """The plan this recipe hands on, as far as the checks of the recipes after it read it (the batch, the
         strategy, the compile settings), for `Chain.check`; None where that is known only once its trials ran.
@@ -140,17 +147,19 @@ class Chain(Recipe):
         """Checks each recipe on the plan the recipes before it make (`Recipe.planned`): grad_accum's effective
         batch against the batch that batch_size and distribution give, not the user's. Where a recipe's plan is
         known only from its trials (a batch-size search, which runs once, when the chain is applied), the
-        recipes after it are checked as the chain applies them, on the plan the trials made."""
+        recipes after it are checked here for what holds whatever the batch (`Recipe.check_before_trials`), and
+        in full as the chain applies them, on the plan the trials made."""
         self.planned(plan)
 
     def planned(self, plan: Plan) -> Plan | None:
+        known: Plan | None = plan
         for recipe in self.recipes:
-            recipe.check(plan)
-            planned = recipe.planned(plan)
-            if planned is None:
-                return None
-            plan = planned
-        return plan
+            if known is None:  # a recipe's plan (its call may read the batch) waits for the trials too
+                recipe.check_before_trials(plan)
+            else:
+                recipe.check(known)
+                plan, known = known, recipe.planned(known)
+        return known
 
     def __call__(self, plan: Plan) -> Plan:
         for recipe in self.recipes:

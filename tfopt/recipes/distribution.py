@@ -218,6 +218,18 @@ class Distribution(Recipe):
         return config
 
     def check(self, plan: Plan) -> None:
+        self.check_before_trials(plan)
+        name, _, environment = self._resolve(plan)
+        replicas = count_replicas(name, plan.hardware, environment, self.devices)
+        if not self.scale_batch and plan.batch_size % replicas:
+            raise RecipeConfigError(
+                f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
+                f"replicas, which does not divide evenly. Use a batch that is a multiple of {replicas}, "
+                "or scale_batch=True.",
+                setting="scale_batch",
+            )
+
+    def check_before_trials(self, plan: Plan) -> None:
         name, _, environment = self._resolve(plan)
         if name == "horovod" and importlib.util.find_spec("horovod") is None:
             from tfopt.distribute.horovod import INSTALL_HINT
@@ -231,7 +243,6 @@ class Distribution(Recipe):
                 f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.",
                 setting="strategy",
             )
-        replicas = count_replicas(name, plan.hardware, environment, self.devices)
         placed = plan.replace(strategy=name, strategy_options=self._strategy_options(name, environment))
         refused = several_steps_refused(placed) if plan.steps_per_call > 1 else None
         if refused and plan.steps_per_call == (plan.compile_objects.get("steps_per_execution") or 1):
@@ -246,13 +257,6 @@ class Distribution(Recipe):
                 f"distribution and steps_per_execution cannot be combined: {refused}. Leave steps_per_execution out "
                 "beside this strategy (one step per call), or train on one device with it (strategy: one_device).",
                 recipes=("distribution", "steps_per_execution"),
-            )
-        if not self.scale_batch and plan.batch_size % replicas:
-            raise RecipeConfigError(
-                f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
-                f"replicas, which does not divide evenly. Use a batch that is a multiple of {replicas}, "
-                "or scale_batch=True.",
-                setting="scale_batch",
             )
 
     def __call__(self, plan: Plan) -> Plan:

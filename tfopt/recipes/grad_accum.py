@@ -92,12 +92,15 @@ class GradAccum(Recipe):
         return steps
 
     def check(self, plan: Plan) -> None:
+        self.check_before_trials(plan)
+        self.accumulation_steps(plan.whole_batch_size)
+
+    def check_before_trials(self, plan: Plan) -> None:
         if plan.strategy in ACCUMULATION_FAILS_UNDER:
             raise RecipeClashError(
                 f"distribution ({plan.strategy}) and grad_accum cannot be combined: {ACCUMULATION_FAILS}.",
                 recipes=("distribution", self.name),
             )
-        self.accumulation_steps(plan.whole_batch_size)
         accumulated(plan.compile_config, self.steps, who=self.name)
 
     def __call__(self, plan: Plan) -> Plan:

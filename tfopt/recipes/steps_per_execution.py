@@ -70,6 +70,9 @@ class StepsPerExecution(Recipe):
 
     def __call__(self, plan: Plan) -> Plan:
         if self.steps == "auto":
+            refused = several_steps_refused(plan)
+            if refused:
+                return plan.record(self.name, f"{refused}: {plan.steps_per_call} step(s) per call kept", skipped=True)
             if not steps_choices(plan):
                 return plan.record(
                     self.name, f"the model runs {plan.steps_per_call} steps per call already: kept", skipped=True

@@ -138,8 +138,11 @@ def _epoch_records(path: pathlib.Path, monitor: Monitor | None) -> keras.callbac
             self.started = False
 
         def on_train_begin(self, logs: dict | None = None) -> None:
-            if not self.started:  # the first fit() of this attempt starts at the restored step
-                start = int(self.model.optimizer.iterations.numpy())
+            if not self.started:  # the first fit() of this attempt starts at the restored step, as numbered
+                from tfopt.profiling.monitor import step_counter  # by the Monitor (micro-batches, if accumulated)
+
+                counter = step_counter(self.model)
+                start = int(counter.numpy()) if counter is not None else 0
                 self.windows = [window for window in self.windows if window["step"] <= start]
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

@@ -66,7 +66,9 @@ def to_tfrecord(
 
     Args:
         source: An `ImageFolderSource` or image-folder path, a `NumpySource`, a `SyntheticSource`, an
-            `(x, y)` tuple of arrays, a `TfdsSource`, or an unbatched `tf.data.Dataset` of `(x, y)`.
+            `(x, y)` tuple of arrays, a `TfdsSource`, or an unbatched `tf.data.Dataset` of `(x, y)` (one that
+            never ends is refused where tf.data knows it, after a `repeat()`; one it does not know the length of,
+            a `repeat()` then a `filter()`, is converted until it is stopped).
         out_dir: The directory to write (created if needed).
         shard_bytes: Target bytes per shard before compression; ignored when `records_per_shard` is set.
             Where the number of examples is known up front, there are at least 8 shards when the dataset
