@@ -412,3 +412,30 @@ def test_model_none_takes_the_compile_its_model_fn_makes(cpu_hardware):
     assert type(result.model.optimizer) is keras.optimizers.SGD
     assert float(result.model.optimizer.learning_rate) == pytest.approx(0.05)
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+def test_compile_given_the_models_own_trained_optimizer_goes_on_from_its_state():
+    """As plain Keras goes on after `model.compile(optimizer=model.optimizer, loss=other)`."""
+    import tfopt
+    from tests.conftest import FAKE_HARDWARE
+
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices((rng.random((32, 4), dtype=np.float32), rng.integers(0, 3, 32))).batch(8)
+    summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    def trained():
+        keras.utils.set_random_seed(0)
+        model = _mlp()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(True))
+        model.fit(data, epochs=1, verbose=0)
+        return model
+
+    user, plain = trained(), trained()
+    again = dict(optimizer=user.optimizer, loss=summed)
+    result = tfopt.apply(user, data, [], compile=again, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
+    assert int(result.model.optimizer.iterations) == int(user.optimizer.iterations) == 4
+    plain.compile(optimizer=plain.optimizer, loss=summed)
+    mine = result.model.fit(data, epochs=1, verbose=0).history["loss"]
+    assert mine == plain.fit(data, epochs=1, verbose=0).history["loss"]
+    for a, b in zip(result.model.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -176,7 +176,7 @@ def _create_model(plan: Plan) -> keras.Model:
     except TfoptError:
         raise
     except Exception as error:
-        if isinstance(plan.model_fn, functools.partial) and plan.model_fn.func is copy_model:
+        if _copies_the_users_model(plan):
             raise IncompatibleModelError(
                 f"tfopt could not copy your model {getattr(plan.model_fn.args[0], 'name', '')!r} "
                 f"({type(error).__name__}: {error}). Pass model_fn=a function that creates it "
@@ -203,6 +203,11 @@ def _create_model(plan: Plan) -> keras.Model:
     elif not model.built and not model.weights:
         model(plan.sample_inputs)  # a model never called has no variables until its first call
     return model
+
+
+def _copies_the_users_model(plan: Plan) -> bool:
+    """Whether the plan's model is an in-process copy of the user's (its `model_fn.args[0]`), not model_fn's."""
+    return isinstance(plan.model_fn, functools.partial) and plan.model_fn.func is copy_model
 
 
 def _traced_once(model: keras.Model, element_spec: Any) -> None:
@@ -388,6 +393,7 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
             if "optimizer" in changed:
                 _carry_optimizer_state(made, model.optimizer)
     else:
+        made = model.optimizer if model.compiled else None  # a copy's: the user's optimizer, state and all
         arguments = _compile_arguments(plan)
         declared = {  # XLA is set below, through Keras' setter
             key: value
@@ -398,6 +404,9 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
             model.compile(**declared)
         else:
             keras.Model.compile(model, **arguments)
+        users = plan.model_fn.args[0] if _copies_the_users_model(plan) else None
+        if users is not None and plan.compile_objects.get("optimizer") is users.optimizer:
+            _carry_optimizer_state(made, model.optimizer)  # compile= given the model's own trained optimizer
     model.jit_compile = plan.jit_compile and not model.run_eagerly
     model.steps_per_execution = plan.steps_per_call
     if model._compile_config is not None:  # what get_compile_config() and a saved copy say
