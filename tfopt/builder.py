@@ -194,8 +194,9 @@ def _create_model(plan: Plan) -> keras.Model:
         raise IncompatibleModelError(f"model_fn must return a keras.Model; it returned {type(model).__name__}.")
     if model is plan.weights_from:
         raise IncompatibleModelError(
-            "model_fn returned the model you passed, not a new one: tfopt would change yours (its layers' dtypes, "
-            "its compile). Make model_fn create the model anew at each call, or pass the model alone: tfopt copies it."
+            "model_fn returned a model tfopt already holds (the model you passed, or one it returned before), not a "
+            "new one: tfopt would change it (its layers' dtypes, its compile). Make model_fn create the model anew "
+            "at each call, or pass the model alone: tfopt copies it."
         )
     if not has_call(model):
         if not all(layer.built for layer in model._flatten_layers(include_self=False)):
@@ -434,7 +435,10 @@ def _carry_optimizer_state(made: Any, new: Any) -> None:
         optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
         for optimizer in (made, new)
     )
-    for source, variable in zip(_slots(made), _slots(new), strict=True):
+    slots, fresh = _slots(made), _slots(new)
+    if len(slots) != len(fresh) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(slots, fresh)):
+        return  # not made alike after all (an optimizer class of the user's): it starts afresh, as a new one does
+    for source, variable in zip(slots, fresh):
         variable.assign(source)
     # `_iterations` counts micro-batches under accumulation, `iterations` the updates.
     new._iterations.assign(made.iterations * (new.gradient_accumulation_steps or 1))

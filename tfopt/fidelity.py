@@ -86,7 +86,7 @@ class Agreement:
         )
 
 
-def outcome(model: keras.Model, batch: Any, pieces: int = 1, predictions: bool | None = None) -> Outcome:
+def outcome(model: keras.Model, batch: Any, pieces: int = 1, compared: bool | None = None) -> Outcome:
     """Runs `model` on one batch: predictions and loss, then one training step whose changes are put back.
 
     Args:
@@ -94,7 +94,7 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1, predictions: bool |
         batch: One batch of the user's pipeline.
         pieces: Micro-batches the batch trains as (`tfopt.training.micro_batches`): the batch is run piece by
             piece, its predictions and loss those of the whole batch, its step one update of `pieces` steps.
-        predictions: Whether the model's forward pass gives predictions to compare (True: a failure there is
+        compared: Whether the model's forward pass gives predictions to compare (True: a failure there is
             raised); None for the user's model, where it does if the model reads batches as `fit` does
             (`_forward_passes`). The optimized model is asked what the user's gave.
 
@@ -105,7 +105,7 @@ def outcome(model: keras.Model, batch: Any, pieces: int = 1, predictions: bool |
 
     # The forward passes too: a stateful RNN carries its states from one call to the next.
     with training_state_restored(model):
-        outcome = _outcome_of_calls(model, batch, pieces, predictions)
+        outcome = _outcome_of_calls(model, batch, pieces, compared)
     with model.distribute_strategy.scope():
         model.reset_metrics()
     return outcome

@@ -247,6 +247,11 @@ def make_plan(
         )
     # Without a model, what model_fn compiles is the user's compile (and precision): one model made to read it.
     described = model if model is not None or compile is not None else _made_by(model_fn)
+    if model is None and compile is None and not described.compiled:
+        raise IncompatibleModelError(
+            "model=None and model_fn's model is not compiled, so tfopt does not know the optimizer and loss to train "
+            "with: compile it in model_fn, or pass compile=dict(optimizer=..., loss=...) to tfopt.apply."
+        )
     compile_objects = {
         **_compile_objects(described, compile),
         "jit_compile": _chosen_jit_compile(described, compile),
@@ -331,7 +336,7 @@ def tf32_note(hardware: Hardware) -> str:
 
 
 def _made_by(model_fn: Callable[[], Any]) -> keras.Model:
-    """A model of model_fn's, made to read what it compiles."""
+    """A model of model_fn's, made to read what it compiles (one call more than the builds make)."""
     import keras
 
     try:

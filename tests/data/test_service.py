@@ -230,6 +230,7 @@ def test_a_function_after_a_batch_keeps_several_workers_off():
         (batched.map(lambda batch: batch * [1.0, 2.0, 3.0, 4.0]), "MapDataset"),
         (batched.filter(lambda batch: tf.reduce_sum(batch) > 0), "FilterDataset"),
         (batched.batch(2), "BatchDatasetV2"),
+        (batched.map(lambda batch: batch - tf.reduce_mean(batch)).unbatch().batch(8), "MapDataset"),  # then tf.data's
     ):
         offload, why = plan_offload(dataset, workers=2)
         assert offload is None and f"its {op}" in why and "comes after a batch" in why, why

@@ -220,6 +220,15 @@ out["theirs"] = theirs.fit(data(16), epochs=2, verbose=0, shuffle=False).history
 result = tfopt.apply(copied, data(16), ["data_pipeline"], hardware=Hardware(cpu_count=2), measure_speed=False)
 out["placed"] = [result.plan.strategy, result.strategy.num_replicas_in_sync, str(result.plan.applied[0])]
 out["copied"] = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
+with strategy.scope():
+    copied = mlp()
+kept = [{"distribution": {"strategy": "mirrored", "scale_batch": False}}]  # no devices: the user's strategy's
+result = tfopt.apply(copied, data(16), kept, hardware=Hardware(cpu_count=2), measure_speed=False)
+out["kept"] = result.strategy is strategy
+try:
+    tfopt.apply(copied, data(16), [{"grad_accum": {"steps": 2}}], hardware=Hardware(cpu_count=2), measure_speed=False)
+except tfopt.RecipeConfigError as error:
+    out["own_strategy_accumulation"] = str(error)
 print("RESULT " + json.dumps(out))
 """
 
@@ -253,4 +262,6 @@ def test_under_two_replicas_the_scaled_batch_learns_and_logs_as_keras_at_the_glo
     assert out["placed"] == ["mirrored", 2, "baseline: MirroredStrategy over 2 devices, as your model was made"]
     for name, values in out["theirs"].items():
         np.testing.assert_allclose(out["copied"][name], values, rtol=1e-6)
+    assert out["kept"] is True
+    assert out["own_strategy_accumulation"].startswith("grad_accum: your model was made under a mirrored strategy")
     assert "You must feed a value for placeholder" in out["four_steps"]

@@ -36,6 +36,7 @@ reads it back):
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from tfopt.data import graph as pipeline_graph
@@ -95,8 +96,9 @@ _BATCH_SEEING = frozenset(
     }
 )
 # Ops before which tf.data puts a map of its own (`normalize_to_dense`: sparse and ragged parts as batched
-# dense tensors), which changes no row: it is not the user's function.
+# dense tensors), which changes no row: it is not the user's function. Known by its place and its traced name.
 _NORMALIZED_INPUT_OPS = frozenset({"RebatchDatasetV2", "UnbatchDataset"})
+_NORMALIZING_FUNCTION = re.compile(r"__inference_Dataset_map_normalize_\d+")
 # Ops whose output's row i depends on row i of their inputs alone, broadcast against single values: a function of
 # these gives each row the same value in whichever batch it is (tfopt's own `finish`, a cast and a rescale).
 # Calls count by the functions they call. A constant of more than one value might broadcast along the batch.
@@ -379,7 +381,12 @@ def _sees_worker_batches(graph: GraphDef) -> str | None:
     chain = list(pipeline_graph.output_chain(graph))[::-1]  # from the source on
     batched = False
     for node, following in zip(chain, [*chain[1:], None]):
-        normalizing = node.op == "MapDataset" and following is not None and following.op in _NORMALIZED_INPUT_OPS
+        normalizing = (
+            node.op == "MapDataset"
+            and following is not None
+            and following.op in _NORMALIZED_INPUT_OPS
+            and _NORMALIZING_FUNCTION.fullmatch(node.attr["f"].func.name) is not None
+        )
         if batched and node.op in _BATCH_SEEING and not (normalizing or _element_wise_map(graph, node)):
             return (
                 f"its {node.op} comes after a batch, and each worker batches the elements it was handed: it "

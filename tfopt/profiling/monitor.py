@@ -30,9 +30,9 @@ reads the device, decides when to capture, and writes and alerts. How it measure
   window of N steps closes whatever the epoch length, 20+ short epochs included. Each `fit`'s first step
   is never timed (it traces, or reads the batches a resumed run skips); the window open at the end of
   `fit` is kept when it has `MIN_WINDOW_STEPS` steps. Steps are global: they count on from the
-  optimizer's step count (`step_counter`), as Keras' TensorBoard callback does, so a resumed run goes on
-  numbering. Under `steps_per_execution > 1` a call's steps are the ones the optimizer counted, for an
-  epoch's last call may run fewer.
+  optimizer's step count (`step_counter`: micro-batches where gradients accumulate, where Keras' TensorBoard
+  callback counts updates), so a resumed run goes on numbering. Under `steps_per_execution > 1` a call's
+  steps are the ones the optimizer counted, for an epoch's last call may run fewer.
 - **A failed fit.** Keras 3's `fit` has no `finally`: when it raises, no callback hears of it. A step
   that raises (an error, Ctrl-C) closes the Monitor on its way out; an error raised in another callback
   is caught up with at the model's next train-function call, which finds this Monitor's fit over

@@ -243,7 +243,7 @@ class Distribution(Recipe):
                 f"({plan.hardware.describe()}). Use strategy='auto', or run on a TPU VM.",
                 setting="strategy",
             )
-        placed = plan.replace(strategy=name, strategy_options=self._strategy_options(name, environment))
+        placed = plan.replace(strategy=name, strategy_options=self._strategy_options(name, environment, plan))
         refused = several_steps_refused(placed) if plan.steps_per_call > 1 else None
         if refused and plan.steps_per_call == (plan.compile_objects.get("steps_per_execution") or 1):
             raise RecipeConfigError(
@@ -262,7 +262,7 @@ class Distribution(Recipe):
     def __call__(self, plan: Plan) -> Plan:
         name, reason, environment = self._resolve(plan)
         replicas = count_replicas(name, plan.hardware, environment, self.devices)
-        options = self._strategy_options(name, environment)
+        options = self._strategy_options(name, environment, plan)
         if replicas == 1 and name in ("default", "one_device") and self.strategy == "auto":
             return plan.replace(strategy=name, strategy_options=options).record(
                 self.name, f"{name}: {reason}; 1 replica, batch {plan.batch_size} unchanged", skipped=True
@@ -309,9 +309,11 @@ class Distribution(Recipe):
             return name, reason, environment
         return self.strategy, f"requested ({environment.reason})", environment
 
-    def _strategy_options(self, name: str, environment: ClusterEnvironment) -> dict[str, Any]:
+    def _strategy_options(self, name: str, environment: ClusterEnvironment, plan: Plan) -> dict[str, Any]:
         if name == "mirrored" and self.devices:
             return {"devices": list(self.devices)}
+        if name == plan.strategy == "mirrored":  # the user's own MirroredStrategy, which their model's variables need
+            return dict(plan.strategy_options)
         if name == "multi_worker":
             return {
                 "communication_timeout_seconds": float(self.communication_timeout_seconds),

@@ -96,10 +96,16 @@ class GradAccum(Recipe):
         self.accumulation_steps(plan.whole_batch_size)
 
     def check_before_trials(self, plan: Plan) -> None:
-        if plan.strategy in ACCUMULATION_FAILS_UNDER:
+        if plan.strategy in ACCUMULATION_FAILS_UNDER and any(step.recipe == "distribution" for step in plan.applied):
             raise RecipeClashError(
                 f"distribution ({plan.strategy}) and grad_accum cannot be combined: {ACCUMULATION_FAILS}.",
                 recipes=("distribution", self.name),
+            )
+        if plan.strategy in ACCUMULATION_FAILS_UNDER:
+            raise RecipeConfigError(
+                f"grad_accum: your model was made under a {plan.strategy} strategy, which tfopt keeps, and "
+                f"{ACCUMULATION_FAILS}.",
+                setting="steps",
             )
         accumulated(plan.compile_config, self.steps, who=self.name)
 
