@@ -405,8 +405,8 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
             model.compile(**declared)
         else:
             keras.Model.compile(model, **arguments)
-        users = plan.model_fn.args[0] if _copies_the_users_model(plan) else None
-        if users is not None and plan.compile_objects.get("optimizer") is users.optimizer:
+        users = getattr(plan.model_fn.args[0], "optimizer", None) if _copies_the_users_model(plan) else None
+        if users is not None and plan.compile_objects.get("optimizer") is users:
             _carry_optimizer_state(made, model.optimizer)  # compile= given the model's own trained optimizer
     model.jit_compile = plan.jit_compile and not model.run_eagerly
     model.steps_per_execution = plan.steps_per_call
