@@ -276,7 +276,7 @@ def make_plan(
         source=source,
         keeps_users_compile=compile is None,
         # A model built under a mixed policy keeps it in the baseline (and fp16 keeps its loss scaling).
-        dtype_policy=model_dtype_policy(described) if described is not None else "float32",  # compile= given
+        dtype_policy=model_dtype_policy(described) if described is not None else "float32",  # None: model_fn's own
         tf32=tf32,
         strategy=strategy,
         strategy_options=strategy_options,
@@ -300,7 +300,8 @@ def _users_strategy(model: keras.Model | None) -> tuple[str, dict[str, Any], str
         from tfopt.distribute.strategy import adopt_mirrored
 
         devices = adopt_mirrored(strategy)
-        return "mirrored", {"devices": devices}, f"MirroredStrategy over {len(devices)} devices, as your model was made"
+        over = f"{len(devices)} device{'s' if len(devices) > 1 else ''}"
+        return "mirrored", {"devices": devices}, f"MirroredStrategy over {over}, as your model was made"
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         (device,) = strategy.extended.worker_devices
         return "one_device", {"device": device}, f"OneDeviceStrategy on {device}, as your model was made"
