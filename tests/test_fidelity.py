@@ -70,6 +70,66 @@ def test_the_way_to_an_embedding_in_a_nested_tower_goes_on_in_the_graph_around_i
     assert tower.layers[-1].compute_dtype == "bfloat16"
 
 
+class OneHotIds(keras.layers.Layer):
+    """Reads the ids a float column carries itself: no class of Keras' tells tfopt it does."""
+
+    def __init__(self, depth, **kwargs):
+        super().__init__(**kwargs)
+        self.depth = depth
+
+    def call(self, inputs):
+        return tf.one_hot(tf.cast(tf.reshape(inputs, [-1]), "int32"), self.depth)
+
+
+class Squashed(keras.layers.Layer):
+    """Computes features of floats, and an integer (a count) from its weights: it reads no ids."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, inputs):
+        steps = tf.cast(tf.reduce_sum(self.scale), "int32")
+        return tf.tanh(inputs * 2.0) * tf.cast(steps, inputs.dtype)
+
+
+class ReadsIdsInItsCall(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.ids = OneHotIds(1000)
+        self.head = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.head(self.ids(inputs[:, :1]))
+
+
+def test_a_layer_of_the_users_casting_a_float_input_to_ids_and_the_way_there_stay_float32():
+    """keras-io's ids in a float column, read by user code rather than an Embedding: a layer whose call() casts
+    them to integers, found in its traced graph. MovieLens-style data sorted by id shows ids past 256 only after
+    the first batch, which the first-batch check never sees: tfopt must not round them, nor say more than that."""
+    inputs = keras.Input((2,))
+    ids = OneHotIds(1000, name="one_hot_ids")(keras.layers.Lambda(lambda t: t[:, :1], name="take_id")(inputs))
+    counted = keras.layers.Lambda(lambda t: tf.cast(t[:, 1:] * 10.0, "int32"), name="bucket")(inputs)
+    features = Squashed(name="squashed")(keras.layers.Dense(3, name="features")(inputs))
+    joined = keras.layers.Concatenate()([ids, features, keras.ops.cast(counted, "float32")])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(keras.layers.Dense(4, name="hidden")(joined)))
+    notes = set_dtype_policy(model, "mixed_bfloat16", None)
+    dtypes = {layer.name: layer.compute_dtype for layer in model.layers[1:]}
+    assert dtypes["one_hot_ids"] == dtypes["take_id"] == dtypes["bucket"] == dtypes["head"] == "float32"
+    assert dtypes["squashed"] == dtypes["features"] == dtypes["hidden"] == "bfloat16"
+    assert notes[:2] == [
+        "reading ids or raw features: 'bucket' (Lambda), 'one_hot_ids' (OneHotIds)",
+        "carrying them there: 'take_id' (Lambda)",
+    ]
+    rows = np.array([[857.0, 0.5], [999.0, 0.25]], "float32")
+    picked = np.argmax(model.get_layer("one_hot_ids")(model.get_layer("take_id")(rows)), axis=-1)
+    np.testing.assert_array_equal(picked, [857, 999])  # bfloat16: 856, and 1000 (past the depth: no row)
+
+    subclassed = ReadsIdsInItsCall()
+    subclassed(rows)
+    set_dtype_policy(subclassed, "mixed_bfloat16", tf.constant(rows))
+    assert subclassed.ids.compute_dtype == "float32"
+
+
 def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardware):
     user, data = keras_examples.transformer_classifier(vocab_size=20000)
     batch = next(iter(data))

@@ -61,9 +61,10 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
     was global when the user built it) take `policy`; layers the user pinned to another dtype keep theirs.
     Under a mixed policy two kinds stay float32, named in the returned list: the layers producing the
     model's outputs (softmax and the loss keep float32 precision), and the layers that read ids or raw
-    features (`Embedding`, lookups, `CategoryEncoding`, hashing, `Normalization`, ...) with every layer
-    holding one (a custom layer around an `Embedding`): Keras casts a layer's floating inputs to its
-    compute dtype before `call`, and bfloat16 rounds ids above 256 (15000 and 15001 both become 14976).
+    features (`Embedding`, lookups, `CategoryEncoding`, hashing, `Normalization`, ..., and user code casting
+    a float input to integers) with every layer holding one (a custom layer around an `Embedding`): Keras
+    casts a layer's floating inputs to its compute dtype before `call`, and bfloat16 rounds ids above 256
+    (15000 and 15001 both become 14976).
 
     Args:
         model: A built model; its layers are changed in place (tfopt's own copy, never the user's model).
@@ -99,8 +100,8 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
     ]
     kept: dict[str, list[Any]] = {}
     if policy in ("mixed_float16", "mixed_bfloat16"):
-        reading = _holding_id_readers(model)
-        carrying = _carrying_to_id_readers(model) - reading
+        reading = _holding_id_readers(model, _casting_floats_to_integers(model, layers, sample_inputs))
+        carrying = _carrying_to_id_readers(model, reading) - reading
         outputs = _output_layers(model, sample_inputs) - reading - carrying
         kept = {
             "reading ids or raw features": [layer for layer in layers if id(layer) in reading],
@@ -117,14 +118,15 @@ def _describe(layer: keras.Layer) -> str:
     return f"{layer.name!r} ({type(layer).__name__})"
 
 
-def _holding_id_readers(model: keras.Model) -> set[int]:
-    """The ids of the layers that read ids or raw features (subclasses too), and of every layer that holds one."""
+def _holding_id_readers(model: keras.Model, casting: set[int]) -> set[int]:
+    """The ids of the layers that read ids or raw features (subclasses too, and the `casting` ones: their own
+    call() reads them), and of every layer that holds one."""
     readers = _id_reader_classes()
     holding: set[int] = set()
 
     def visit(layer: keras.Layer) -> bool:
         inner = [visit(child) for child in layer._flatten_layers(include_self=False, recursive=False)]
-        if any(inner) or isinstance(layer, readers):
+        if any(inner) or isinstance(layer, readers) or id(layer) in casting:
             holding.add(id(layer))
             return True
         return False
@@ -133,14 +135,13 @@ def _holding_id_readers(model: keras.Model) -> set[int]:
     return holding
 
 
-def _carrying_to_id_readers(model: keras.Model) -> set[int]:
-    """The ids of the layers a functional graph passes an id reader's inputs through, from the model's inputs on
-    (a Lambda taking the user-id column of a float Input): Keras casts their float inputs to 16 bits as well. The
-    way back stops at a layer with weights, which computes features rather than carrying ids. A subclassed
-    model's call() has no graph to read: its first batch is checked (`tfopt.fidelity`)."""
+def _carrying_to_id_readers(model: keras.Model, reading: set[int]) -> set[int]:
+    """The ids of the layers a functional graph passes the inputs of the `reading` layers through, from the model's
+    inputs on (a Lambda taking the user-id column of a float Input): Keras casts their float inputs to 16 bits as
+    well. The way back stops at a layer with weights, which computes features rather than carrying ids. A
+    subclassed model's call() has no graph to read: its first batch is checked (`tfopt.fidelity`)."""
     import keras
 
-    readers = _id_reader_classes()
     layers = model._flatten_layers(include_self=False, recursive=True)
     # A nested model's inputs are what the graph around it feeds it: the way back goes on there.
     fed: dict[int, list[Any]] = {}
@@ -154,7 +155,7 @@ def _carrying_to_id_readers(model: keras.Model) -> set[int]:
     tensors = [
         tensor
         for layer in layers
-        if isinstance(layer, readers)
+        if id(layer) in reading
         for node in layer._inbound_nodes
         for tensor in node.input_tensors
     ]
@@ -184,6 +185,99 @@ def _id_reader_classes() -> tuple[type, ...]:
         getattr(getattr(keras, module), name)
         for module, name in (path.split(".") for path in _READS_IDS_OR_RAW_FEATURES)
     )
+
+
+def _casting_floats_to_integers(model: keras.Model, layers: list[Any], sample_inputs: Any) -> set[int]:
+    """The ids of the layers of user code (a custom class's, a `Lambda`'s) whose own call() turns a float input into
+    integers (`one_hot(cast(x[:, 0], "int32"))`): ids a float input carries, which no class tells. Found in a graph
+    of the model's forward pass, traced (nothing runs) with every such layer's call() recorded: the ops it made,
+    and a way from one of its float inputs through them, reading no weights, to a cast to an integer type. Keras
+    rounds those inputs to 16 bits before call() (`autocast`); ids past 256 round in bfloat16, and sorted data
+    shows them only after the first batch, which is all the first-batch check sees."""
+    import keras
+    import tensorflow as tf
+
+    readers = _id_reader_classes()
+    users = [
+        layer
+        for layer in layers
+        if layer.autocast
+        and not isinstance(layer, readers)
+        and (isinstance(layer, keras.layers.Lambda) or not type(layer).__module__.startswith("keras."))
+    ]
+    if not users:
+        return set()
+    calls: list[tuple[Any, list[Any], list[Any]]] = []
+
+    def recording(layer: keras.Layer) -> Any:
+        call = layer.call
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            graph = tf.compat.v1.get_default_graph()
+            before = len(graph.get_operations())
+            result = call(*args, **kwargs)
+            floats = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t) and t.dtype.is_floating]
+            calls.append((layer, floats, graph.get_operations()[before:]))
+            return result
+
+        return record
+
+    for layer in users:
+        object.__setattr__(layer, "call", recording(layer))
+    try:
+        for forward, specs in _forward_passes(model, sample_inputs):
+            tf.function(lambda batch, forward=forward: forward(batch, training=False)).get_concrete_function(specs)
+    except Exception:  # noqa: BLE001 - a call() that cannot be traced runs eagerly; its first batch is checked
+        pass
+    finally:
+        for layer in users:
+            layer.__dict__.pop("call", None)
+    return {id(layer) for layer, floats, ops in calls if _reaches_an_integer_cast(floats, ops)}
+
+
+def _forward_passes(model: keras.Model, sample_inputs: Any) -> Iterator[tuple[Any, Any]]:
+    """The models whose forward passes reach the model's layers, each with the specs of its inputs: the model's
+    own (of `sample_inputs`, or of its functional inputs), or where it has no call() (a GAN's), its functional
+    parts'."""
+    import keras
+    import tensorflow as tf
+
+    def specs(functional: keras.Model) -> Any:
+        return keras.tree.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), functional._inputs_struct)
+
+    if has_call(model):
+        if sample_inputs is not None:
+            yield model, tf.nest.map_structure(tf.type_spec_from_value, sample_inputs)
+        elif getattr(model, "inputs", None):
+            yield model, specs(model)
+        return
+    for part in model._flatten_layers(include_self=False, recursive=False):
+        if isinstance(part, keras.Model) and getattr(part, "inputs", None):
+            yield part, specs(part)
+
+
+def _reaches_an_integer_cast(floats: list[Any], ops: list[Any]) -> bool:
+    """Whether a way leads from the `floats` through the `ops` to a cast from floats to integers, through no op that
+    reads a weight (which computes features from them, as a layer with weights does on the functional graph)."""
+    ours = {op.name for op in ops}
+    seen: set[str] = set()
+    tensors = list(floats)
+    while tensors:
+        for op in tensors.pop().consumers():
+            if op.name not in ours or op.name in seen or any(_is_a_weight(each) for each in op.inputs):
+                continue
+            seen.add(op.name)
+            if op.type == "Cast" and op.inputs[0].dtype.is_floating and op.outputs[0].dtype.is_integer:
+                return True
+            tensors.extend(op.outputs)
+    return False
+
+
+def _is_a_weight(tensor: Any) -> bool:
+    """Whether a graph tensor is a variable's value, read (and perhaps cast) in the traced call."""
+    while tensor.op.type in ("Identity", "Cast"):
+        tensor = tensor.op.inputs[0]
+    return tensor.op.type == "ReadVariableOp"
 
 
 def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
