@@ -8,8 +8,9 @@ import tensorflow as tf
 from tests.conftest import make_cnn, make_images
 from tfopt.builder import build
 from tfopt.errors import IncompatibleModelError
+from tfopt.layer_policies import set_dtype_policy
 from tfopt.plan import make_plan
-from tfopt.policies import dtype_policy_scope, set_dtype_policy
+from tfopt.policies import dtype_policy_scope
 
 
 def assert_same_weights(first, second):
@@ -439,3 +440,41 @@ def test_compile_given_the_models_own_trained_optimizer_goes_on_from_its_state()
     assert mine == plain.fit(data, epochs=1, verbose=0).history["loss"]
     for a, b in zip(result.model.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+class OwnStepAfterBuild(keras.Model):
+    """A subclassed model with a train_step of its own, whose user calls `build(shape)` before `compile`."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.head = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.head(self.hidden(inputs))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_a_model_built_from_a_shape_before_its_layers_ran_trains_as_fit_trains_it(cpu_hardware):
+    """`Model.build(shape)` marks a subclassed model built and leaves its layers without variables: an optimizer
+    built on its (no) trainable variables then refused the first step's. `fit` asks whether every layer is built."""
+    import tfopt
+    from tests.same_training import assert_same_training
+
+    keras.utils.set_random_seed(0)
+    user = OwnStepAfterBuild()
+    user.build((None, 3))
+    user.compile(optimizer="sgd", loss="mse")
+    assert user.built and not user.weights
+    features = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((features, features.sum(axis=1, keepdims=True))).batch(8)
+    result = tfopt.apply(user, data, recipes=[], hardware=cpu_hardware, measure_speed=False)
+    assert len(result.model.weights) == 4 and not user.weights
+    assert_same_training(result, user, data)

@@ -13,8 +13,8 @@ import tfopt
 from tests import keras_examples
 from tfopt.builder import build
 from tfopt.fidelity import TOLERANCE, agreement, outcome
+from tfopt.layer_policies import set_dtype_policy
 from tfopt.plan import make_plan
-from tfopt.policies import set_dtype_policy
 from tfopt.verdict import built_again, candidates, decided
 
 BUILD_ONLY = dict(measure_speed=False)
@@ -24,12 +24,13 @@ def test_ids_carried_by_a_float_input_reach_the_embedding_unrounded(cpu_hardware
     user, data = keras_examples.transformer_classifier(vocab_size=20000)
     built = build(make_plan(user, data, hardware=cpu_hardware).replace(dtype_policy="mixed_bfloat16"))
     embedding = built.model.layers[1]
-    assert embedding.compute_dtype == "float32"
-    assert embedding.token_emb.compute_dtype == "float32"
+    assert embedding.compute_dtype == "float32"  # its call() would round the ids before its Embeddings read them
+    assert embedding.token_emb.compute_dtype == "bfloat16"  # Keras casts no Embedding's inputs: it reads them exactly
     assert built.model.layers[3].compute_dtype == "bfloat16"  # the rest computes in 16 bits
     ids, _ = next(iter(data))
     assert float(tf.reduce_max(ids)) > 256  # ids bfloat16 would round
-    np.testing.assert_array_equal(embedding(ids), user.layers[1](ids))  # the same rows, looked up exactly
+    # The same rows, looked up exactly (rows of other ids differ wholly), summed in 16 bits
+    np.testing.assert_allclose(np.asarray(embedding(ids), "float32"), user.layers[1](ids), rtol=1e-2, atol=1e-3)
     assert "reading ids or raw features: 'token_and_position_embedding" in str(built.plan.applied[-1])
 
 
@@ -50,9 +51,10 @@ def test_layers_carrying_ids_from_a_float_input_to_an_embedding_stay_float32():
     model = keras.Model(inputs, keras.layers.Dense(1, name="head")(keras.layers.Dense(4, name="hidden")(joined)))
     notes = set_dtype_policy(model, "mixed_bfloat16", None)
     dtypes = {layer.name: layer.compute_dtype for layer in model.layers[1:]}
-    for name in ("take_user", "as_column", "take_movie", "user_embedding", "movie_embedding", "head"):
+    for name in ("take_user", "as_column", "take_movie", "bins", "head"):
         assert dtypes[name] == "float32", name
     assert dtypes["features"] == dtypes["score"] == dtypes["joined"] == dtypes["hidden"] == "bfloat16"
+    assert dtypes["user_embedding"] == dtypes["movie_embedding"] == "bfloat16"  # Keras casts no Embedding's inputs
     carrying = notes[1].removeprefix("carrying them there: ").split(", ")
     assert sorted(carrying) == ["'as_column' (Reshape)", "'take_movie' (Lambda)", "'take_user' (Lambda)"]
     ids = np.array([[857.0, 99.0], [997.0, 3.0]], "float32")
@@ -93,13 +95,21 @@ class Squashed(keras.layers.Layer):
 
 
 class ReadsIdsInItsCall(keras.Model):
+    """A subclassed model: its call() passes the id column through a `Lambda` and a `Reshape` to an Embedding, and
+    through its own slicing to a layer casting it; a `Dropout` after the Embedding carries features, not ids."""
+
     def __init__(self):
         super().__init__()
-        self.ids = OneHotIds(1000)
+        self.pick = keras.layers.Lambda(lambda t: t[:, 0], name="pick")
+        self.column = keras.layers.Reshape((1,), name="column")
+        self.embedding = keras.layers.Embedding(1000, 2, name="embedding")
+        self.dropout = keras.layers.Dropout(0.1)
+        self.ids = OneHotIds(1000, name="ids")
         self.head = keras.layers.Dense(1)
 
     def call(self, inputs):
-        return self.head(self.ids(inputs[:, :1]))
+        embedded = self.dropout(keras.ops.squeeze(self.embedding(self.column(self.pick(inputs))), 1))
+        return self.head(keras.ops.concatenate([self.ids(inputs[:, :1]), embedded], axis=-1))
 
 
 def test_a_layer_of_the_users_casting_a_float_input_to_ids_and_the_way_there_stay_float32():
@@ -126,8 +136,88 @@ def test_a_layer_of_the_users_casting_a_float_input_to_ids_and_the_way_there_sta
 
     subclassed = ReadsIdsInItsCall()
     subclassed(rows)
-    set_dtype_policy(subclassed, "mixed_bfloat16", tf.constant(rows))
-    assert subclassed.ids.compute_dtype == "float32"
+    notes = set_dtype_policy(subclassed, "mixed_bfloat16", tf.constant(rows))
+    assert notes[:2] == [
+        "reading ids or raw features: 'ids' (OneHotIds)",
+        "carrying them there: 'pick' (Lambda), 'column' (Reshape)",
+    ]
+    assert subclassed.dropout.compute_dtype == "bfloat16"
+    np.testing.assert_array_equal(subclassed.column(subclassed.pick(rows)), [[857.0], [999.0]])
+
+
+class Bucketed(keras.layers.Layer):
+    """Turns a float column into buckets with `digitize`: no cast, TensorFlow's `Bucketize`."""
+
+    def call(self, inputs):
+        return keras.ops.one_hot(keras.ops.digitize(inputs[:, 0], [300.0, 600.0, 900.0]), 4)
+
+
+class LooksUpInALoop(keras.layers.Layer):
+    """Gathers rows of a table of its own by the id column, one row at a time: the cast is in `map_fn`'s loop."""
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=(1000, 2), initializer="random_normal")
+
+    def call(self, inputs):
+        return tf.map_fn(lambda row: tf.gather(self.table, tf.cast(row[0], "int32")), inputs)
+
+
+class ScalesFeaturesPassesIds(keras.layers.Layer):
+    """Has weights, and passes the id column on untouched by them."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(1,), initializer="ones")
+
+    def call(self, inputs):
+        return inputs[:, 0], inputs[:, 1:] * self.scale
+
+
+def test_ids_made_without_a_cast_in_loops_or_passed_on_by_layers_with_weights_stay_unrounded():
+    inputs = keras.Input((2,))
+    ids, features = ScalesFeaturesPassesIds(name="split")(inputs)
+    front = keras.Input((2,))  # a nested functional model with weights: its Identity passes the id column on
+    nested = keras.Model(front, [keras.layers.Identity(name="same")(front[:, :1]), keras.layers.Dense(2)(front)])
+    picked, _ = nested(inputs)
+    joined = keras.layers.Concatenate()(
+        [
+            Bucketed(name="buckets")(inputs),
+            LooksUpInALoop(name="rows")(inputs),
+            keras.layers.Embedding(1000, 2)(ids),
+            keras.layers.Flatten()(keras.layers.Embedding(1000, 2)(picked)),
+            features,
+        ]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
+    notes = set_dtype_policy(model, "mixed_bfloat16", None)
+    assert notes[:2] == [
+        "reading ids or raw features: 'buckets' (Bucketed), 'rows' (LooksUpInALoop)",
+        "carrying them there: 'same' (Identity), 'split' (ScalesFeaturesPassesIds)",
+    ]
+    assert nested.layers[-1].compute_dtype == "bfloat16"  # the Dense computes features
+
+
+class ReadsOnlyEagerly(keras.Model):
+    """Its call() reads a value with `.numpy()`: compiled to run eagerly, it has no graph to trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.pick = keras.layers.Lambda(lambda t: t[:, 0], name="pick")
+        self.embedding = keras.layers.Embedding(1000, 2)
+        self.dropout = keras.layers.Dropout(0.1, name="dropout")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, inputs):
+        scale = float(inputs.numpy()[0, 1]) * 0.0 + 1.0
+        return self.head(self.dropout(self.embedding(self.pick(inputs)) * scale))
+
+
+def test_where_the_forward_pass_cannot_be_traced_its_layers_without_weights_stay_float32():
+    model = ReadsOnlyEagerly()
+    rows = np.array([[857.0, 0.5], [999.0, 0.25]], "float32")
+    model(rows)
+    notes = set_dtype_policy(model, "mixed_bfloat16", tf.constant(rows))
+    assert notes[0] == "carrying them there: 'pick' (Lambda), 'dropout' (Dropout)"
+    np.testing.assert_array_equal(model.pick(rows), [857.0, 999.0])
 
 
 def test_the_id_case_fails_the_fidelity_check_and_ordinary_bf16_passes(cpu_hardware):
@@ -476,22 +566,21 @@ def test_a_lambda_failing_in_16_bits_inside_a_subclassed_model_is_the_layer_kept
     assert result.model.hidden.compute_dtype == "bfloat16" and result.model.shift.compute_dtype == "float32"
 
 
-def test_a_layer_holding_an_id_reader_keeps_what_it_adds_to_its_positions_in_float32(cpu_hardware):
-    """The ViT's PatchEncoder is kept float32 for its Embedding of positions, and adds its Dense's projection to
-    them: in 16 bits the Dense fails the addition, so the first batch keeps it float32 too, and the rest of the
-    model stays in 16 bits (mixed precision is not dropped for the whole model)."""
+def test_a_layer_holding_an_id_reader_stays_float32_and_the_layers_it_holds_compute_in_16_bits(cpu_hardware):
+    """The ViT's PatchEncoder adds its Dense's projection to its Embedding of positions. Keras would round what it
+    is given before its call(): it stays float32. Its Embedding reads its ids exactly in 16 bits (Keras casts no
+    Embedding's inputs), so both addends are 16-bit and the model keeps mixed precision, as plain Keras would."""
     user, data = keras_examples.patch_classifier()
     forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
     result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
     model = result.model
     encoder = next(layer for layer in model.layers if isinstance(layer, keras_examples.PatchEncoder))
-    assert result.plan.dtype_policy == "mixed_bfloat16"
-    assert encoder.projection.compute_dtype == encoder.position_embedding.compute_dtype == "float32"
+    assert result.plan.dtype_policy == "mixed_bfloat16" and result.plan.float32_layers == ()
+    assert encoder.compute_dtype == "float32"
+    assert encoder.projection.compute_dtype == encoder.position_embedding.compute_dtype == "bfloat16"
     assert model.get_layer("mlp").compute_dtype == "bfloat16" and model.get_layer("logits").compute_dtype == "float32"
     step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
-    inside = f"the layers in {encoder.name!r} ({encoder.projection.name!r})"
-    assert f"kept float32, failing under mixed_bfloat16: {inside}" in step.detail
-    assert result.plan.float32_layers == (encoder.projection.name,)
+    assert f"reading ids or raw features: {encoder.name!r} (PatchEncoder)" in step.detail
     assert np.isfinite(model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
 
 

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, RecipeConfigError, TfoptError, describe_error
+from tfopt.layer_policies import set_dtype_policy
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting, users_jit_compile
-from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force, set_dtype_policy
+from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force
 from tfopt.training.micro_batches import split_batches
 
 if TYPE_CHECKING:
@@ -201,8 +202,10 @@ def _create_model(plan: Plan) -> keras.Model:
     if not has_call(model):
         if not all(layer.built for layer in model._flatten_layers(include_self=False)):
             _traced_once(model, plan.dataset.element_spec)
-    elif not model.built and not model.weights:
-        model(plan.sample_inputs)  # a model never called has no variables until its first call
+    elif not all(layer.built for layer in model._flatten_layers()):
+        # A model never called has no variables until its first call; nor do the layers of one whose user called
+        # `model.build(shape)`, which marks it built, however little its call() was run (Keras' `fit` asks this).
+        model(plan.sample_inputs)
     return model
 
 

@@ -29,6 +29,47 @@ TINY_DATA = "data: {source: synthetic, kind: image, examples: 16, image_size: [8
 GOOD = "model: {name: small_cnn, filters: [4]}\n" + TINY_DATA
 
 
+# A model of the user's, compiled by its function: a train_step stepping an optimizer of its own (as a GAN's does:
+# `model.optimizer` never moves), a `compile` of its own signature and a metric of its own.
+OWN_OPTIMIZER_MODULE = textwrap.dedent("""
+    import keras
+    import tensorflow as tf
+
+    class OwnOptimizer(keras.Model):
+        def __init__(self, classes, **kwargs):
+            super().__init__(**kwargs)
+            self.body = keras.Sequential(
+                [keras.layers.Conv2D(4, 3), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(classes)]
+            )
+            self.tracked = keras.metrics.Mean(name="own_loss")
+
+        def call(self, inputs):
+            return self.body(inputs)
+
+        def compile(self, own, **kwargs):
+            super().compile(**kwargs)
+            self.own = own
+
+        @property
+        def metrics(self):
+            return [self.tracked]
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                logits = self(x, training=True)
+                loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            self.own.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+            self.tracked.update_state(loss)
+            return {"own_loss": self.tracked.result()}
+
+    def own_optimizer_cnn(classes):
+        model = OwnOptimizer(classes)
+        model.compile(own=keras.optimizers.SGD(0.01))
+        return model
+    """)
+
+
 @pytest.fixture(scope="module")
 def shapes_dir(tmp_path_factory):
     """A 5-class x 8-image, 32x32 image folder: small enough to train on in a test."""
@@ -708,28 +749,24 @@ def _subprocess_script(script: pathlib.Path, *arguments) -> subprocess.Completed
 @pytest.mark.slow
 @pytest.mark.multi_worker
 def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir, tmp_path, capsys):
-    recipe = REPO / "recipes" / "small_cnn.yaml"
-    out_dir = tmp_path / "run"
-    exit_code, out, err = run_cli(
-        capsys,
-        "run",
-        recipe,
-        "--workers",
-        "2",
-        "--out",
-        out_dir,
-        "--quiet",
-        "--steps",
-        "2",
-        *_tiny_overrides(recipe, shapes_dir),
-        "--set",
-        "train.epochs=2",
-        "--set",
-        "train.steps_per_epoch=6",  # 12 steps: more than the 40 images make in one pass, read as one stream
+    """The user's own model, as its function compiled it (`OWN_OPTIMIZER_MODULE`): its steps are counted, not its
+    `model.optimizer`'s, and its metric is in the history."""
+    (tmp_path / "cli_user_models.py").write_text(OWN_OPTIMIZER_MODULE)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "model: {name: cli_user_models:own_optimizer_cnn}\n"
+        f"data: {{source: image_folder, path: {shapes_dir}, image_size: [32, 32], batch_size: 4}}\n"
+        # 12 steps: more than the 40 images make in one pass, read as one stream
+        "train: {epochs: 2, steps_per_epoch: 6}\n"
+        "recipes: [{distribution: {strategy: auto}}]\n"
+        "profile: {steps: 2, warmup_steps: 1}\n"
     )
+    out_dir = tmp_path / "run"
+    exit_code, out, err = run_cli(capsys, "run", recipe, "--workers", "2", "--out", out_dir, "--quiet", "--steps", "2")
     assert exit_code == 0, err
     training = json.loads((out_dir / "training.json").read_text())
     assert (training["engine"], training["replicas"], training["global_step"]) == ("tfopt.distribute.fit", 2, 12)
+    assert sorted(training["history"]) == ["own_loss"] and len(training["history"]["own_loss"]) == 2
     assert "ran out" not in err
     assert "[worker 0]" in err and "[worker 1]" in err  # both ran; their TF start-up noise is filtered out
     assert "absl::InitializeLog" not in err
@@ -744,6 +781,29 @@ def test_two_local_workers_train_one_model_and_only_the_chief_writes(shapes_dir,
     ]
     assert not any(path.name.startswith(".tfopt_worker") for path in (out_dir / "checkpoints").iterdir())
     assert out.strip().endswith(f"trained to step 12 on 2 replicas; report: {out_dir / 'report.html'}")
+
+
+def test_a_model_its_function_compiled_trains_and_is_diagnosed_with_its_own_compile(shapes_dir, tmp_path, capsys):
+    (tmp_path / "cli_user_models.py").write_text(OWN_OPTIMIZER_MODULE)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "model: {name: cli_user_models:own_optimizer_cnn}\n"
+        f"data: {{source: image_folder, path: {shapes_dir}, image_size: [32, 32], batch_size: 4}}\n"
+        "train: {epochs: 1, steps_per_epoch: 3, loss: mse}\n"
+        "recipes: []\n"
+        "profile: {steps: 2, warmup_steps: 1}\n"
+    )
+    out_dir = tmp_path / "run"
+    code, _, err = run_cli(capsys, "run", recipe, "--out", out_dir, "--set", "train.optimizer=sgd")
+    assert code == 0, err
+    assert (
+        "model cli_user_models:own_optimizer_cnn comes compiled by its function, and trains with that compile; "
+        f"not used: train.optimizer (--set train.optimizer=sgd), train.loss ({recipe}, line 3)" in err
+    )
+    training = json.loads((out_dir / "training.json").read_text())
+    assert sorted(training["history"]) == ["own_loss"] and training["global_step"] == 3
+    code, out, err = run_cli(capsys, "diagnose", recipe)
+    assert code == 0 and "Nothing was changed." in out, err
 
 
 @pytest.mark.slow

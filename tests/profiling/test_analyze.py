@@ -22,8 +22,18 @@ def test_find_xplane_errors_name_the_directory(tmp_path):
     for run in ("a", "b"):
         (tmp_path / "plugins/profile" / run).mkdir(parents=True)
         (tmp_path / "plugins/profile" / run / "host.xplane.pb").write_bytes(b"")
-    with pytest.raises(MeasurementError, match="2 captures under"):
+    with pytest.raises(MeasurementError, match="2 captures under") as raised:
         find_xplane(tmp_path)
+    assert str(raised.value).endswith("pass the .xplane.pb file to analyse.")  # both in one directory
+    with pytest.raises(MeasurementError) as raised:
+        find_xplane(tmp_path / "plugins")
+    assert str(raised.value).endswith("pass the .xplane.pb file to analyse.")
+    for side in ("before", "after"):  # a run directory's tensorboard/
+        (tmp_path / "run" / side / "plugins/profile/a").mkdir(parents=True)
+        (tmp_path / "run" / side / "plugins/profile/a/host.xplane.pb").write_bytes(b"")
+    with pytest.raises(MeasurementError) as raised:
+        find_xplane(tmp_path / "run")
+    assert str(raised.value).endswith(f"or a directory holding one: {tmp_path}/run/after, {tmp_path}/run/before.")
 
 
 def test_breakdown_rejects_no_steps():

@@ -279,7 +279,10 @@ def test_errors_name_the_line_the_key_and_the_fix(tmp_path, text, line, fragment
 
 def test_missing_unreadable_and_empty_files(tmp_path):
     assert "does not exist" in load_error(tmp_path / "nope.yaml")
-    assert "is a directory" in load_error(tmp_path)
+    assert load_error(tmp_path).endswith("is a directory; expected a YAML recipe file (none is in it).")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "recipe.yaml").write_text("name: a run's resolved recipe\n")
+    assert load_error(tmp_path / "run").endswith(f"expected a YAML recipe file, such as {tmp_path}/run/recipe.yaml.")
     assert "is empty" in load_error(write(tmp_path, "# nothing but a comment\n"))
     (tmp_path / "latin1.yaml").write_bytes("model: {name: caf\xe9}\n".encode("latin-1"))
     assert "is not UTF-8" in load_error(tmp_path / "latin1.yaml")

@@ -16,6 +16,7 @@ from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared
 from tfopt.recipe_file import load_recipe
 from tfopt.run import runner
 from tfopt.run import training as run_training
+from tfopt.run.model import compile_as_recipe, create_model
 
 RECIPE = """\
 model: {name: small_cnn, filters: [4]}
@@ -55,8 +56,10 @@ def test_prepare_fills_sequence_length_and_vocabulary_of_a_text_model(tmp_path):
     assert (kwargs["sequence_length"], kwargs["vocab_size"], kwargs["classes"]) == (12, 50, 5)
 
 
-def test_build_model_compiles_without_xla_for_an_honest_baseline(tmp_path):
-    model = runner.build_model(runner.prepare(load_recipe(write(tmp_path), overrides=["train.learning_rate=0.01"])))
+def test_a_model_its_function_returns_uncompiled_is_compiled_without_xla_for_an_honest_baseline(tmp_path):
+    recipe = runner.prepare(load_recipe(write(tmp_path), overrides=["train.learning_rate=0.01"]))
+    model = create_model(recipe)
+    assert compile_as_recipe(model, recipe) is None
     assert model.get_compile_config()["jit_compile"] is False
     assert float(model.optimizer.learning_rate) == pytest.approx(0.01)
 

@@ -134,9 +134,14 @@ def find_xplane(path: str | Path) -> Path:
             "by tfopt.profile, tf.profiler.experimental or Keras' TensorBoard(profile_batch=...) "
             "(plugins/profile/<run>/)."
         )
+    # A run directory's tensorboard/ holds one capture per side (before/, after/): those name themselves.
+    sides: dict[Path, list[Path]] = {}
+    for capture in found:
+        sides.setdefault(path / capture.relative_to(path).parts[0], []).append(capture)
+    alone = [str(side) for side, captures in sides.items() if len(captures) == 1]
     raise MeasurementError(
-        f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): "
-        "pass the .xplane.pb file to analyse."
+        f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): pass the .xplane.pb file "
+        + (f"to analyse, or a directory holding one: {', '.join(alone)}." if alone else "to analyse.")
     )
 
 

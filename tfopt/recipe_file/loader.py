@@ -85,6 +85,10 @@ class RecipeFile:
         """Where a key path was set: "recipes/resnet.yaml, line 12" or "--set train.epochs=3"."""
         return self.locations.where(path)
 
+    def wrote(self, *path: str | int) -> bool:
+        """Whether the file or a `--set` option wrote the key path, rather than leaving it to its default."""
+        return self.locations.wrote(path)
+
     def error(self, path: Sequence[str | int], message: str) -> RecipeFileError:
         """A RecipeFileError for `path`, its location appended: for errors found after loading."""
         return RecipeFileError(f"{message} ({self.locations.where(tuple(path))})")

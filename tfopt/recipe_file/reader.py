@@ -56,6 +56,10 @@ class Locations:
                 return f"{self.label}, line {self._lines[prefix]}"
         return self.label
 
+    def wrote(self, path: tuple) -> bool:
+        """Whether the file or a `--set` option wrote `path` (rather than leaving it to its default)."""
+        return tuple(path) in self._lines or self.is_option(path)
+
     def is_option(self, path: tuple) -> bool:
         """Whether `path` was set by a `--set` option rather than the file."""
         return any(tuple(path[:end]) in self._options for end in range(len(path), -1, -1))
@@ -118,8 +122,13 @@ def read_text(path: pathlib.Path, label: str) -> str:
             "path; the shipped recipes are in the recipes/ directory of tfopt."
         ) from None
     except IsADirectoryError:
+        try:
+            inside = sorted(item.name for item in path.iterdir() if item.suffix in (".yaml", ".yml"))
+        except OSError:
+            inside = []
         raise RecipeFileError(
-            f"{label} is a directory; expected a YAML recipe file such as {label.rstrip('/')}/resnet.yaml."
+            f"{label} is a directory; expected a YAML recipe file"
+            + (f", such as {label.rstrip('/')}/{inside[0]}." if inside else " (none is in it).")
         ) from None
     except UnicodeDecodeError as error:
         raise RecipeFileError(

@@ -40,7 +40,8 @@ def _setting(
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
-    """How the model is compiled and trained after the recipes are applied (`train:`).
+    """How the model is compiled and trained after the recipes are applied (`train:`). A model its function
+    returns compiled keeps its own compile: optimizer, learning_rate, loss and metrics are then not used.
 
     `checkpoint_every_steps` bounds what a killed run loses: `tfopt-recipe run FILE --out RUN --resume`
     restarts from the newest checkpoint (also written at every epoch end).
@@ -116,6 +117,11 @@ class ModelSection:
     kwargs: dict[str, Any]
     given: frozenset[str]
     builder: Any = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def is_import_path(self) -> bool:
+        """Whether the model is the user's own function (`package.module:function`), which may compile it."""
+        return ":" in self.name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The recipe's model, built from its data: arguments the data decides, then the honest baseline compile.
 
 The model's `input_shape`, `classes`, `sequence_length` and `vocab_size` follow the data unless the
-recipe wrote them, and the baseline is compiled with `jit_compile=False` so "before" never silently
-includes XLA. A model function's own errors are reported at the `model:` line of the recipe file.
+recipe wrote them, and a model its function returns uncompiled is compiled with the `train:` section's
+settings and `jit_compile=False`, so "before" never silently includes XLA; one it compiled keeps its own.
+A model function's own errors are reported at the `model:` line of the recipe file.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def prepare(recipe: RecipeFile) -> Any:
 
 
 def create_model(recipe: RecipeFile) -> keras.Model:
-    """Creates the recipe's model (uncompiled): the `model_fn` a run gives `tfopt.apply`, which builds it
-    once per configuration (the baseline, the optimized setup) inside the right scopes.
+    """Creates the recipe's model as its function returns it (`compile_as_recipe` compiles it where it is not):
+    what the `model_fn` a run gives `tfopt.apply` builds, once per configuration (the baseline, the optimized
+    setup) inside the right scopes.
 
     Raises:
         RecipeFileError: The model rejected its arguments (a ValueError or TypeError), pointing at the
@@ -83,12 +85,26 @@ def create_model(recipe: RecipeFile) -> keras.Model:
     return model
 
 
-def build_model(recipe: RecipeFile) -> keras.Model:
-    """Creates and compiles the recipe's model as it is, without XLA (the baseline must be honest): the
-    model `tfopt-recipe diagnose` profiles."""
-    model = create_model(recipe)
-    model.compile(**compile_arguments(recipe), jit_compile=False)
-    return model
+def compile_as_recipe(model: keras.Model, recipe: RecipeFile) -> str | None:
+    """Compiles a model its function returned uncompiled with the `train:` section's optimizer (and learning
+    rate), loss and metrics, without XLA (the baseline must be honest: `jit_compile` is the xla recipe's). A
+    model its function compiled keeps its own compile, as `tfopt.apply` keeps a user's: its optimizer, loss,
+    metrics and a `compile` of its own (a GAN's, a distiller's) are how the user trains it.
+
+    Returns:
+        None, or for a model that came compiled, what to tell the user: which of the `train:` section's
+        settings are not used, and where the recipe wrote them.
+    """
+    if not model.compiled:
+        model.compile(**compile_arguments(recipe), jit_compile=False)
+        return None
+    written = [f"train.{key} ({recipe.where('train', key)})" for key in _COMPILE_KEYS if recipe.wrote("train", key)]
+    return f"model {recipe.model.name} comes compiled by its function, and trains with that compile" + (
+        f"; not used: {', '.join(written)}" if written else ""
+    )
+
+
+_COMPILE_KEYS = ("optimizer", "learning_rate", "loss", "metrics")
 
 
 def compile_arguments(recipe: RecipeFile) -> dict[str, Any]:

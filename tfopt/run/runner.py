@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfopt._atomic import write_atomic
@@ -38,7 +38,7 @@ from tfopt.profiling.metrics import Metrics, compared, describe_rounds
 from tfopt.recipe_file import RecipeFile, save_resolved
 from tfopt.recipe_file.schema import REPORT_SUFFIXES
 from tfopt.run.directory import RESOLVED_RECIPE_NAME, discard_unused, new_run_dir, resumed_run_dir, run_dir_lock
-from tfopt.run.model import build_model, compile_arguments, create_model, prepare
+from tfopt.run.model import compile_arguments, compile_as_recipe, create_model, prepare
 
 if TYPE_CHECKING:
     import keras
@@ -390,13 +390,30 @@ def _apply(recipe: RecipeFile, progress: Progress, **measuring: Any) -> ApplyRes
         None,
         recipe.data.source_object,
         recipes=_recipes_argument(recipe),
-        model_fn=lambda: create_model(recipe),
-        compile=compile_arguments(recipe),
+        model_fn=_model_fn(recipe),
+        # A function of the user's may compile its model (a GAN its own way): then its compile is theirs.
+        compile=None if recipe.model.is_import_path else compile_arguments(recipe),
         batch_size=recipe.data.batch_size,
         tune_budget_seconds=recipe.profile.tune_budget_seconds,
         on_tune_progress=progress.tuning,
         **measuring,
     )
+
+
+def _model_fn(recipe: RecipeFile) -> Callable[[], keras.Model]:
+    """The recipe's model, compiled (`compile_as_recipe`), made anew at each call; a model that comes compiled
+    by its function is said so once."""
+    told = []
+
+    def model_fn() -> keras.Model:
+        model = create_model(recipe)
+        note = compile_as_recipe(model, recipe)
+        if note is not None and not told:
+            _log.warning("%s", note)
+            told.append(note)
+        return model
+
+    return model_fn
 
 
 def _built(result: Any) -> Built:
@@ -442,7 +459,7 @@ def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Profile
     recipe = prepare(recipe)
     progress.phase("building the model")
     with stops_at_step_ends():  # a signal never raises inside TensorFlow's work (training/stopping.py)
-        model = build_model(recipe)
+        model = _model_fn(recipe)()
         progress.phase("profiling the baseline (TF Profiler)")
         dataset = recipe.data.source_object.pipeline(batch_size=recipe.data.batch_size, optimized=False)
         return tfopt.profile(model, dataset, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps)

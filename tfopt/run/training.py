@@ -203,6 +203,7 @@ def _distributed(
     from tfopt.training.fit import as_stream
 
     model = built.model
+    counted = _steps_counted()
     history = fit(
         model,
         # Epochs of steps_per_epoch steps read one stream, as on one process (tfopt.training.train).
@@ -210,22 +211,37 @@ def _distributed(
         strategy=built.strategy,
         epochs=train.epochs,
         steps_per_epoch=train.steps_per_epoch,
-        callbacks=[NonFiniteLossGuard(), *callbacks],
+        callbacks=[NonFiniteLossGuard(), counted, *callbacks],
         checkpoint_dir=checkpoints,
         verbose=0,
     )
-    global_step = int(model.optimizer.iterations.numpy())
-    epochs_run = len(history.epoch)
+    resumed_from_epoch = history.epoch[0] if history.epoch else train.epochs
+    # Steps, not `optimizer.iterations`: a GAN's train_step steps optimizers of its own. Epochs restored from a
+    # checkpoint ran `steps_per_epoch` steps each, or, where epochs are passes over the data, as many as these.
+    per_epoch = train.steps_per_epoch or (counted.steps // len(history.epoch) if history.epoch else 0)
     return {
         "engine": "tfopt.distribute.fit",
         "epochs": train.epochs,
         "steps_per_epoch": train.steps_per_epoch,
         "history": {key: [float(value) for value in values] for key, values in history.history.items()},
-        "resumed_from_epoch": train.epochs - epochs_run,
-        "global_step": global_step,
+        "resumed_from_epoch": resumed_from_epoch,
+        "global_step": resumed_from_epoch * per_epoch + counted.steps,
         "replicas": int(built.strategy.num_replicas_in_sync),
         "last_checkpoint": os.fspath(checkpoints),
     }
+
+
+def _steps_counted() -> keras.callbacks.Callback:
+    """A Keras callback counting the training steps it sees end (`.steps`)."""
+    import keras
+
+    class StepsCounted(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.steps += 1
+
+    return StepsCounted()
 
 
 def scalar_summaries(directory: pathlib.Path) -> keras.callbacks.Callback:
