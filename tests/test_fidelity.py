@@ -196,6 +196,63 @@ def test_ids_made_without_a_cast_in_loops_or_passed_on_by_layers_with_weights_st
     assert nested.layers[-1].compute_dtype == "bfloat16"  # the Dense computes features
 
 
+class CastsInItsOwnCall(keras.Model):
+    """Its own call() turns the id column a Keras `Reshape` passes on into integers: no layer of it reads them."""
+
+    def __init__(self):
+        super().__init__()
+        self.column = keras.layers.Reshape((1,), name="column")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, inputs):
+        return self.head(tf.one_hot(tf.cast(self.column(inputs[:, 0])[:, 0], "int32"), 1000))
+
+
+class FourierMixing(keras.layers.Layer):
+    """FNet's mixing (keras-io): a cast to complex numbers, not to integers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.call = tf.function(self.call)  # a call() of its own, set on the layer: put back as it was
+
+    def call(self, inputs):
+        self.add_loss(tf.reduce_sum(inputs) * 0.0)
+        return tf.math.real(tf.signal.fft2d(tf.cast(inputs, tf.complex64)))
+
+
+def test_ids_read_by_the_models_own_code_by_a_category_encoding_and_not_by_complex_numbers():
+    own = CastsInItsOwnCall()
+    rows = np.array([[857.0, 0.5], [999.0, 0.25]], "float32")
+    own(rows)
+    assert set_dtype_policy(own, "mixed_bfloat16", tf.constant(rows))[0] == "carrying them there: 'column' (Reshape)"
+
+    inputs = keras.Input((2,))
+    column = keras.layers.Reshape((1,), name="take")(inputs[:, 0])  # on to a keras.ops cast of the graph's own
+    hot = keras.ops.one_hot(keras.ops.cast(column[:, 0], "int32"), 1000)
+    # CategoryEncoding casts what it is given to its compute dtype where it runs in a graph, as fit runs it.
+    counted = keras.layers.CategoryEncoding(1000, name="counts")(keras.layers.Reshape((1,), name="ids")(inputs[:, 1]))
+    mixed = FourierMixing(name="fourier")(keras.layers.Reshape((2, 1))(inputs))
+    features = keras.layers.Concatenate()([hot, counted, keras.layers.Flatten()(mixed)])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(features))
+    own_call = model.get_layer("fourier").__dict__["call"]
+    notes = set_dtype_policy(model, "mixed_bfloat16", None)
+    assert notes[:2] == [
+        "reading ids or raw features: 'counts' (CategoryEncoding)",
+        "carrying them there: 'take' (Reshape), 'ids' (Reshape)",
+    ]
+    assert model.get_layer("fourier").compute_dtype == "bfloat16"
+    assert model.get_layer("fourier").__dict__["call"] is own_call and not model.losses
+
+    sparse = keras.Input((6,), sparse=True)
+    ids = keras.Input((1,))
+    looked_up = keras.layers.Flatten()(keras.layers.Embedding(1000, 2)(keras.layers.Identity(name="same")(ids)))
+    both = keras.layers.Concatenate()([keras.layers.Dense(2)(sparse), looked_up])
+    model = keras.Model([sparse, ids], keras.layers.Lambda(lambda t: t * 2.0, name="doubled")(both))
+    batch = [tf.sparse.from_dense(np.eye(2, 6, dtype="float32")), tf.constant([[857.0], [3.0]])]
+    for sample in (batch, None):
+        assert set_dtype_policy(model, "mixed_bfloat16", sample)[0] == "carrying them there: 'same' (Identity)"
+
+
 class ReadsOnlyEagerly(keras.Model):
     """Its call() reads a value with `.numpy()`: compiled to run eagerly, it has no graph to trace."""
 

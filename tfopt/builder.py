@@ -108,6 +108,7 @@ def build(plan: Plan) -> Built:
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
         _check_accumulated_optimizer_trains(model, plan)
+        plan = _said_where_rates_stay(model, plan)
         loss_scaling = _compile(model, plan, own_policy)
         if loss_scaling:
             plan = plan.amend("mixed_precision", loss_scaling)
@@ -202,9 +203,9 @@ def _create_model(plan: Plan) -> keras.Model:
     if not has_call(model):
         if not all(layer.built for layer in model._flatten_layers(include_self=False)):
             _traced_once(model, plan.dataset.element_spec)
-    elif not all(layer.built for layer in model._flatten_layers()):
+    elif not model.weights and not all(layer.built for layer in model._flatten_layers()):
         # A model never called has no variables until its first call; nor do the layers of one whose user called
-        # `model.build(shape)`, which marks it built, however little its call() was run (Keras' `fit` asks this).
+        # `model.build(shape)`, which marks it built, however little its call() was run.
         model(plan.sample_inputs)
     return model
 
@@ -347,23 +348,46 @@ def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
     Raises:
         RecipeConfigError: So, naming the optimizers the train_step applies.
     """
-    import keras
-
-    if type(model).train_step is keras.Model.train_step or not any(
-        step.recipe == "grad_accum" and not step.skipped for step in plan.applied
-    ):
+    if not any(step.recipe == "grad_accum" and not step.skipped for step in plan.applied):
         return
-    held = sorted(
-        name
-        for name, value in vars(model).items()
-        if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
-    )
+    held = _optimizers_of_its_own(model)
     if held:
         raise RecipeConfigError(
             f"grad_accum: {type(model).__name__}'s own train_step applies its optimizers {', '.join(held)}, not "
             "the one compile made, which grad_accum sets to accumulate: nothing would accumulate. Leave grad_accum "
             "out, or create those optimizers with gradient_accumulation_steps=N yourself."
         )
+
+
+def _optimizers_of_its_own(model: keras.Model) -> list[str]:
+    """The names of the optimizers a train_step of the model's own holds beside the compiled one (a GAN's
+    `d_optimizer` and `g_optimizer`): those it applies."""
+    import keras
+
+    if type(model).train_step is keras.Model.train_step:
+        return []
+    return sorted(
+        name
+        for name, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
+    )
+
+
+def _said_where_rates_stay(model: keras.Model, plan: Plan) -> Plan:
+    """The plan saying, where a recipe scaled the compiled optimizer's learning rate (a larger batch's, more
+    replicas'), that the optimizers a train_step of the model's own applies keep theirs: they are not the plan's
+    to recreate, and a plan saying "0.001 -> 0.004" of an optimizer that never trains misleads."""
+    held = _optimizers_of_its_own(model)
+    if not held or "optimizer" not in _changed_settings(plan):
+        return plan
+    for recipe in ("batch_size", "distribution"):
+        if any(step.recipe == recipe and not step.skipped and "learning rate" in step.detail for step in plan.applied):
+            plan = plan.amend(
+                recipe,
+                f"that rate is the compiled optimizer's, which {type(model).__name__}'s own train_step does not "
+                f"apply: {', '.join(held)} keep their rates (scale them yourself, or set scale_learning_rate: none)",
+            )
+    return plan
 
 
 def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:

@@ -21,8 +21,9 @@ the lookups', nor a functional model's) must it stay float32: those read their i
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tfopt.policies import has_call
@@ -60,8 +61,7 @@ def reading_and_carrying_ids(model: keras.Model, layers: list[Any], sample_input
         `(reading, carrying)`, disjoint.
     """
     # Only user code has a call() to read: casts in its layers', ids carried in its model's (to a reader).
-    traced = any(map(_is_user_code, layers)) or (_is_user_code(model) and _holding_id_readers(model, set()))
-    calls, whole = _traced_calls(model, sample_inputs) if traced else ([], True)
+    calls, whole = _traced_calls(model, sample_inputs) if any(map(_is_user_code, [model, *layers])) else ([], True)
     casting = {id(call.layer) for call in calls if _is_user_code(call.layer) and _makes_integers(call.inputs, call.ops)}
     holding = _holding_id_readers(model, casting)
     carrying = _carrying_in_the_functional_graph(model, holding) | _carrying_in_traced_calls(calls, holding)
@@ -74,8 +74,12 @@ def reading_and_carrying_ids(model: keras.Model, layers: list[Any], sample_input
 
 
 def _casts_inputs(layer: keras.Layer) -> bool:
-    """Whether Keras casts the layer's float inputs to its compute dtype before its call()."""
-    return bool(layer.autocast and getattr(layer, "_convert_input_args", True))
+    """Whether Keras casts the layer's float inputs to its compute dtype before its call(): where `autocast` and
+    `_convert_input_args` say so, and always for its data layers (`CategoryEncoding`, `Discretization`) in a
+    graph, which is how `fit` runs them."""
+    from keras.src.layers.preprocessing.data_layer import DataLayer
+
+    return isinstance(layer, DataLayer) or bool(layer.autocast and getattr(layer, "_convert_input_args", True))
 
 
 def _is_user_code(layer: keras.Layer) -> bool:
@@ -136,6 +140,18 @@ def _carrying_in_the_functional_graph(model: keras.Model, reading: set[int]) -> 
         for node in layer._inbound_nodes
         for tensor in node.input_tensors
     ]
+    # A `keras.ops` call of the graph's own turning floats into integers (`ops.cast(column, "int32")`) reads ids too.
+    graphs = [graph for graph in (model, *layers) if isinstance(graph, keras.src.models.functional.Functional)]
+    tensors += [
+        tensor
+        for graph in graphs
+        for operation in graph._operations
+        if not isinstance(operation, keras.layers.Layer)
+        for node in operation._inbound_nodes
+        if any("int" in str(output.dtype) for output in node.output_tensors)
+        for tensor in node.input_tensors
+        if "float" in str(tensor.dtype)
+    ]
     while tensors:
         tensor = tensors.pop()
         history = getattr(tensor, "_keras_history", None)
@@ -168,9 +184,9 @@ class _Call(NamedTuple):
 
 
 def _traced_calls(model: keras.Model, sample_inputs: Any) -> tuple[list[_Call], bool]:
-    """Every layer's call() in a graph of the model's forward pass, traced (nothing runs: no state changes), and
-    whether the whole pass was traced: one that cannot be (a call() reading `.numpy()`, compiled to run eagerly)
-    gives what it recorded before it failed."""
+    """Every layer's call() in a graph of the model's forward pass, traced (no op runs: no variable changes; the
+    losses `add_loss` adds meanwhile are cleared), and whether the whole pass was traced: one that cannot be (a
+    call() reading `.numpy()`, compiled to run eagerly) gives what it recorded before it failed."""
     import tensorflow as tf
 
     calls: list[_Call] = []
@@ -182,8 +198,8 @@ def _traced_calls(model: keras.Model, sample_inputs: Any) -> tuple[list[_Call], 
             graph = tf.compat.v1.get_default_graph()
             before = len(graph.get_operations())
             result = call(*args, **kwargs)
-            floats = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t) and t.dtype.is_floating]
-            outputs = [t for t in tf.nest.flatten(result) if tf.is_tensor(t)]
+            floats = [t for t in _graph_tensors((args, kwargs)) if t.dtype.is_floating]
+            outputs = _graph_tensors(result)
             calls.append(_Call(layer, floats, outputs, graph.get_operations()[before:]))
             return result
 
@@ -196,18 +212,43 @@ def _traced_calls(model: keras.Model, sample_inputs: Any) -> tuple[list[_Call], 
         for layer in model._flatten_layers(include_self=True, recursive=True)
         if not isinstance(layer, keras.layers.InputLayer)
     ]
-    for layer in layers:
-        object.__setattr__(layer, "call", recording(layer))
     try:
-        for forward, specs in _forward_passes(model, sample_inputs):
-            tf.function(lambda batch, forward=forward: forward(batch, training=False)).get_concrete_function(specs)
+        with calls_recorded(layers, recording):
+            for forward, specs in _forward_passes(model, sample_inputs):
+                tf.function(lambda batch, forward=forward: forward(batch, training=False)).get_concrete_function(specs)
     except Exception as error:  # noqa: BLE001 - see the docstring
         _log.debug("mixed_precision: the forward pass could not be traced to find the ids it carries: %s", error)
         return calls, False
     finally:
-        for layer in layers:
-            layer.__dict__.pop("call", None)
+        model._clear_losses()  # those `add_loss` added while tracing belong to the trace's graph
     return calls, True
+
+
+@contextlib.contextmanager
+def calls_recorded(layers: list[Any], recording: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
+    """Each layer's call() replaced, for the block, by `recording(layer)` (which calls the layer's own), and put
+    back as it was (a `call` the layer set on itself, `self.call = tf.function(self.call)`, too)."""
+    previous = [layer.__dict__.get("call", _NONE) for layer in layers]
+    for layer in layers:
+        object.__setattr__(layer, "call", recording(layer))
+    try:
+        yield
+    finally:
+        for layer, call in zip(layers, previous):
+            if call is _NONE:
+                layer.__dict__.pop("call", None)
+            else:
+                object.__setattr__(layer, "call", call)
+
+
+_NONE = object()
+
+
+def _graph_tensors(structure: Any) -> list[Any]:
+    """The graph tensors of a structure, those of sparse and ragged tensors included."""
+    import tensorflow as tf
+
+    return [item for item in tf.nest.flatten(structure, expand_composites=True) if isinstance(item, tf.Tensor)]
 
 
 def _forward_passes(model: keras.Model, sample_inputs: Any) -> Iterator[tuple[Any, Any]]:
@@ -218,7 +259,10 @@ def _forward_passes(model: keras.Model, sample_inputs: Any) -> Iterator[tuple[An
     import tensorflow as tf
 
     def specs(functional: keras.Model) -> Any:
-        return keras.tree.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), functional._inputs_struct)
+        def spec(x: Any) -> Any:
+            return (tf.SparseTensorSpec if x.sparse else tf.TensorSpec)(x.shape, x.dtype)
+
+        return keras.tree.map_structure(spec, functional._inputs_struct)
 
     if has_call(model):
         if sample_inputs is not None:
@@ -255,10 +299,12 @@ def _makes_integers(floats: list[Any], ops: list[Any]) -> bool:
 
 
 def _turns_floats_into_integers(op: Any) -> bool:
+    import tensorflow as tf
+
     return (
         op.type in _MAKING_INTEGERS
         and any(tensor.dtype.is_floating for tensor in op.inputs)
-        and not all(tensor.dtype.is_floating for tensor in op.outputs)
+        and any(tensor.dtype.is_integer or tensor.dtype == tf.string for tensor in op.outputs)
     )
 
 
@@ -273,16 +319,28 @@ def _called_ops(op: Any) -> Iterator[Any]:
 
 def _carrying_in_traced_calls(calls: list[_Call], reading: set[int]) -> set[int]:
     """The ids of the layers passing a float input on, through ops of their own reading no weight, to an output
-    that reaches a float input of a `reading` layer (or of one carrying) in the traced graph, through ops reading
-    no weight: a subclassed model's `self.embed(self.pick(x))`, where `pick` is a `Lambda` taking the id column."""
+    that reaches, through ops reading no weight, a float input of a `reading` layer (or of one carrying) or of
+    an op turning floats into integers (a model's own `one_hot(cast(self.column(x), "int32"))`) in the traced
+    graph: a subclassed model's `self.embed(self.pick(x))`, where `pick` is a `Lambda` taking the id column."""
     targets = {tensor.ref() for call in calls if id(call.layer) in reading for tensor in call.inputs}
+    targets |= {
+        tensor.ref()
+        for call in calls
+        for op in call.ops
+        if _turns_floats_into_integers(op)
+        for tensor in op.inputs
+        if tensor.dtype.is_floating
+    }
+    if not targets:
+        return set()
+    passed_on = {id(call): _passed_on(call) for call in calls}
     carrying: set[int] = set()
     grown = True
     while grown:
         grown = False
         for call in calls:
             key = id(call.layer)
-            if key not in reading and key not in carrying and _reaches(_passed_on(call), targets):
+            if key not in reading and key not in carrying and _reaches(passed_on[id(call)], targets):
                 carrying.add(key)
                 targets |= {tensor.ref() for tensor in call.inputs}
                 grown = True

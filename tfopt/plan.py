@@ -254,7 +254,7 @@ def make_plan(
         )
     compile_objects = {
         **_compile_objects(described, compile),
-        "jit_compile": _chosen_jit_compile(described, compile),
+        "jit_compile": chosen_jit_compile(described, compile),
     }
     sample_inputs = first_inputs(dataset)
     tf32 = users_tf32_setting()
@@ -314,7 +314,7 @@ def users_jit_compile(compile_objects: Mapping[str, Any]) -> bool | None:
     return chosen if isinstance(chosen, bool) else None
 
 
-def _chosen_jit_compile(model: keras.Model | None, compile_kwargs: Mapping[str, Any] | None) -> bool | str:
+def chosen_jit_compile(model: keras.Model | None, compile_kwargs: Mapping[str, Any] | None) -> bool | str:
     """The user's `jit_compile`: as given in `compile=`, else the model's where it is not what Keras' "auto" makes
     of it on this machine (Keras keeps only the result, so a choice equal to it reads as "auto": on a CPU,
     `jit_compile=False`)."""

@@ -154,6 +154,17 @@ def test_random_map_keeps_its_draws_and_names_the_setting():
     )
 
 
+def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was():
+    """A curriculum: a callback raises the augmentation's strength as training goes. A rebuilt graph would hold a
+    copy of the variable with today's value: the pipeline must go on reading the user's own."""
+    strength = tf.Variable(1.0)
+    data = tf.data.Dataset.range(4).map(lambda i: tf.cast(i, tf.float32) * strength).batch(2)
+    rewritten, notes = parallelize(data, prefetch_batches=1)
+    assert notes[0].startswith("maps and batches left as they were: it reads a tf.Variable it never writes")
+    strength.assign(5.0)
+    assert [list(batch.numpy()) for batch in rewritten] == [[0.0, 5.0], [10.0, 15.0]]
+
+
 def test_exact_draw_order_with_parallel_random_maps_off():
     tf.random.set_seed(1)
     expected = draws(random_pipeline().map(lambda i, draw: (i, draw * 1.0)))

@@ -117,6 +117,36 @@ def test_a_dataset_of_dicts_only_is_rebatched_with_its_inputs_read_as_fit_reads_
     assert all(tensor.shape[0] == 16 for tensor in result.sample_inputs.values())
 
 
+@pytest.mark.parametrize("size", [16, "auto"])
+def test_padded_batches_of_varying_lengths_keep_their_size_and_say_why(size, cpu_hardware):
+    """Plain fit trains on a padded_batch; batches padded each to its own longest element cannot be merged."""
+    lengths = np.random.default_rng(0).integers(2, 12, size=24)
+    sequences = tf.ragged.constant([[1] * int(length) for length in lengths])
+    rows = tf.data.Dataset.from_tensor_slices((sequences, np.zeros(24, "int32"))).map(lambda row, label: (row, label))
+    data = rows.padded_batch(8)
+    pooled = [keras.layers.Embedding(2, 2), keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)]
+    model = keras.Sequential([keras.Input((None,), dtype="int32"), *pooled])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    result = tfopt.apply(
+        model, data, [{"batch_size": {"batch_size": size}}], hardware=cpu_hardware, measure_speed=False
+    )
+    step = next(step for step in result.plan.applied if step.recipe == "batch_size")
+    assert step.skipped and "batches of two shapes cannot be merged" in step.detail
+    assert [batch[0].shape for batch in result.dataset] == [batch[0].shape for batch in data]
+
+
+def test_a_scaled_rate_of_an_optimizer_a_gans_own_train_step_never_applies_is_said_so(cpu_hardware):
+    from tests import keras_examples
+
+    gan, data = keras_examples.conditional_gan()
+    recipes = [{"batch_size": {"batch_size": 16, "scale_learning_rate": "linear"}}]
+    result = tfopt.apply(gan, data, recipes, hardware=cpu_hardware, measure_speed=False)
+    step = next(step for step in result.plan.applied if step.recipe == "batch_size")
+    assert "learning rate 0.001 -> 0.002" in step.detail
+    assert "ConditionalGAN's own train_step does not apply: d_optimizer, g_optimizer keep their rates" in step.detail
+    assert float(result.model.d_optimizer.learning_rate) == pytest.approx(float(gan.d_optimizer.learning_rate))
+
+
 def test_recipe_keeps_the_batch_it_already_has():
     plan = conv_plan()
     result = BatchSize(batch_size=16)(plan)

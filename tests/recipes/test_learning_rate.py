@@ -24,6 +24,26 @@ def test_learning_rate_schedule_is_scaled():
     assert scaled["optimizer"]["config"]["learning_rate"]["config"]["initial_learning_rate"] == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(
+    "schedule, peak_step",
+    [
+        (keras.optimizers.schedules.CosineDecay(0.0, 90, warmup_target=0.1, warmup_steps=10), 10),
+        (keras.optimizers.schedules.PolynomialDecay(0.1, 100, end_learning_rate=0.05), 0),
+        (keras.optimizers.schedules.PiecewiseConstantDecay([50], [0.1, 0.05]), 0),
+    ],
+)
+def test_a_schedule_is_scaled_at_every_step_its_shape_kept(schedule, peak_step):
+    """A warm-up's peak, a decay's floor, each piece: scaling only the initial rate would change the shape."""
+    config = {
+        "optimizer": {"class_name": "SGD", "config": {"learning_rate": keras.saving.serialize_keras_object(schedule)}}
+    }
+    scaled, detail = scale_learning_rate(config, old_batch_size=8, new_batch_size=32, rule="linear")
+    made = keras.saving.deserialize_keras_object(scaled["optimizer"]["config"]["learning_rate"])
+    for step in (peak_step, 60, 100):
+        assert float(made(step)) == pytest.approx(4 * float(schedule(step)))
+    assert detail.startswith("learning rate ") and f"(of its {type(schedule).__name__})" in detail
+
+
 def test_unscalable_learning_rate_says_how_to_fix():
     config = {"optimizer": {"class_name": "SGD", "config": {"learning_rate": {"class_name": "Custom", "config": {}}}}}
     with pytest.raises(RecipeConfigError, match="scale_learning_rate='none'"):
@@ -83,9 +103,9 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow
 def test_a_copy_with_tfopts_warmup_saves_a_file_that_loads_once_the_schedule_is_imported(tmp_path, cpu_hardware):
-    """A schedule without initial_learning_rate is wrapped in LinearWarmup, which Keras cannot load by itself and
-    `import tfopt` (lazy) does not register: the cards say to `import tfopt.distribute.warmup`, checked in a fresh
-    process as a user's would be."""
+    """A warm-up wraps the schedule in LinearWarmup, which Keras cannot load by itself and `import tfopt` (lazy)
+    does not register: the cards say to `import tfopt.distribute.warmup`, checked in a fresh process as a user's
+    would be."""
     import json
     import subprocess
     import sys
@@ -100,9 +120,10 @@ def test_a_copy_with_tfopts_warmup_saves_a_file_that_loads_once_the_schedule_is_
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay([4], [0.1, 0.01])
     model.compile(optimizer=keras.optimizers.SGD(schedule), loss="sparse_categorical_crossentropy")
     data = tf.data.Dataset.from_tensor_slices((np.zeros((32, 4), "float32"), np.zeros(32, "int32"))).batch(8)
-    recipes = [{"batch_size": {"batch_size": 16, "scale_learning_rate": "linear"}}]
+    recipes = [{"distribution": {"strategy": "one_device", "warmup_steps": 4}}]
     result = tfopt.apply(model, data, recipes, hardware=cpu_hardware, measure_speed=False)
-    assert "schedule 'PiecewiseConstantDecay' -> LinearWarmup" in result.plan.applied[-1].detail
+    step = next(step for step in result.plan.applied if step.recipe == "distribution")
+    assert "schedule 'PiecewiseConstantDecay' -> LinearWarmup" in step.detail
     result.model.save(tmp_path / "copy.keras")
     finished = subprocess.run(
         [sys.executable, "-c", LOAD, str(tmp_path / "copy.keras")],
@@ -116,4 +137,4 @@ def test_a_copy_with_tfopts_warmup_saves_a_file_that_loads_once_the_schedule_is_
     out = json.loads(line[len("RESULT ") :])
     assert "could not be deserialized" in out["tfopt"]
     assert out["warmup"][0] == "LinearWarmup"
-    np.testing.assert_allclose(out["warmup"][1], [0.2, 0.02], rtol=1e-6)
+    np.testing.assert_allclose(out["warmup"][1], [0.1 / 4, 0.01], rtol=1e-6)  # a quarter of the way up; then on

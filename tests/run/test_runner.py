@@ -56,11 +56,15 @@ def test_prepare_fills_sequence_length_and_vocabulary_of_a_text_model(tmp_path):
     assert (kwargs["sequence_length"], kwargs["vocab_size"], kwargs["classes"]) == (12, 50, 5)
 
 
-def test_a_model_its_function_returns_uncompiled_is_compiled_without_xla_for_an_honest_baseline(tmp_path):
+def test_a_model_its_function_returns_uncompiled_is_compiled_with_the_train_section_leaving_xla_to_the_recipe(
+    tmp_path,
+):
+    from tfopt.plan import chosen_jit_compile
+
     recipe = runner.prepare(load_recipe(write(tmp_path), overrides=["train.learning_rate=0.01"]))
     model = create_model(recipe)
     assert compile_as_recipe(model, recipe) is None
-    assert model.get_compile_config()["jit_compile"] is False
+    assert chosen_jit_compile(model, None) == "auto"  # no choice of the user's: the baseline runs without XLA
     assert float(model.optimizer.learning_rate) == pytest.approx(0.01)
 
 

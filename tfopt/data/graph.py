@@ -168,8 +168,9 @@ def serialize(dataset: tf.data.Dataset) -> GraphDef:
 
     `external_state_policy` only decides what happens when a function holds state: WARN (0) logs and
     IGNORE (1) both keep the stateful ops in the graph, FAIL (2) raises ("RandomUniformInt is
-    stateful"). Captured resources (a shuffle's seed generator, a memory cache, a variable) are written
-    as handles to the live resources of this process, which is why the graph is only valid here.
+    stateful"). Captured resources (a shuffle's seed generator, a memory cache) are written as handles
+    to the live resources of this process, which is why the graph is only valid here; a captured variable
+    is written as a new variable holding its current value.
     Devices are kept: `strip_device_assignment=True` leaves py_function nodes with the malformed
     device '/device::0', which fails when the rebuilt dataset is iterated (TF 2.21).
 

@@ -28,8 +28,10 @@ thread). What the rewrite changes for a generator is how far ahead of training i
 A pipeline tfopt cannot rebuild (a dataset op no test here round-trips, a graph that cannot be serialized or
 is too large, a rebuild that fails) keeps its maps and batches as they were, with the reason, and only gets
 the bounded prefetch at its end that needs no rewrite; nothing in here raises. The rebuilt graph refers to
-live resources of this process (a shuffle's seed generator, a memory cache, py_function tokens, a Keras
-layer's seed variable), so the rebuilt dataset keeps the original alive and is valid in this process only.
+live resources of this process (a shuffle's seed generator, a memory cache, py_function tokens), so the
+rebuilt dataset keeps the original alive and is valid in this process only; a variable it captures is
+copied with its value (a Keras layer's seed variable goes on in the copy), so a pipeline reading a variable
+that it never writes, which the user sets as training goes, is left as it was.
 """
 
 from __future__ import annotations
@@ -167,6 +169,11 @@ def _rewritten(
             f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
             "graph rewrite (use num_parallel_calls in your own maps instead)"
         ]
+    if _reads_variables_set_elsewhere(graph):
+        return None, [
+            f"{_NOT_REWRITTEN}: it reads a tf.Variable it never writes (set from outside, as a curriculum's "
+            "strength is as training goes), which a rebuilt graph would hold as a copy of today's value"
+        ]
     try:
         notes = _rewrite_maps(
             graph, parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps
@@ -202,6 +209,17 @@ def _rewritten(
         result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
         notes.append(_prefetch_note(prefetch_batches))
     return result, notes
+
+
+def _reads_variables_set_elsewhere(graph: GraphDef) -> bool:
+    """Whether the pipeline captures variables and none of its functions writes one. `DatasetToGraphV2` writes
+    a captured variable as a new one holding its value, so the rebuilt pipeline would not see the user's later
+    assignments. A variable the pipeline writes itself (a Keras random layer's seed generator) goes on in the
+    copy as in the original, which then stays where it was."""
+    captures = any(node.op == "VarHandleOp" for node in graph.node)
+    return captures and not any(
+        node.op in _VARIABLE_WRITES for function in graph.library.function for node in function.node_def
+    )
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:

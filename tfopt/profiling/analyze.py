@@ -137,7 +137,8 @@ def find_xplane(path: str | Path) -> Path:
     # A run directory's tensorboard/ holds one capture per side (before/, after/): those name themselves.
     sides: dict[Path, list[Path]] = {}
     for capture in found:
-        sides.setdefault(path / capture.relative_to(path).parts[0], []).append(capture)
+        parts = capture.relative_to(path).parts
+        sides.setdefault(path / parts[0] if len(parts) > 1 else path, []).append(capture)
     alone = [str(side) for side, captures in sides.items() if len(captures) == 1]
     raise MeasurementError(
         f"{len(found)} captures under {path} ({', '.join(str(p) for p in found[:3])}...): pass the .xplane.pb file "

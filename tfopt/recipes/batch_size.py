@@ -222,6 +222,8 @@ class BatchSize(Recipe):
         """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""
         if not self.needs_trials:
             return self
+        if _cannot_rebatch(plan.dataset):  # no trial could run: the size stays, and the plan says why
+            return dataclasses.replace(self, batch_size=plan.batch_size)
         search = find_batch_size(
             plan,
             min_batch_size=self.min_batch_size,
@@ -283,6 +285,9 @@ class SearchedBatchSize(Recipe):
 
 def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
     """The plan training with batches of `batch_size`, its learning rate scaled by `scale_rule`."""
+    cannot = _cannot_rebatch(plan.dataset)
+    if cannot:
+        return plan.record(BatchSize.name, f"left out: {cannot}", skipped=True)
     if batch_size == plan.batch_size:
         return plan.record(BatchSize.name, f"kept batch {batch_size}: {reason}", skipped=True)
     dataset = rebatch(plan.dataset, batch_size)
@@ -293,6 +298,19 @@ def _resized(plan: Plan, batch_size: int, scale_rule: str, reason: str) -> Plan:
     return plan.replace(
         dataset=dataset, batch_size=batch_size, compile_config=compile_config, sample_inputs=sample_inputs
     ).record(BatchSize.name, f"batch {plan.batch_size} -> {batch_size}: {reason}; {lr_detail}")
+
+
+def _cannot_rebatch(dataset: tf.data.Dataset) -> str | None:
+    """Why the dataset's batches cannot be split and merged into batches of another size, or None."""
+    import tensorflow as tf
+
+    shapes = [spec.shape for spec in tf.nest.flatten(dataset.element_spec) if isinstance(spec, tf.TensorSpec)]
+    if any(None in shape[1:] for shape in shapes):
+        return (
+            "its batches vary in shape beyond the batch dimension (a padded_batch pads each to its own longest "
+            "element), and batches of two shapes cannot be merged: give your padded_batch the size you want"
+        )
+    return None
 
 
 def _trial_model(plan: Plan) -> keras.Model:

@@ -3,8 +3,9 @@
 `batch_size` (a larger batch), `grad_accum` (an effective batch of several micro-batches) and
 `distribution` (a global batch over several replicas) all scale the optimizer's rate the same way. The
 rate is found in the serialized compile config, through a LossScaleOptimizer's inner optimizer, and
-scaled in place where it is a number or a schedule with `initial_learning_rate`; a warm-up, or any other
-schedule, is a `LinearWarmup` around the user's rate, which keeps a schedule's shape.
+scaled in place where it is a number or a Keras schedule (each rate it holds, `_SCHEDULE_RATES`, so that
+its shape stays); a warm-up, or a schedule of the user's own, is a `LinearWarmup` around the user's rate,
+which keeps a schedule's shape too.
 """
 
 from __future__ import annotations
@@ -90,10 +91,13 @@ def _with_scaled_rate(
     if isinstance(rate, (int, float)) and not warmup_steps:
         config["learning_rate"] = rate * factor
         changes.append(f"{rate:g} -> {rate * factor:g}")
-    elif isinstance(rate, Mapping) and "initial_learning_rate" in rate.get("config", {}) and not warmup_steps:
-        initial = rate["config"]["initial_learning_rate"]
-        config["learning_rate"] = {**rate, "config": {**rate["config"], "initial_learning_rate": initial * factor}}
-        changes.append(f"{initial:g} -> {initial * factor:g} (initial rate of its schedule)")
+    elif isinstance(rate, Mapping) and _rates_of(rate) and not warmup_steps:
+        scaled = {key: _times(value, factor) for key, value in _rates_of(rate).items()}
+        config["learning_rate"] = {**rate, "config": {**rate["config"], **scaled}}
+        changes.append(
+            ", ".join(f"{key} {_shown(value)} -> {_shown(scaled[key])}" for key, value in _rates_of(rate).items())
+            + f" (of its {rate.get('class_name')})"
+        )
     else:
         config["learning_rate"] = _warmup(rate, factor, warmup_steps, rule, optimizer)
         changes.append(
@@ -102,6 +106,25 @@ def _with_scaled_rate(
             else f"schedule {rate.get('class_name') if isinstance(rate, Mapping) else rate!r} -> LinearWarmup"
         )
     return {**optimizer, "config": config}
+
+
+# The settings of Keras' schedules that are rates (not steps, nor fractions of a rate such as CosineDecay's alpha):
+# scaling a schedule scales all of them, so that its shape (a warm-up's peak, a decay's floor) scales too.
+_SCHEDULE_RATES = ("initial_learning_rate", "warmup_target", "end_learning_rate", "values")
+
+
+def _rates_of(schedule: Mapping[str, Any]) -> dict[str, Any]:
+    """The rates a serialized schedule's config holds (`_SCHEDULE_RATES`), by name."""
+    config = schedule.get("config", {})
+    return {key: config[key] for key in _SCHEDULE_RATES if config.get(key) is not None}
+
+
+def _times(value: Any, factor: float) -> Any:
+    return [each * factor for each in value] if isinstance(value, (list, tuple)) else value * factor
+
+
+def _shown(value: Any) -> str:
+    return f"[{', '.join(f'{each:g}' for each in value)}]" if isinstance(value, (list, tuple)) else f"{value:g}"
 
 
 def _warmup(rate: Any, factor: float, warmup_steps: int, rule: str, optimizer: keras.optimizers.Optimizer) -> dict:

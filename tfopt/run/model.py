@@ -2,7 +2,7 @@
 
 The model's `input_shape`, `classes`, `sequence_length` and `vocab_size` follow the data unless the
 recipe wrote them, and a model its function returns uncompiled is compiled with the `train:` section's
-settings and `jit_compile=False`, so "before" never silently includes XLA; one it compiled keeps its own.
+settings; one it compiled keeps its own.
 A model function's own errors are reported at the `model:` line of the recipe file.
 """
 
@@ -87,16 +87,17 @@ def create_model(recipe: RecipeFile) -> keras.Model:
 
 def compile_as_recipe(model: keras.Model, recipe: RecipeFile) -> str | None:
     """Compiles a model its function returned uncompiled with the `train:` section's optimizer (and learning
-    rate), loss and metrics, without XLA (the baseline must be honest: `jit_compile` is the xla recipe's). A
-    model its function compiled keeps its own compile, as `tfopt.apply` keeps a user's: its optimizer, loss,
-    metrics and a `compile` of its own (a GAN's, a distiller's) are how the user trains it.
+    rate), loss and metrics, leaving `jit_compile` to Keras' "auto", which tfopt reads as no choice of the
+    user's: XLA is the xla recipe's to decide, and the baseline runs without it. A model its function compiled
+    keeps its own compile, as `tfopt.apply` keeps a user's: its optimizer, loss, metrics and a `compile` of its
+    own (a GAN's, a distiller's) are how the user trains it.
 
     Returns:
         None, or for a model that came compiled, what to tell the user: which of the `train:` section's
         settings are not used, and where the recipe wrote them.
     """
     if not model.compiled:
-        model.compile(**compile_arguments(recipe), jit_compile=False)
+        model.compile(**compile_arguments(recipe))
         return None
     written = [f"train.{key} ({recipe.where('train', key)})" for key in _COMPILE_KEYS if recipe.wrote("train", key)]
     return f"model {recipe.model.name} comes compiled by its function, and trains with that compile" + (

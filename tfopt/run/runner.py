@@ -451,6 +451,7 @@ def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Profile
     import keras
 
     import tfopt
+    from tfopt.plan import chosen_jit_compile
     from tfopt.training.stopping import stops_at_step_ends
 
     progress = progress or Progress()
@@ -460,6 +461,8 @@ def diagnose(recipe: RecipeFile, *, progress: Progress | None = None) -> Profile
     progress.phase("building the model")
     with stops_at_step_ends():  # a signal never raises inside TensorFlow's work (training/stopping.py)
         model = _model_fn(recipe)()
+        if chosen_jit_compile(model, None) == "auto":  # "before" never silently includes XLA (as in a run's)
+            model.jit_compile = False
         progress.phase("profiling the baseline (TF Profiler)")
         dataset = recipe.data.source_object.pipeline(batch_size=recipe.data.batch_size, optimized=False)
         return tfopt.profile(model, dataset, steps=recipe.profile.steps, warmup_steps=recipe.profile.warmup_steps)

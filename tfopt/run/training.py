@@ -218,14 +218,16 @@ def _distributed(
     resumed_from_epoch = history.epoch[0] if history.epoch else train.epochs
     # Steps, not `optimizer.iterations`: a GAN's train_step steps optimizers of its own. Epochs restored from a
     # checkpoint ran `steps_per_epoch` steps each, or, where epochs are passes over the data, as many as these.
-    per_epoch = train.steps_per_epoch or (counted.steps // len(history.epoch) if history.epoch else 0)
+    per_epoch = train.steps_per_epoch or (counted.steps // len(history.epoch) if history.epoch else None)
+    # Nothing left to train, epochs of unknown length: the optimizer's count, where it counts steps.
+    global_step = model.optimizer.iterations.numpy() if per_epoch is None else resumed_from_epoch * per_epoch
     return {
         "engine": "tfopt.distribute.fit",
         "epochs": train.epochs,
         "steps_per_epoch": train.steps_per_epoch,
         "history": {key: [float(value) for value in values] for key, values in history.history.items()},
         "resumed_from_epoch": resumed_from_epoch,
-        "global_step": resumed_from_epoch * per_epoch + counted.steps,
+        "global_step": int(global_step) + counted.steps,
         "replicas": int(built.strategy.num_replicas_in_sync),
         "last_checkpoint": os.fspath(checkpoints),
     }
