@@ -8,7 +8,7 @@ import pytest
 import tfopt
 from tests.conftest import make_cnn, make_images
 from tfopt.auto import tune
-from tfopt.auto.trials import TrialRunner, _per_step_losses
+from tfopt.auto.trials import TrialRunner, _per_step_losses, _Recorder
 from tfopt.errors import RecipeConfigError
 from tfopt.optimize import resolve_recipes
 from tfopt.plan import make_plan
@@ -21,6 +21,22 @@ def test_per_step_losses_undo_the_running_mean():
     # Steps of 8, 8 and 4 examples with losses 3, 1, 2: Keras reports the batch-size-weighted running mean.
     means = [3.0, 2.0, (24 + 8 + 8) / 20]
     assert _per_step_losses(means, [8, 8, 4]) == pytest.approx((3.0, 1.0, 2.0))
+
+
+@pytest.mark.parametrize(
+    "logs, compared",
+    [
+        ({"loss": 0.5, "d_loss": 0.9}, "loss"),
+        ({"d_loss": 0.9, "g_loss": 0.1}, "d_loss"),  # a GAN's
+        ({"loss": 0.0, "student_loss": 0.9, "distillation_loss": 0.1}, "student_loss"),  # a distiller's
+    ],
+)
+def test_the_numerics_are_compared_on_a_loss_the_model_computes(logs, compared):
+    recorder = _Recorder(deadline=float("inf"), clock=lambda: 0.0)
+    recorder.on_train_begin()
+    for step in range(3):
+        recorder.on_train_batch_end(step, {name: value * (step + 1) for name, value in logs.items()})
+    assert recorder.running_means == [logs[compared] * (step + 1) for step in range(3)]
 
 
 def test_trials_share_weights_batches_and_the_compiled_model(cpu_hardware):

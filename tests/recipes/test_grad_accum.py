@@ -78,6 +78,17 @@ def test_recipe_sets_accumulation_steps_and_records_effective_batch():
     assert result.batch_size == plan.batch_size  # each step still feeds one micro-batch
 
 
+def test_updates_crossing_passes_are_said():
+    """Keras counts micro-batches across epochs: 4 per pass in updates of 3 leaves one to the next pass's update."""
+    plan = plan_for()
+    assert len(plan.dataset) == 4
+    assert "not a multiple" not in GradAccum(steps=2)(plan).applied[-1].detail
+    assert (
+        "a pass holds 4 micro-batches, not a multiple of 3: the last 1 of each pass go into an update with the next "
+        "pass's first" in GradAccum(steps=3)(plan).applied[-1].detail
+    )
+
+
 def test_built_model_accumulates():
     from tfopt.builder import build
 

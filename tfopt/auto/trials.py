@@ -185,23 +185,31 @@ class TrialRunner:
 
 
 class _Recorder(keras.callbacks.Callback):
-    """Records step end times and Keras' running-mean loss (a GAN's first loss, `d_loss`, where it logs no "loss");
-    stops training at the deadline."""
+    """Records step end times and the losses logged (`running_means`); stops training at the deadline."""
 
     def __init__(self, deadline: float, clock: Callable[[], float]):
         super().__init__()
         self.deadline, self.clock = deadline, clock
-        self.running_means: list[float] = []
+        self.logged: dict[str, list[float]] = {}
         self.step_seconds: list[float] = []
         self.stopped = False
+
+    @property
+    def running_means(self) -> list[float]:
+        """Keras' running-mean "loss", or where it holds nothing but zeros (a distiller's, whose train_step
+        computes its losses itself: nothing was compiled to feed Keras' tracker), or is not logged (a GAN's),
+        the first other loss that is not: `student_loss`, `d_loss`."""
+        losses = [values for name, values in self.logged.items() if name == "loss"]
+        losses += [values for name, values in self.logged.items() if name != "loss"]
+        return next((values for values in losses if any(values)), losses[0] if losses else [])
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._last = self.clock()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        name = "loss" if "loss" in (logs or {}) else next((key for key in logs or {} if "loss" in key), None)
-        if name is not None:
-            self.running_means.append(float(logs[name]))  # also waits for the step to finish
+        for name, value in (logs or {}).items():
+            if "loss" in name:
+                self.logged.setdefault(name, []).append(float(value))  # also waits for the step to finish
         now = self.clock()
         self.step_seconds.append(now - self._last)
         self._last = now

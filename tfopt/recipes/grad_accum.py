@@ -125,6 +125,14 @@ class GradAccum(Recipe):
                 compile_config, old_batch_size=plan.batch_size, new_batch_size=effective, rule=self.scale_learning_rate
             )
             detail += f"; {lr_detail}"
+        per_pass = int(plan.dataset.cardinality()) * plan.micro_batches
+        if per_pass > 0 and per_pass % pieces:
+            # Keras counts micro-batches across epochs: an update is made of pieces wherever they come from.
+            detail += (
+                f"; a pass holds {per_pass} micro-batches, not a multiple of {pieces}: the last {per_pass % pieces} "
+                "of each pass go into an update with the next pass's first, and the last pass's into none (make "
+                f"the batches per pass a multiple of {pieces} to keep the updates within passes)"
+            )
         return plan.replace(compile_config=compile_config).record(self.name, detail)
 
 
