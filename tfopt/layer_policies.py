@@ -37,13 +37,14 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
 
     Example:
         >>> import keras
-        >>> inputs = keras.Input((4,))
-        >>> ids = keras.layers.Embedding(20000, 8, name="tokens")(inputs)
-        >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(keras.layers.Flatten()(ids)))
+        >>> inputs = keras.Input((2,))  # a user id and a feature, in one float Input
+        >>> user = keras.layers.Lambda(lambda columns: columns[:, :1], name="user_id")(inputs)
+        >>> vectors = keras.layers.Flatten()(keras.layers.Embedding(20000, 8, name="users")(user))
+        >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(vectors))
         >>> set_dtype_policy(model, "mixed_bfloat16", None)
-        ["reading ids or raw features: 'tokens' (Embedding)", "producing the outputs: 'head' (Dense)"]
-        >>> [layer.compute_dtype for layer in model.layers[1:]]
-        ['float32', 'bfloat16', 'float32']
+        ["carrying them there: 'user_id' (Lambda)", "producing the outputs: 'head' (Dense)"]
+        >>> [layer.compute_dtype for layer in model.layers[1:]]  # an Embedding reads its ids exactly in 16 bits
+        ['float32', 'bfloat16', 'bfloat16', 'float32']
     """
     import keras
 
