@@ -284,18 +284,10 @@ def _makes_integers(floats: list[Any], ops: list[Any]) -> bool:
     `digitize`), through no op that reads a weight (which computes features from them, as a layer with weights
     does on the functional graph). Where the way enters a function of the graph's (a `map_fn`'s loop, a
     `tf.function` it calls), any such op on floats in it counts."""
-    ours = {op.name for op in ops}
-    seen: set[str] = set()
-    tensors = list(floats)
-    while tensors:
-        for op in tensors.pop().consumers():
-            if op.name not in ours or op.name in seen or any(map(_is_a_weight, op.inputs)):
-                continue
-            seen.add(op.name)
-            if _turns_floats_into_integers(op) or any(map(_turns_floats_into_integers, _called_ops(op))):
-                return True
-            tensors.extend(op.outputs)
-    return False
+    return any(
+        _turns_floats_into_integers(op) or any(map(_turns_floats_into_integers, _called_ops(op)))
+        for op in _ops_reached(floats, within=ops)
+    )
 
 
 def _turns_floats_into_integers(op: Any) -> bool:
@@ -349,31 +341,31 @@ def _carrying_in_traced_calls(calls: list[_Call], reading: set[int]) -> set[int]
 
 def _passed_on(call: _Call) -> list[Any]:
     """The outputs of a call its float inputs reach through its own ops, reading no weight (or that they are)."""
-    ours = {op.name for op in call.ops}
     reached = {tensor.ref() for tensor in call.inputs}
-    tensors = list(call.inputs)
-    while tensors:
-        for op in tensors.pop().consumers():
-            if op.name in ours and not any(map(_is_a_weight, op.inputs)):
-                fresh = [tensor for tensor in op.outputs if tensor.ref() not in reached]
-                reached |= {tensor.ref() for tensor in fresh}
-                tensors.extend(fresh)
+    reached |= {tensor.ref() for op in _ops_reached(call.inputs, within=call.ops) for tensor in op.outputs}
     return [tensor for tensor in call.outputs if tensor.ref() in reached]
 
 
 def _reaches(tensors: list[Any], targets: set[Any]) -> bool:
     """Whether a way leads from the `tensors` to one of the `targets` (tensor refs), through no op reading a weight."""
+    return any(tensor.ref() in targets for tensor in tensors) or any(
+        tensor.ref() in targets for op in _ops_reached(tensors) for tensor in op.outputs
+    )
+
+
+def _ops_reached(tensors: list[Any], within: list[Any] | None = None) -> Iterator[Any]:
+    """The ops a way from the `tensors` reaches (among `within` only, where given), each once, through no op
+    that reads a weight; lazily, so that a search ends at what it looks for."""
+    allowed = None if within is None else {op.name for op in within}
     seen: set[str] = set()
     tensors = list(tensors)
     while tensors:
-        tensor = tensors.pop()
-        if tensor.ref() in targets:
-            return True
-        for op in tensor.consumers():
-            if op.name not in seen and not any(map(_is_a_weight, op.inputs)):
-                seen.add(op.name)
-                tensors.extend(op.outputs)
-    return False
+        for op in tensors.pop().consumers():
+            if op.name in seen or (allowed is not None and op.name not in allowed) or any(map(_is_a_weight, op.inputs)):
+                continue
+            seen.add(op.name)
+            yield op
+            tensors.extend(op.outputs)
 
 
 def _is_a_weight(tensor: Any) -> bool:

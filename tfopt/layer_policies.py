@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfopt.id_readers import reading_and_carrying_ids
+from tfopt.id_readers import calls_recorded, reading_and_carrying_ids
 from tfopt.policies import has_call, model_dtype_policy
 
 if TYPE_CHECKING:
@@ -116,15 +116,11 @@ def _output_layers(model: keras.Model, sample_inputs: Any) -> set[int]:
 
         return record
 
-    for layer in sublayers:
-        object.__setattr__(layer, "call", recording(layer))
     try:
-        outputs = tf.nest.flatten(model(sample_inputs, training=False))
+        with calls_recorded(sublayers, recording):
+            outputs = tf.nest.flatten(model(sample_inputs, training=False))
     except Exception:  # noqa: BLE001 - a forward pass that fails on these inputs: no output layer found
         return set()
-    finally:
-        for layer in sublayers:
-            layer.__dict__.pop("call", None)
     return {id(made_by.get(id(tensor), returned[-1] if returned else None)) for tensor in outputs} - {id(None)}
 
 
