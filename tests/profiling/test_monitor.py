@@ -599,12 +599,12 @@ def test_bad_arguments_name_the_value(kwargs, words):
 @pytest.mark.slow
 def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     monitor = Monitor(logdir=tmp_path, every_steps=4, profile_every=1, hardware=Hardware())
-    model = make_model(width=256, hidden=2)
+    model = make_model(width=1024, hidden=2)
     model.fit(steady_dataset(), epochs=1, steps_per_epoch=18, verbose=0, callbacks=[monitor])
     profiles = monitor.records_of("profile")
     assert profiles and Path(profiles[0]["path"]).is_dir()
-    # the heaviest layer (the 256x256 Dense between a 16x256 and a 256x1 one, whose few-microsecond ops a
-    # loaded host can order either way); the cached pipeline's stages do next to no work, so a slowest stage
+    # the heaviest layer (the 1024x1024 Dense between a 16x1024 and a 1024x1 one: 64 times the work, so that
+    # a loaded host cannot order their few-microsecond ops the other way); the cached pipeline's stages do next to no work, so a slowest stage
     # may be named or not (test_stages.py checks the naming)
     assert profiles[0]["top_layer"] == model.layers[1].name and profiles[0]["top_layer_seconds_per_step"] > 0
     assert isinstance(profiles[0]["top_stage"], str) == (profiles[0]["top_stage_seconds_per_batch"] is not None)
