@@ -108,6 +108,17 @@ def test_resizes_png_and_grayscale(tmp_path):
     assert np.all(np.abs(x - x.mean()) < 0.02)
 
 
+@pytest.mark.parametrize("suffix", ["png", "bmp", "gif", "jpg"])
+def test_every_format_decodes_to_grayscale(tmp_path, suffix):
+    (tmp_path / "a").mkdir()
+    for number, level in enumerate((40, 200)):
+        Image.fromarray(np.full((8, 8, 3), level, np.uint8)).save(tmp_path / "a" / f"{number}.{suffix}")
+    source = ImageFolderSource(tmp_path, image_size=8, channels=1)
+    ((x, _),) = collect(source.pipeline(batch_size=2, optimized=False, shuffle=False))
+    assert x.shape == (2, 8, 8, 1)
+    np.testing.assert_allclose(x.reshape(2, -1).mean(axis=1), [40 / 255, 200 / 255], atol=2 / 255)
+
+
 def test_missing_directory_names_the_path(tmp_path):
     with pytest.raises(DataError, match=r"nowhere.*does not exist"):
         ImageFolderSource(tmp_path / "nowhere")

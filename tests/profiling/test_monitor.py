@@ -191,6 +191,39 @@ def test_monitor_does_not_change_training():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+class PerExampleLoss(keras.Sequential):
+    """Returns its loss unreduced, one value per example: Keras takes such logs as they are."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.losses.mean_squared_error(y, self(x, training=True))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        return {"loss": loss}
+
+
+class NestedLogs(keras.Sequential):
+    """Returns its logs in a dict of dicts, which Keras flattens."""
+
+    def train_step(self, data):
+        return {"losses": super().train_step(data)}
+
+
+@pytest.mark.parametrize("kind", [PerExampleLoss, NestedLogs], ids=lambda kind: kind.__name__)
+def test_logs_that_keras_takes_are_taken_and_train_as_without_the_monitor(kind):
+    def fitted(callbacks):
+        keras.utils.set_random_seed(0)
+        model = kind([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        model.fit(steady_dataset(), epochs=2, steps_per_epoch=4, verbose=0, callbacks=callbacks)
+        return model.get_weights()
+
+    monitor = Monitor(every_steps=3)
+    for got, want in zip(fitted([monitor]), fitted([])):
+        np.testing.assert_array_equal(got, want)
+    assert [record["step"] for record in monitor.records_of("window")] == [4, 7]
+
+
 def test_a_short_last_batch_traces_the_train_step_no_more_than_fit_does():
     def traces(callbacks):
         TracedTrainStep.traces = 0
@@ -604,8 +637,8 @@ def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     profiles = monitor.records_of("profile")
     assert profiles and Path(profiles[0]["path"]).is_dir()
     # the heaviest layer (the 1024x1024 Dense between a 16x1024 and a 1024x1 one: 64 times the work, so that
-    # a loaded host cannot order their few-microsecond ops the other way); the cached pipeline's stages do next to no work, so a slowest stage
-    # may be named or not (test_stages.py checks the naming)
+    # a loaded host cannot order their few-microsecond ops the other way); the cached pipeline's stages do next
+    # to no work, so a slowest stage may be named or not (test_stages.py checks the naming)
     assert profiles[0]["top_layer"] == model.layers[1].name and profiles[0]["top_layer_seconds_per_step"] > 0
     assert isinstance(profiles[0]["top_stage"], str) == (profiles[0]["top_stage_seconds_per_batch"] is not None)
     written = [json.loads(line) for line in (tmp_path / "monitor.jsonl").read_text().splitlines()]
@@ -621,6 +654,16 @@ def test_profile_capture_adds_busy_and_diagnosis(tmp_path):
     steps = [(w["step"] - w["steps"] + 1, w["step"]) for w in monitor.records_of("window")]
     assert steps == [(2, 5), (12, 15)]
     assert "tfopt/profile/input_wait_percent" in scalars(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_second_run_into_the_same_logdir_captures_beside_the_first(tmp_path):
+    paths = []
+    for _ in range(2):  # the script run again with the same logdir
+        monitor = Monitor(logdir=tmp_path, every_steps=4, profile_every=1, hardware=Hardware())
+        make_model().fit(steady_dataset(), epochs=1, steps_per_epoch=10, verbose=0, callbacks=[monitor])
+        paths += [record["path"] for record in monitor.records_of("profile")]
+    assert len(paths) == 2 and len(set(paths)) == 2 and all(Path(path).is_dir() for path in paths)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import make_cnn, make_images
 from tfopt.errors import MeasurementError
@@ -11,13 +12,13 @@ from tfopt.profiling.timing import StepTimes, WindowTimer, one_batch_repeated, t
 
 
 class CountingLoss:
-    """A loss value whose reading to the host (float()) is counted: one reading is one device sync."""
+    """A loss value whose reading to the host is counted: one reading is one device sync."""
 
     reads = 0
 
-    def __float__(self):
+    def __array__(self, dtype=None, copy=None):
         CountingLoss.reads += 1
-        return 0.5
+        return np.array(0.5, dtype=dtype)
 
 
 class FakeModel:
@@ -95,8 +96,10 @@ def test_read_loss_reads_the_loss_or_the_first_value():
     CountingLoss.reads = 0
     timing.read_loss({"loss": CountingLoss()})
     timing.read_loss({"accuracy": CountingLoss()})
+    timing.read_loss({"losses": {"d_loss": CountingLoss(), "g_loss": CountingLoss()}})  # nested: the first only
     timing.read_loss(None)
-    assert CountingLoss.reads == 2
+    assert CountingLoss.reads == 3
+    timing.read_loss({"loss": tf.constant([0.5, 1.5])})  # a per-example loss Keras takes as it is
 
 
 def test_keras_reads_every_steps_logs_to_the_host_on_tensorflow():

@@ -27,8 +27,18 @@ def decode_image(encoded: tf.Tensor, image_size: tuple[int, int] | None, channel
     Returns:
         The uint8 image tensor with a static shape when `image_size` is given.
     """
+
     # expand_animations=False makes GIFs decode to one 3-D frame, so every format yields the same rank.
-    image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    def decoded(into: int) -> tf.Tensor:
+        return tf.io.decode_image(encoded, channels=into, expand_animations=False)
+
+    if channels == 1:  # BMP's and GIF's decoders take no channels=1: decoded in RGB and converted as TF converts
+        bmp_or_gif = tf.logical_or(
+            tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"), tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF")
+        )
+        image = tf.cond(bmp_or_gif, lambda: tf.image.rgb_to_grayscale(decoded(3)), lambda: decoded(1))
+    else:
+        image = decoded(channels)
     if image_size is None:
         return image
     return resize_uint8(image, image_size, channels)

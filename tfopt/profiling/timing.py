@@ -119,10 +119,12 @@ def window_layout(steps: int, *, steps_per_call: int = 1, window_steps: int | No
 
 
 def read_loss(logs: Mapping[str, Any] | None) -> None:
-    """Waits for the device: reading a step's loss to the host blocks until that step computed it."""
+    """Waits for the device: reading a step's loss to the host blocks until that step computed it. Any value a
+    train step returns that Keras takes is read: the first of a nested dict's, a per-example vector whole."""
     if logs:
         value = logs["loss"] if "loss" in logs else next(iter(logs.values()))
-        float(value)
+        for tensor in keras.tree.flatten(value)[:1]:
+            keras.ops.convert_to_numpy(tensor)
 
 
 class WindowTimer(keras.callbacks.Callback):

@@ -36,12 +36,14 @@ class ProfilerCapture:
         return self.steps_left > 0
 
     def start(self, parent: Path | None, step: int) -> None:
-        """Starts capturing into `parent/tfopt-profile-<n>` (a new temporary directory without a `parent`);
-        warns and captures nothing if the profiler is busy."""
+        """Starts capturing into `parent/tfopt-profile-<n>`, the next number no capture holds yet (a new temporary
+        directory without a `parent`); warns and captures nothing if the profiler is busy."""
         import tensorflow as tf
 
         self.count += 1
         parent = parent if parent is not None else Path(tempfile.mkdtemp(prefix="tfopt-monitor-"))
+        while (parent / f"tfopt-profile-{self.count}").exists():  # an earlier run's, in the same logdir
+            self.count += 1
         self.directory = parent / f"tfopt-profile-{self.count}"
         try:
             tf.profiler.experimental.start(str(self.directory))
