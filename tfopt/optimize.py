@@ -285,26 +285,31 @@ def apply(
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     if profile and logdir is not None:
         _made_directory(logdir)
-    baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
-    if recipe is not None:
-        recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
-    try:
-        return _applied(
-            baseline,
-            recipe,
-            measuring=measure_speed or profile,
-            verifying=_left_to_tfopt(recipe),
-            tune_budget_seconds=tune_budget_seconds,
-            on_tune_progress=on_tune_progress,
-            profile=profile,
-            steps=steps,
-            warmup_steps=warmup_steps,
-            hardware=hardware,
-            logdir=logdir,
-        )
-    except BaseException:
-        put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
-        raise
+    from tfopt.data.read_copy import copies_kept
+
+    # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
+    # starts where yours stands, as `fit(dataset)` would have started.
+    with copies_kept():
+        baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
+        if recipe is not None:
+            recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
+        try:
+            return _applied(
+                baseline,
+                recipe,
+                measuring=measure_speed or profile,
+                verifying=_left_to_tfopt(recipe),
+                tune_budget_seconds=tune_budget_seconds,
+                on_tune_progress=on_tune_progress,
+                profile=profile,
+                steps=steps,
+                warmup_steps=warmup_steps,
+                hardware=hardware,
+                logdir=logdir,
+            )
+        except BaseException:
+            put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
+            raise
 
 
 def _applied(
@@ -322,7 +327,9 @@ def _applied(
     that batch (a recipe that breaks the model is left out, or the error raised, before minutes of measuring),
     the setups measured side by side, and the verdict on the recipes left to tfopt. Where the device runs out
     of memory on the first batch, a setup trains in micro-batches (`tfopt.training.micro_batches`)."""
-    batch = next(iter(baseline.dataset.take(1)))
+    from tfopt.data.read_copy import copy_to_read
+
+    batch = next(iter(copy_to_read(baseline.dataset).take(1)))
 
     def baseline_run(plan: Plan) -> tuple[Built, Outcome]:
         built = build(plan)

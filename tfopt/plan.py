@@ -422,8 +422,10 @@ def first_inputs(dataset: tf.data.Dataset) -> Any:
     import keras
     import tensorflow as tf
 
+    from tfopt.data.read_copy import copy_to_read
+
     try:
-        element = next(iter(dataset.take(1)))
+        element = next(iter(copy_to_read(dataset).take(1)))
     except StopIteration:
         raise DataError(
             "The dataset is empty: it yielded no batch. Check the files or arrays it reads "

@@ -160,7 +160,7 @@ def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was():
     strength = tf.Variable(1.0)
     data = tf.data.Dataset.range(4).map(lambda i: tf.cast(i, tf.float32) * strength).batch(2)
     rewritten, notes = parallelize(data, prefetch_batches=1)
-    assert notes[0].startswith("maps and batches left as they were: it reads a tf.Variable it never writes")
+    assert notes[0].startswith("maps and batches left as they were: it reads a tf.Variable it never assigns")
     strength.assign(5.0)
     assert [list(batch.numpy()) for batch in rewritten] == [[0.0, 5.0], [10.0, 15.0]]
 

@@ -1,13 +1,15 @@
 """Run in a fresh process by test_monitor.py: TensorFlow must see two logical CPUs before it starts.
 
 Trains the same model from the same weights under MirroredStrategy over two CPUs, with and without
-`tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights. The host is
+`tfopt.Monitor`, and prints one JSON line: the Monitor's windows and both runs' weights (with the argument
+`uneven`: the histories of an epoch whose last batch the replicas share unevenly). The host is
 described as an H100's, with a GPU TensorFlow sees, as on a GPU machine: the replicas are CPUs all the same.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 import tensorflow as tf
 
@@ -40,6 +42,25 @@ def train(callbacks):
     return model
 
 
+def epoch_logs(callbacks):
+    """The history of an epoch of 61 examples in batches of 16: the replicas see 7 and 6 of the last one."""
+    keras.utils.set_random_seed(1)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.random.default_rng(0).random((61, 5), dtype=np.float32)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = model.fit(x, (x.sum(1) > 2.5).astype("int32"), batch_size=16, verbose=0, callbacks=callbacks)
+    return {key: value for key, value in history.history.items() if not key.startswith("tfopt/")}
+
+
+if sys.argv[1:] == ["uneven"]:  # a window closing on the epoch's last step (4), on this host's CPUs
+    print("RESULT " + json.dumps([epoch_logs([Monitor(every_steps=3, hardware=Hardware())]), epoch_logs([])]))
+    sys.exit(0)
 monitor = Monitor(every_steps=4, hardware=H100_HOST)
 monitored = train([monitor])
 plain = train([])

@@ -224,6 +224,29 @@ def test_logs_that_keras_takes_are_taken_and_train_as_without_the_monitor(kind):
     assert [record["step"] for record in monitor.records_of("window")] == [4, 7]
 
 
+class Noisy(keras.layers.Layer):
+    """Adds noise from a stateful TensorFlow random op, as keras.io's GAN adds it to its labels."""
+
+    def call(self, x, training=False):
+        return x + 0.1 * tf.random.uniform(tf.shape(x)) if training else x
+
+
+def test_a_second_fit_draws_a_stateful_random_op_on_as_without_the_monitor():
+    def fitted(callbacks):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((FEATURES,)), Noisy(), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        losses = []
+        for _ in range(2):  # a notebook cell run twice, or training in stages
+            losses += model.fit(finite_dataset(4), epochs=1, verbose=0, callbacks=callbacks).history["loss"]
+        return losses, model.get_weights()
+
+    (plain_losses, plain), (losses, weights) = fitted([]), fitted([Monitor(every_steps=2)])
+    assert losses == plain_losses
+    for got, want in zip(weights, plain):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_short_last_batch_traces_the_train_step_no_more_than_fit_does():
     def traces(callbacks):
         TracedTrainStep.traces = 0
@@ -532,6 +555,17 @@ def test_steps_per_execution_without_a_counting_optimizer_counts_whole_calls(cap
     assert len(said) == 1 and "steps_per_execution=4" in said[0]
 
 
+def test_steps_count_on_across_fit_calls_where_the_compiled_optimizer_never_steps(tmp_path):
+    model = OwnOptimizer([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.compile()  # as a GAN's compile calls super().compile(): an optimizer its train_step never applies
+    monitor = Monitor(logdir=tmp_path, every_steps=2, hardware=Hardware())
+    for _ in range(2):
+        model.fit(steady_dataset(), epochs=1, steps_per_epoch=6, verbose=0, callbacks=[monitor])
+    assert int(model.optimizer.iterations) == 0
+    assert [record["step"] for record in monitor.records_of("start")] == [0, 6]
+    assert [window["step"] for window in monitor.records_of("window")] == [3, 5, 9, 11]
+
+
 def test_steps_per_execution_leaves_input_wait_unmeasured():
     model = make_model()
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
@@ -678,11 +712,11 @@ def test_a_failure_during_a_capture_stops_the_profiler(tmp_path):
     tf.profiler.experimental.stop()
 
 
-@pytest.mark.slow
-def test_mirrored_strategy_on_two_cpus():
-    """Two logical CPUs need a fresh process: TensorFlow fixes its devices when it starts."""
+def mirrored_script_result(*arguments):
+    """What monitor_mirrored_script.py prints: two logical CPUs need a fresh process, as TensorFlow fixes its
+    devices when it starts."""
     completed = subprocess.run(
-        [sys.executable, str(HERE / "monitor_mirrored_script.py")],
+        [sys.executable, str(HERE / "monitor_mirrored_script.py"), *arguments],
         capture_output=True,
         text=True,
         timeout=300,
@@ -690,7 +724,12 @@ def test_mirrored_strategy_on_two_cpus():
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    result = json.loads(lines[0][len("RESULT ") :])
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_cpus():
+    result = mirrored_script_result()
     assert result["start"]["replicas"] == 2
     # On a host with a GPU, replicas on CPUs are measured as CPUs: no MFU against the GPU's peak, no GPU memory.
     assert result["start"]["accelerator"] == "cpu"
@@ -701,3 +740,11 @@ def test_mirrored_strategy_on_two_cpus():
         assert window["examples_per_second"] == pytest.approx(16 * window["steps_per_second"])
         assert 0 <= window["input_wait_percent"] < 100
     assert result["weights_max_diff"] < 1e-6
+
+
+@pytest.mark.slow
+def test_under_two_replicas_an_epochs_metrics_are_over_all_its_examples_where_a_window_closes_it():
+    """Keras takes the epoch's logs from its metrics only where the last step's logs name just those: the
+    replicas' mean of the last, uneven batch's accuracy is not the epoch's."""
+    monitored, plain = mirrored_script_result("uneven")
+    assert monitored == plain and plain["accuracy"][0] * 61 == pytest.approx(round(plain["accuracy"][0] * 61))

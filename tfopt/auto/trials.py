@@ -264,7 +264,9 @@ def _fixed_batches(dataset: tf.data.Dataset, count: int) -> tuple[Any, list[int]
     """
     import tensorflow as tf
 
-    fixed = dataset.take(count).cache()
+    from tfopt.data.read_copy import copy_to_read
+
+    fixed = copy_to_read(dataset).take(count).cache()
     sizes = [int(tf.nest.flatten(element)[0].shape[0]) for element in fixed]  # (x, y), a dict, x alone
     return fixed.repeat(), [sizes[index % len(sizes)] for index in range(count)]
 

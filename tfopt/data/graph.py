@@ -394,3 +394,37 @@ def stateful_kinds(ops: set[str]) -> dict[str, set[str]]:
             kind = OTHER
         kinds.setdefault(kind, set()).add(op)
     return kinds
+
+
+def rebuild(original: Any, graph: GraphDef) -> Any:
+    """The dataset `graph` describes, or a string saying why it could not be rebuilt."""
+    try:
+        rebuilt = RebuiltDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)
+        cardinality, expected = int(rebuilt.cardinality()), int(original.cardinality())
+    except Exception as error:  # noqa: BLE001 - an OpError, a protobuf error, a structure tf.data refuses: never a crash
+        return f"its rewritten graph could not be rebuilt ({describe_error(error)})"
+    if cardinality != expected:
+        return f"the rewritten graph has cardinality {cardinality}, the original {expected}"
+    return rebuilt
+
+
+class RebuiltDataset(tf.data.Dataset):
+    """A dataset rebuilt from a graph (what `tf.data.experimental.from_variant` makes).
+
+    It holds the original dataset: the graph refers to the original's resources (seed generators,
+    caches) by handle, and those are freed with it. Its batches hold the original's examples
+    (`same_batches_as`, which `tfopt.data.batches` counts them by).
+    """
+
+    def __init__(self, variant: Any, original: Any):
+        self._element_spec = original.element_spec
+        self._original = original
+        self.same_batches_as = original
+        super().__init__(variant)
+
+    def _inputs(self) -> list:
+        return []
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec

@@ -171,8 +171,9 @@ def _rewritten(
         ]
     if _reads_variables_set_elsewhere(graph):
         return None, [
-            f"{_NOT_REWRITTEN}: it reads a tf.Variable it never writes (set from outside, as a curriculum's "
-            "strength is as training goes), which a rebuilt graph would hold as a copy of today's value"
+            f"{_NOT_REWRITTEN}: it reads a tf.Variable it never assigns (one set from outside, as a curriculum's "
+            "strength is as training goes, or a tf.random.Generator's state), which a rebuilt graph would hold "
+            "as a copy of today's value"
         ]
     try:
         notes = _rewrite_maps(
@@ -202,7 +203,7 @@ def _rewritten(
             "nothing left to parallelize: the pipeline's maps and batches already run in "
             "parallel and it ends with a prefetch"
         ]
-    result = _rebuild(dataset, graph) if rewritten else dataset
+    result = pipeline_graph.rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
         return None, [f"{_NOT_REWRITTEN}: {result}"]
     if not ends_with_prefetch:
@@ -331,40 +332,6 @@ def _int64_constant(graph: GraphDef, name: str, value: int) -> str:
         constant.attr["dtype"].type = tf.int64.as_datatype_enum
         constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.int64))
     return name
-
-
-def _rebuild(original: Any, graph: GraphDef) -> Any:
-    """The dataset `graph` describes, or a string saying why it could not be rebuilt."""
-    try:
-        rebuilt = _RewrittenDataset(tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), original)
-        cardinality, expected = int(rebuilt.cardinality()), int(original.cardinality())
-    except Exception as error:  # noqa: BLE001 - an OpError, a protobuf error, a structure tf.data refuses: never a crash
-        return f"its rewritten graph could not be rebuilt ({describe_error(error)})"
-    if cardinality != expected:
-        return f"the rewritten graph has cardinality {cardinality}, the original {expected}"
-    return rebuilt
-
-
-class _RewrittenDataset(tf.data.Dataset):
-    """A dataset rebuilt from a rewritten graph (what `tf.data.experimental.from_variant` makes).
-
-    It holds the original dataset: the graph refers to the original's resources (seed generators,
-    caches) by handle, and those are freed with it. Its batches hold the original's examples
-    (`same_batches_as`, which `tfopt.data.batches` counts them by).
-    """
-
-    def __init__(self, variant: Any, original: Any):
-        self._element_spec = original.element_spec
-        self._original = original
-        self.same_batches_as = original
-        super().__init__(variant)
-
-    def _inputs(self) -> list:
-        return []
-
-    @property
-    def element_spec(self) -> Any:
-        return self._element_spec
 
 
 def _function_label(name: str) -> str:

@@ -278,6 +278,8 @@ def capture(
         raise MeasurementError(
             f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, warmup_steps={warmup_steps}."
         )
+    from tfopt.data.read_copy import copy_to_read
+
     logdir = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfopt-profile-"))
     logdir.mkdir(parents=True, exist_ok=True)
     known = _captures(logdir)
@@ -288,7 +290,7 @@ def capture(
         # captured one per call. The capture shows where a step's time goes; the speed at N is `measure`'s.
         with sampler, track_peak_memory(gpu_count) as peak, steps_per_call(model, 1):
             model.fit(
-                dataset.repeat(),
+                copy_to_read(dataset).repeat(),
                 steps_per_epoch=warmup_steps + steps + 1,
                 epochs=1,
                 verbose=0,
@@ -399,6 +401,7 @@ def _check_dataset(dataset: object) -> tuple[int | None, int]:
     """Returns (batches per epoch where known, batch size); rejects datasets that cannot be profiled."""
     import tensorflow as tf
 
+    from tfopt.data.read_copy import copy_to_read
     from tfopt.plan import batch_size_of
 
     if not isinstance(dataset, tf.data.Dataset):
@@ -408,7 +411,7 @@ def _check_dataset(dataset: object) -> tuple[int | None, int]:
         )
     cardinality = int(dataset.cardinality())
     try:
-        head = list(dataset.take(2))
+        head = list(copy_to_read(dataset).take(2))
     except tf.errors.OpError as error:
         raise DataError(f"Reading the first batches of the dataset failed: {describe_error(error)}") from released(
             error

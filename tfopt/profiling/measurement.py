@@ -193,7 +193,9 @@ def device_batch(model: keras.Model, dataset: tf.data.Dataset) -> Any:
     import tensorflow as tf
 
     strategy = model.distribute_strategy
-    first = dataset.take(1)
+    from tfopt.data.read_copy import copy_to_read
+
+    first = copy_to_read(dataset).take(1)
     if strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
         batch = next(iter(first))
         with tf.device(_default_device()):

@@ -139,6 +139,11 @@ class Monitor(keras.callbacks.Callback):
         self._armed = False
         self._said_not_applicable = self._warned_no_window = self._said_destination = False
         self._said_uncounted = self._said_dynamic_batch = False
+        # (step, count) where the last fit trained steps and left its model's step counter standing at `count` (a
+        # GAN's compiled optimizer, which its train_step never applies): the next fit counts on from `step`.
+        self._standing: tuple[int, int] | None = None
+        self._last_one_step: tuple[Any, Any, bool, Callable[[Any], Any]] | None = None
+        self._window_logs: dict[str, float] | None = None  # a window closed by this step, for its callbacks
 
     @property
     def flops_per_step(self) -> float | None:
@@ -190,9 +195,9 @@ class Monitor(keras.callbacks.Callback):
         self._counted = False
         self._step_on_batch: Callable[[Any], Any] | None = None  # made at the fit's first step, for its data
         self._counter = step_counter(self.model)
-        self._step = self._fit_start_step = self._counter_value = (
-            int(self._counter.numpy()) if self._counter is not None else 0
-        )
+        self._fit_start_count = self._counter_value = int(self._counter.numpy()) if self._counter is not None else 0
+        standing = self._standing is not None and self._standing[1] == self._fit_start_count
+        self._step = self._fit_start_step = self._standing[0] if standing else self._fit_start_count
         self._windows_before_fit = len(self.records_of("window"))
         self._epoch_records: list[dict[str, Any]] = []
         not_applicable = {
@@ -238,6 +243,11 @@ class Monitor(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._armed = True  # the next train-function call is a step of this Monitor's own fit
 
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._window_logs and logs is not None:
+            logs.update(self._window_logs)
+        self._window_logs = None
+
     def on_test_begin(self, logs: dict | None = None) -> None:
         self._pause()  # validation inside fit: its steps are not training
 
@@ -267,6 +277,10 @@ class Monitor(keras.callbacks.Callback):
             )
         if self._capture.running:
             self._stop_profile()
+        counter = step_counter(self.model)
+        count = int(counter.numpy()) if counter is not None else 0
+        trained = self._step > self._fit_start_step
+        self._standing = (self._step, count) if trained and count == self._fit_start_count else None
         self.close()
 
     def close(self) -> None:
@@ -329,7 +343,7 @@ class Monitor(keras.callbacks.Callback):
             self._step += self._steps_in_call()
             return outputs, None, 0.0
         if self._step_on_batch is None:
-            self._step_on_batch = _keras_one_step(original, iterator.element_spec, eagerly=self.model.run_eagerly)
+            self._step_on_batch = self._one_step(original, iterator.element_spec)
         start = time.perf_counter()
         try:
             batch = next(iterator)
@@ -346,6 +360,19 @@ class Monitor(keras.callbacks.Callback):
         outputs = self._step_on_batch(batch)
         self._step += 1
         return outputs, batch, fetched
+
+    def _one_step(self, original: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
+        """Keras' one-step function for this fit: the one the last fit traced, where its train function and
+        data are the same. A new trace would start the step's stateful random ops (`tf.random.uniform`) over,
+        where a second `fit` without the Monitor goes on with Keras' cached train function."""
+        eagerly = self.model.run_eagerly
+        if self._last_one_step is not None:
+            known, known_spec, known_eagerly, step = self._last_one_step
+            if known is original and known_spec == spec and known_eagerly == eagerly:
+                return step
+        step = _keras_one_step(original, spec, eagerly=eagerly)
+        self._last_one_step = (original, spec, eagerly, step)  # a recompiled model's new train function replaces it
+        return step
 
     def _steps_in_call(self) -> int:
         """The steps the last call ran under `steps_per_execution > 1`: as many as the optimizer counted,
@@ -393,7 +420,11 @@ class Monitor(keras.callbacks.Callback):
         meter.open(now=now, first_step=self._step + 1)
         if self.profile_every and len(self.records_of("window")) % self.profile_every == 0:
             self._start_profile()
-        return {**outputs, **record["logs"]}
+        # Into the step's logs the callbacks after this one see, not the train function's outputs: Keras takes an
+        # epoch's logs from its metrics only where the last step's logs name just those (under several replicas a
+        # step's logs are the replicas' mean, not the epoch's).
+        self._window_logs = record["logs"]
+        return outputs
 
     def _pause(self) -> None:
         """Stops the open window's clock where training steps stop (an epoch's end), after one sync."""

@@ -99,7 +99,9 @@ def one_batch_repeated(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """
     import tensorflow as tf
 
-    batch = next(iter(dataset.take(1)))
+    from tfopt.data.read_copy import copy_to_read
+
+    batch = next(iter(copy_to_read(dataset).take(1)))
     return tf.data.Dataset.from_tensors(batch).repeat()
 
 
@@ -210,9 +212,11 @@ def time_training_steps(
     timer = WindowTimer(
         warmup_steps=warmup_steps, windows=windows, window_steps=window_steps, deadline=deadline, clock=clock
     )
+    from tfopt.data.read_copy import copy_to_read
+
     try:
         model.fit(
-            dataset.repeat(),
+            copy_to_read(dataset).repeat(),
             steps_per_epoch=warmup_steps + windows * window_steps,
             epochs=1,
             verbose=0,

@@ -244,6 +244,14 @@ def test_bad_inputs_and_options(tmp_path):
         to_tfrecord(tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))).batch(2), tmp_path / "b")
     with pytest.raises(DataError, match="expected \\(x, y\\) pairs"):
         to_tfrecord(tf.data.Dataset.range(3), tmp_path / "c")
+    ragged = tf.data.Dataset.range(1, 4).map(lambda i: (tf.RaggedTensor.from_tensor([tf.range(i)]), i))
+    with pytest.raises(DataError, match=r"its x is a RaggedTensor.*\.to_tensor"):
+        to_tfrecord(ragged, tmp_path / "c")
+    weighted = tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4), np.ones(4)))
+    with pytest.raises(DataError, match=r"not sample weights.*lambda x, y, w: \(x, y\)"):
+        to_tfrecord(weighted, tmp_path / "c")
+    with pytest.raises(DataError, match=r"x has dtype bfloat16.*cast it to float32"):
+        to_tfrecord(tf.data.Dataset.from_tensor_slices((tf.zeros((4, 2), tf.bfloat16), tf.range(4))), tmp_path / "c")
     with pytest.raises(DataError, match="zero examples"):
         to_tfrecord(tf.data.Dataset.from_tensor_slices((np.zeros((0, 2)), np.zeros(0))), tmp_path / "d")
     with pytest.raises(ValueError, match="compression='LZ4'"):

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -216,10 +217,7 @@ def _from_dataset(dataset) -> ConversionInput:
 
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(s, tf.TensorSpec) for s in spec)):
-        raise DataError(
-            f"to_tfrecord: the dataset yields {spec}, expected (x, y) pairs of tensors. Map it to (x, y) first, "
-            "e.g. dataset.map(lambda d: (d['image'], d['label']))."
-        )
+        raise DataError(f"to_tfrecord: the dataset yields {spec}; {_what_to_map(spec)}")
     x_spec_tf, y_spec_tf = spec
     if not (x_spec_tf.shape.is_fully_defined() and y_spec_tf.shape.is_fully_defined()):
         raise DataError(
@@ -251,10 +249,39 @@ def _from_dataset(dataset) -> ConversionInput:
     )
 
 
+def _what_to_map(spec: Any) -> str:
+    """What a dataset whose elements are not (x, y) pairs of dense tensors must be mapped to, and how."""
+    import tensorflow as tf
+
+    if isinstance(spec, tuple) and len(spec) in (2, 3):
+        for name, part in zip(("x", "y", "sample_weight"), spec):
+            if not isinstance(part, tf.TensorSpec):
+                return (
+                    f"its {name} is a {type(part).__name__.removesuffix('Spec')}, and a conversion stores tensors of "
+                    "one fixed shape. Make it one first (a ragged tensor's .to_tensor(shape=...), "
+                    "tf.sparse.to_dense), or train from this pipeline as it is."
+                )
+        if len(spec) == 3:
+            return (
+                "a conversion stores (x, y) pairs, not sample weights. Leave them out "
+                "(dataset.map(lambda x, y, w: (x, y))) and weigh the examples of the pipeline you read back."
+            )
+    return (
+        "expected (x, y) pairs of tensors. Map it to (x, y) first, e.g. dataset.map(lambda d: (d['image'], "
+        "d['label']))."
+    )
+
+
 def _tensor_feature(name: str, dtype: np.dtype, shape, finish: str | None):
     dtype = np.dtype(dtype)
     if dtype.kind not in "biufc":
-        hint = "; encode strings as ids first (a StringLookup's vocabulary)" if dtype.kind in "USO" else ""
+        hint = (
+            "; encode strings as ids first (a StringLookup's vocabulary)"
+            if dtype.kind in "USO"
+            else f"; cast it to float32 first (tf.cast({name}, tf.float32) in a map)"
+            if dtype.name == "bfloat16"
+            else ""
+        )
         raise DataError(
             f"to_tfrecord: {name} has dtype {dtype}, which cannot be stored as raw bytes. Expected a numeric or "
             f"bool array{hint}."
