@@ -65,6 +65,8 @@ def test_a_pipeline_reading_does_not_change_is_read_as_it_is_and_a_copy_is_kept_
     assert copy_to_read(data) is not copy
 
 
-def test_a_pipeline_whose_graph_cannot_be_read_is_read_as_it_is():
+def test_a_pipeline_whose_graph_cannot_be_read_or_holds_an_untested_op_is_read_as_it_is():
     data = tf.data.Dataset.range(3).apply(tf.data.experimental.copy_to_device("/cpu:0"))
     assert copy_to_read(data) is data
+    untested = tf.data.Dataset.range(4).shuffle(4, seed=1).map(lambda i: tf.reshape(i, [1])).sparse_batch(2, [1])
+    assert copy_to_read(untested) is untested

@@ -9,7 +9,8 @@ measurements), and the pipeline tfopt hands back, which shares those seed genera
 So tfopt reads a copy: the pipeline rebuilt from its graph (`tfopt.data.graph`), each shuffle with a seed
 generator and each memory cache of its own, starting where a new pipeline starts, the variables it captures
 copied with their present values. A pipeline holding none of that state is read as it is; one whose graph
-cannot be read or rebuilt (too large, an op no test round-trips) is read as it is too, and moves on as before.
+cannot be read or rebuilt (too large, an op whose round trip no test checks, as the rewrite's) is read as it is
+too, and moves on as before.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tfopt.data import graph as pipeline_graph
+from tfopt.data.rewrite import KNOWN_DATASET_OPS
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -72,7 +74,7 @@ def copies_kept() -> Iterator[None]:
 
 def _copied(dataset: tf.data.Dataset) -> Any:
     graph, _ = pipeline_graph.read(dataset)
-    if graph is None or not _holds_state(graph):
+    if graph is None or not _holds_state(graph) or _untested_ops(graph):
         return dataset
     for node in graph.node:
         if node.op == "Const" and node.attr["dtype"].type == tf.resource.as_datatype_enum:
@@ -91,6 +93,13 @@ def _holds_state(graph: GraphDef) -> bool:
         return True
     ops = {node.op for function in graph.library.function for node in function.node_def}
     return bool(pipeline_graph.stateful_kinds(ops))
+
+
+def _untested_ops(graph: GraphDef) -> bool:
+    """Whether the pipeline has a dataset op whose graph round trip no test checks (a data service's: its copy
+    would start a job of its own)."""
+    ops = pipeline_graph.pipeline_ops(graph)
+    return any(pipeline_graph.DATASET_OP.search(op) and op not in KNOWN_DATASET_OPS for op in ops)
 
 
 def _own_resource(graph: GraphDef, name: str) -> str | None:
