@@ -103,6 +103,8 @@ _PREFETCH_NODE = "tfopt/final_prefetch_elements"
 _NOT_REWRITTEN = "maps and batches left as they were"
 # Stateful ops whose name alone does not tell a user why their map stays sequential.
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# A tf.random.Generator's draws read its state variable (and skip it on in place): reads of a variable set elsewhere.
+_VARIABLE_READS = frozenset({"ReadVariableOp", "VariableShape", "VarIsInitializedOp", "RngReadAndSkip", "RngSkip"})
 
 
 def parallelize(
@@ -213,14 +215,46 @@ def _rewritten(
 
 
 def _reads_variables_set_elsewhere(graph: GraphDef) -> bool:
-    """Whether the pipeline captures variables and none of its functions writes one. `DatasetToGraphV2` writes
-    a captured variable as a new one holding its value, so the rebuilt pipeline would not see the user's later
-    assignments. A variable the pipeline writes itself (a Keras random layer's seed generator) goes on in the
-    copy as in the original, which then stays where it was."""
-    captures = any(node.op == "VarHandleOp" for node in graph.node)
-    return captures and not any(
-        node.op in _VARIABLE_WRITES for function in graph.library.function for node in function.node_def
-    )
+    """Whether a function of the pipeline reads a captured variable that none of its functions assigns.
+    `DatasetToGraphV2` writes a captured variable as a new one holding its value, so the rebuilt pipeline would
+    not see the user's later assignments. A variable the pipeline writes itself (a Keras random layer's seed
+    generator) goes on in the copy as in the original, which then stays where it was. Each variable is followed
+    from the function that captures it into the functions it is passed to (tables, queues and seed generators
+    are resources too, and not followed: a mutable table is written by value, as it stands)."""
+    functions = {function.signature.name: function for function in graph.library.function}
+    captured = {
+        value.func.name for node in graph.node for value in node.attr.values() if value.HasField("func")
+    } & functions.keys()
+    for name in captured:
+        for arg in functions[name].signature.input_arg:
+            if arg.type == tf.resource.as_datatype_enum:
+                uses = _variable_uses(functions, name, arg.name, seen=set())
+                if "read" in uses and "write" not in uses:
+                    return True
+    return False
+
+
+def _variable_uses(functions: dict[str, Any], name: str, arg: str, seen: set[tuple[str, str]]) -> set[str]:
+    """How the function `name` uses its resource argument `arg`: "read", "write", through the calls it makes."""
+    if (name, arg) in seen:
+        return set()
+    seen.add((name, arg))
+    aliases, uses = {arg}, set()
+    for node in functions[name].node_def:
+        for position, value in enumerate(node.input):
+            if value not in aliases:
+                continue
+            callee = node.attr["f"].func.name if node.op in ("PartitionedCall", "StatefulPartitionedCall") else None
+            callee = node.op if node.op in functions else callee
+            if node.op in ("Identity", "IdentityN"):
+                aliases.add(f"{node.name}:output:{position if node.op == 'IdentityN' else 0}")
+            elif node.op in _VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
+                uses.add("write")
+            elif node.op in _VARIABLE_READS or node.op.startswith("ResourceGather"):
+                uses.add("read")
+            elif callee in functions and position < len(functions[callee].signature.input_arg):
+                uses |= _variable_uses(functions, callee, functions[callee].signature.input_arg[position].name, seen)
+    return uses
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:
