@@ -31,7 +31,10 @@ the bounded prefetch at its end that needs no rewrite; nothing in here raises. T
 live resources of this process (a shuffle's seed generator, a memory cache, py_function tokens), so the
 rebuilt dataset keeps the original alive and is valid in this process only; a variable it captures is
 copied with its value (a Keras layer's seed variable goes on in the copy), so a pipeline reading a variable
-that it never writes, which the user sets as training goes, is left as it was.
+that none of its functions assigns, which the user sets as training goes, is left as it was, whatever other
+variables it writes. A mutable table (`tf.lookup.experimental.MutableHashTable`) is copied as it stands too:
+ids a user inserts while training do not reach the rebuilt pipeline (Keras' lookup layers, whose tables are
+mutable ones, set their vocabulary before).
 """
 
 from __future__ import annotations
