@@ -168,6 +168,10 @@ def test_second_conversion_of_the_same_dataset_is_a_no_op(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     with pytest.raises(DataError, match="another input"):
         to_tfrecord(dataset.map(lambda x, y: (x + 1, y)), out)
+    unseeded = dataset.shuffle(12)
+    reshuffled = to_tfrecord(unseeded, tmp_path / "unseeded")
+    with pytest.raises(DataError, match=r"description is the same.*shuffle or a random map without a seed"):
+        to_tfrecord(unseeded, reshuffled)  # a second pass draws another order (1 in 12! that it does not)
 
 
 def test_other_options_redo_and_other_input_needs_overwrite(tmp_path):

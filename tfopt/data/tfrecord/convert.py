@@ -165,10 +165,17 @@ def _is_same_conversion(out_dir, conversion: ConversionInput, options: dict, ove
     fingerprint = conversion.fingerprint or _content_sha256(conversion.stream())
     if manifest.get("fingerprint") == fingerprint:
         return manifest.get("options") == options  # same input, other options: redo it
+    same_description = manifest.get("source") == conversion.description
+    why = (
+        " Its description is the same and its contents are not: it holds other data, or it yields other elements "
+        "each pass (a shuffle or a random map without a seed), which convert to other files each time; seed those."
+        if same_description
+        else ""
+    )
     raise DataError(
         f"to_tfrecord: {out_dir} already holds a conversion of another input ({manifest.get('source')!r}); "
-        f"this input is {conversion.description!r}. Pass another out_dir, or overwrite=True (tfopt-recipe convert "
-        "--overwrite) to replace it."
+        f"this input is {conversion.description!r}.{why} Pass another out_dir, or overwrite=True (tfopt-recipe "
+        "convert --overwrite) to replace it."
     )
 
 
