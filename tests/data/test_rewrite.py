@@ -154,8 +154,12 @@ def test_random_map_keeps_its_draws_and_names_the_setting():
     )
 
 
-@pytest.mark.parametrize("with_random_layer", [False, True], ids=["alone", "beside a random layer's seed"])
-def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was(with_random_layer):
+@pytest.mark.parametrize(
+    "with_random_layer, inside",
+    [(False, False), (True, False), (False, True)],
+    ids=["alone", "beside a random layer's seed", "inside an interleave"],
+)
+def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was(with_random_layer, inside):
     """A curriculum: a callback raises the augmentation's strength as training goes. A rebuilt graph would hold a
     copy of the variable with today's value: the pipeline must go on reading the user's own, also where the map
     writes another variable (a Keras random layer's seed), which the copy may carry on."""
@@ -166,7 +170,11 @@ def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was(with_r
         value = tf.cast(i, tf.float32) * strength
         return flip(tf.fill([1, 2, 1], value))[0, 0, 0] if with_random_layer else value
 
-    data = tf.data.Dataset.range(4).map(scaled).batch(2)
+    data = tf.data.Dataset.range(4)
+    if inside:
+        data = data.interleave(lambda i: tf.data.Dataset.from_tensors(i).map(scaled), cycle_length=1).batch(2)
+    else:
+        data = data.map(scaled).batch(2)
     rewritten, notes = parallelize(data, prefetch_batches=1)
     assert notes[0].startswith("maps and batches left as they were: it reads a tf.Variable it never assigns")
     strength.assign(5.0)

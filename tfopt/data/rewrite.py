@@ -253,8 +253,8 @@ def _variable_uses(functions: dict[str, Any], name: str, arg: str, seen: set[tup
                 aliases.add(f"{node.name}:output:{position if node.op == 'IdentityN' else 0}")
             elif node.op in _VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
                 uses.add("write")
-            elif node.op in _VARIABLE_READS or node.op.startswith("ResourceGather"):
-                uses.add("read")
+            elif node.op in _VARIABLE_READS or node.op.startswith("ResourceGather") or "Dataset" in node.op:
+                uses.add("read")  # a dataset built inside (an interleave's): what its functions do is not followed
             elif callee in functions and position < len(functions[callee].signature.input_arg):
                 uses |= _variable_uses(functions, callee, functions[callee].signature.input_arg[position].name, seen)
     return uses
