@@ -206,6 +206,34 @@ def test_python_maps_opt_out():
     assert "kept sequential: map 1 'lambda' (Python function, parallel_python_maps=False)" in plan.applied[-1].detail
 
 
+def test_the_users_own_opt_outs_of_parallel_maps_and_batches_are_kept():
+    own = tf.data.Options()
+    own.experimental_optimization.map_parallelization = False
+    own.experimental_optimization.parallel_batch = False
+    plan = recorded(py_function_pipeline().with_options(own))
+    ops = graph_ops(plan.dataset)
+    assert ops.count("MapDataset") == 1 and ops.count("BatchDatasetV2") == 1
+    assert "ParallelMapDatasetV2" not in ops and "ParallelBatchDataset" not in ops
+    options = plan.dataset.options().experimental_optimization
+    assert options.map_parallelization is False and options.parallel_batch is False
+    detail = plan.applied[-1].detail
+    assert "maps kept sequential: your pipeline options set map_parallelization=False" in detail
+    assert "batches kept sequential: your pipeline options set parallel_batch=False" in detail
+    assert_same_elements(py_function_pipeline(), plan.dataset)
+
+
+@pytest.mark.parametrize("theirs", [True, False], ids=["pipeline options", "recipe setting"])
+def test_a_relaxed_order_is_said_as_relaxed(theirs):
+    own = tf.data.Options()
+    own.deterministic = False
+    pipeline = py_function_pipeline().with_options(own) if theirs else py_function_pipeline()
+    plan = recorded(pipeline, deterministic=theirs)
+    detail = plan.applied[-1].detail
+    assert "order kept" not in detail and plan.dataset.options().deterministic is False
+    assert "parallel map (AUTOTUNE calls, order relaxed (deterministic=False))" in detail
+    assert "1 batch made parallel (order relaxed" in detail
+
+
 def test_tuning_twice_changes_nothing():
     once = tune_pipeline(py_function_pipeline(), ram_budget_bytes=BUDGET)
     twice = tune_pipeline(once, ram_budget_bytes=BUDGET)

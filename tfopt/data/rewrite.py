@@ -5,10 +5,10 @@ stateful, and py_function, numpy_function and every `tf.random`/`tf.image.random
 usual augmentation map stays sequential (docs/recipes/data_pipeline.md measures the tf.data guide's
 py_function case). This module takes the
 pipeline's graph (`DatasetToGraphV2`), turns each sequential `MapDataset` that is safe to run in
-parallel into a `ParallelMapDatasetV2` (AUTOTUNE calls, order kept) and each `BatchDatasetV2` into a
-`ParallelBatchDataset`, bounds a final `prefetch(AUTOTUNE)` like the prefetch it adds where there is
-none, and rebuilds the dataset in this process (`DatasetFromGraph`), with the same element_spec. What
-is safe (see `tfopt.data.graph`):
+parallel into a `ParallelMapDatasetV2` (AUTOTUNE calls) and each `BatchDatasetV2` into a
+`ParallelBatchDataset`, both in the order the pipeline's options keep (`deterministic`), bounds a final
+`prefetch(AUTOTUNE)` like the prefetch it adds where there is none, and rebuilds the dataset in this
+process (`DatasetFromGraph`), with the same element_spec. What is safe (see `tfopt.data.graph`):
 
 * a map without state: always; its output is identical, element by element, in the same order;
 * a map whose only state is random draws (`parallel_random_maps`, default on): the draws keep their
@@ -17,6 +17,9 @@ is safe (see `tfopt.data.graph`):
   shares mutable state between calls, which tfopt cannot see;
 * a map with other state (a queue, an iterator, a variable it writes, as a Keras random layer's seed
   generator does on every call) or `synchronous=True`: never.
+
+The pipeline's own options are the user's word: `experimental_optimization.map_parallelization=False` keeps
+every map sequential and `parallel_batch=False` every batch, as tf.data itself would.
 
 Only the pipeline's top level is rewritten: maps inside an interleave's or flat_map's function build
 one small dataset per input element and stay as they are. A dataset made by `from_generator` is
@@ -180,11 +183,19 @@ def _rewritten(
             "strength is as training goes, or a tf.random.Generator's state), which a rebuilt graph would hold "
             "as a copy of today's value"
         ]
+    options = dataset.options()
+    order = "order kept" if options.deterministic is not False else "order relaxed (deterministic=False)"
+    maps_allowed = options.experimental_optimization.map_parallelization is not False
+    batches_allowed = options.experimental_optimization.parallel_batch is not False
     try:
-        notes = _rewrite_maps(
-            graph, parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps
+        notes = (
+            _rewrite_maps(
+                graph, order, parallel_random_maps=parallel_random_maps, parallel_python_maps=parallel_python_maps
+            )
+            if maps_allowed
+            else ["maps kept sequential: your pipeline options set map_parallelization=False"]
         )
-        batches = _rewrite_batches(graph)
+        batches = _rewrite_batches(graph) if batches_allowed else 0
         final = next((node for node in pipeline_graph.output_chain(graph) if node.op != "OptionsDataset"), None)
         ends_with_prefetch = final is not None and final.op == "PrefetchDataset"
         autotuned_prefetch = ends_with_prefetch and _buffer_size(graph, final) == tf.data.AUTOTUNE
@@ -194,7 +205,9 @@ def _rewritten(
         logger.debug("graph rewrite failed", exc_info=True)
         return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({describe_error(error)})"]
     if batches:
-        notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel (order kept)")
+        notes.append(f"{batches} batch{'es' if batches > 1 else ''} made parallel ({order})")
+    if not batches_allowed:
+        notes.append("batches kept sequential: your pipeline options set parallel_batch=False")
     if autotuned_prefetch:
         notes.append(
             "its final prefetch(AUTOTUNE) stays: the elements' size is unknown, so tf.data sizes it within "
@@ -277,7 +290,7 @@ def _ends_with_prefetch(dataset: tf.data.Dataset) -> bool:
     return type(node).__name__ == "_PrefetchDataset"
 
 
-def _rewrite_maps(graph: GraphDef, *, parallel_random_maps: bool, parallel_python_maps: bool) -> list[str]:
+def _rewrite_maps(graph: GraphDef, order: str, *, parallel_random_maps: bool, parallel_python_maps: bool) -> list[str]:
     parallel, random_maps, python_maps, kept = [], [], [], []
     maps = [node for node in graph.node if node.op == "MapDataset"]
     for number, node in enumerate(maps, start=1):
@@ -303,7 +316,7 @@ def _rewrite_maps(graph: GraphDef, *, parallel_random_maps: bool, parallel_pytho
                 python_maps.append(label)
     notes = []
     if parallel:
-        notes.append(f"parallel map (AUTOTUNE calls, order kept): {', '.join(parallel)}")
+        notes.append(f"parallel map (AUTOTUNE calls, {order}): {', '.join(parallel)}")
     if random_maps:
         notes.append(
             f"random draws of {', '.join(random_maps)} keep their distribution but may reach other "

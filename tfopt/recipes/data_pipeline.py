@@ -269,6 +269,10 @@ def _tune(
     budget_is_theirs, order_is_theirs = own.autotune.ram_budget is not None, own.deterministic is not None
     ram_budget_bytes = own.autotune.ram_budget if budget_is_theirs else ram_budget_bytes
     deterministic = own.deterministic if order_is_theirs else deterministic
+    if not deterministic and not order_is_theirs:  # the rewrite's parallel stages follow the pipeline's order
+        relaxed = tf.data.Options()
+        relaxed.deterministic = False
+        dataset = dataset.with_options(relaxed)
     graph, _ = pipeline_graph.read(dataset)  # where it cannot be read, the rewrite below says why
     element_bytes, unsized = pipeline_graph.element_bytes(dataset.element_spec, graph)
     notes = []
@@ -288,8 +292,11 @@ def _tune(
     options = tf.data.Options()
     options.autotune.enabled = True
     options.autotune.ram_budget = ram_budget_bytes
-    options.experimental_optimization.map_parallelization = True
-    options.experimental_optimization.parallel_batch = True
+    # tf.data's own rewrites, each unless the user's options turned it off (which the rewrite above kept too).
+    options.experimental_optimization.map_parallelization = (
+        own.experimental_optimization.map_parallelization is not False
+    )
+    options.experimental_optimization.parallel_batch = own.experimental_optimization.parallel_batch is not False
     options.deterministic = deterministic
     if dataset.options().merge(options) != dataset.options():
         dataset = dataset.with_options(options)
