@@ -181,6 +181,16 @@ def test_a_pipeline_reading_a_variable_set_from_outside_is_left_as_it_was(with_r
     assert [list(batch.numpy()) for batch in rewritten] == [[0.0, 5.0], [10.0, 15.0]]
 
 
+def test_a_pipeline_looking_up_a_mutable_table_is_left_as_it_was():
+    """Ids a user inserts while training must reach the pipeline: a rebuilt graph would hold today's contents."""
+    seen = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+    seen.insert(tf.constant([1], tf.int64), tf.constant([10], tf.int64))
+    rewritten, notes = parallelize(tf.data.Dataset.range(3).map(seen.lookup).batch(3), prefetch_batches=1)
+    assert notes[0].startswith("maps and batches left as they were: it looks up a mutable table (MutableHashTableV2)")
+    seen.insert(tf.constant([2], tf.int64), tf.constant([20], tf.int64))
+    assert [list(batch.numpy()) for batch in rewritten] == [[-1, 10, 20]]
+
+
 def test_exact_draw_order_with_parallel_random_maps_off():
     tf.random.set_seed(1)
     expected = draws(random_pipeline().map(lambda i, draw: (i, draw * 1.0)))

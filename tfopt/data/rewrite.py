@@ -35,9 +35,8 @@ live resources of this process (a shuffle's seed generator, a memory cache, py_f
 rebuilt dataset keeps the original alive and is valid in this process only; a variable it captures is
 copied with its value (a Keras layer's seed variable goes on in the copy), so a pipeline reading a variable
 that none of its functions assigns, which the user sets as training goes, is left as it was, whatever other
-variables it writes. A mutable table (`tf.lookup.experimental.MutableHashTable`) is copied as it stands too:
-ids a user inserts while training do not reach the rebuilt pipeline (Keras' lookup layers, whose tables are
-mutable ones, set their vocabulary before).
+variables it writes. A mutable table (`tf.lookup.experimental.MutableHashTable`) would be copied as it stands
+too, so a pipeline looking one up is left as it was (Keras' lookup layers hold static tables, set once).
 """
 
 from __future__ import annotations
@@ -109,6 +108,9 @@ _PREFETCH_NODE = "tfopt/final_prefetch_elements"
 _NOT_REWRITTEN = "maps and batches left as they were"
 # Stateful ops whose name alone does not tell a user why their map stays sequential.
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# Tables a user can insert into as training goes (`tf.lookup.experimental.MutableHashTable`, `DenseHashTable`):
+# `DatasetToGraphV2` writes them by value. Keras' lookup layers hold static `HashTableV2`s, set once.
+_MUTABLE_TABLES = frozenset({"MutableHashTableV2", "MutableHashTableOfTensorsV2", "MutableDenseHashTableV2"})
 # A tf.random.Generator's draws read its state variable (and skip it on in place): reads of a variable set elsewhere.
 _VARIABLE_READS = frozenset({"ReadVariableOp", "VariableShape", "VarIsInitializedOp", "RngReadAndSkip", "RngSkip"})
 
@@ -176,6 +178,12 @@ def _rewritten(
         return None, [
             f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
             "graph rewrite (use num_parallel_calls in your own maps instead)"
+        ]
+    mutable_tables = sorted(pipeline_graph.pipeline_ops(graph) & _MUTABLE_TABLES)
+    if mutable_tables:
+        return None, [
+            f"{_NOT_REWRITTEN}: it looks up a mutable table ({', '.join(mutable_tables)}), which a rebuilt graph "
+            "would hold as a copy of today's contents, blind to what is inserted later"
         ]
     if _reads_variables_set_elsewhere(graph):
         return None, [
