@@ -131,8 +131,37 @@ def test_padded_batches_of_varying_lengths_keep_their_size_and_say_why(size, cpu
         model, data, [{"batch_size": {"batch_size": size}}], hardware=cpu_hardware, measure_speed=False
     )
     step = next(step for step in result.plan.applied if step.recipe == "batch_size")
-    assert step.skipped and "batches of two shapes cannot be merged" in step.detail
+    assert step.skipped and "declared shape [None, None] is open beyond the batch dimension" in step.detail
+    assert "batches of two shapes may meet, which cannot be merged" in step.detail
     assert [batch[0].shape for batch in result.dataset] == [batch[0].shape for batch in data]
+
+
+def test_a_search_stops_at_a_size_the_model_cannot_take_and_keeps_the_batch_it_trains_with(cpu_hardware):
+    """A stateful LSTM under an Input(batch_size=8) trains in plain fit at 8 and fails at any other size: the
+    search ends there, as out of memory, instead of failing the apply."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4, 1), batch_size=8)
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LSTM(4, stateful=True)(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((32, 4, 1), "float32"), np.ones((32, 1), "float32"))).batch(8)
+    plan = make_plan(model, data, hardware=cpu_hardware)
+    result = BatchSize(min_batch_size=8, max_batch_size=32, trial_steps=2).measured(plan)(plan)
+    step = result.applied[-1]
+    assert step.skipped and result.batch_size == 8 and result.dataset is data
+    assert "kept batch 8: fastest of 3 trials" in step.detail and "16: failed, 12: failed" in step.detail
+    at_a_fixed_other_size = make_plan(model, data.rebatch(16), hardware=cpu_hardware)
+    with pytest.raises(MeasurementError, match="Incompatible shapes"):  # the user's own size fails as in fit
+        BatchSize(min_batch_size=8, max_batch_size=32, trial_steps=2).measured(at_a_fixed_other_size)
+
+
+def test_a_search_over_data_smaller_than_its_first_size_keeps_the_batch_and_says_why():
+    plan = make_plan(make_cnn(), make_images(count=6, batch_size=2), hardware=Hardware())
+    result = BatchSize().measured(plan)(plan)
+    assert result.batch_size == 2 and result.applied[-1].skipped
+    assert result.applied[-1].detail == (
+        "left out: the data holds 6 examples, fewer than min_batch_size=8: no size to try (lower min_batch_size to "
+        "search below it)"
+    )
 
 
 def test_a_scaled_rate_of_an_optimizer_a_gans_own_train_step_never_applies_is_said_so(cpu_hardware):

@@ -65,7 +65,8 @@ def find_batch_size(
 
     Raises:
         RecipeConfigError: The bounds are out of range.
-        MeasurementError: A trial failed for a reason other than memory.
+        MeasurementError: The trial at the plan's own batch size failed for a reason other than memory (at
+            another size such a failure ends the search there, as running out of memory does).
 
     Example:
         >>> search = find_batch_size(plan, max_batch_size=256)  # doctest: +SKIP
@@ -95,13 +96,16 @@ def find_batch_size(
             try:
                 times = _time_trial(model, plan, batch_size, trial_steps, warmup_steps)
             except MeasurementError as error:
-                if not _is_out_of_memory(error):
+                # A size the model cannot take (one whose input or stateful layer fixes the batch) bounds the
+                # search as running out of memory does; failing at the size the user trains with is theirs.
+                if not _is_out_of_memory(error) and batch_size == plan.batch_size:
                     raise
-                times = None
+                _log.info("batch size %d: %s", batch_size, error)
+                times, failure = None, "out_of_memory" if _is_out_of_memory(error) else "failed"
             finally:
                 gc.collect()  # frees the trial's tensors (and an out-of-memory step's) before the next trial
         if times is None:
-            return Trial(batch_size, "out_of_memory", peak_memory_bytes=peak.peak_bytes)
+            return Trial(batch_size, failure, peak_memory_bytes=peak.peak_bytes)
         status = "over_budget" if budget is not None and peak.peak_bytes > budget else "ok"
         _log.info(
             "batch size %d: %.1f examples/s, peak %s %d bytes (%s)",
@@ -222,8 +226,16 @@ class BatchSize(Recipe):
         """With batch_size "auto": searches (`find_batch_size`) and returns the recipe for the size found."""
         if not self.needs_trials:
             return self
-        if _cannot_rebatch(plan.dataset):  # no trial could run: the size stays, and the plan says why
-            return dataclasses.replace(self, batch_size=plan.batch_size)
+        cannot = _cannot_rebatch(plan.dataset)
+        if cannot:  # no trial could run: the size stays, and the plan says why
+            return KeptBatchSize(requested=self, why=cannot)
+        examples = _examples_upper_bound(plan)
+        if examples is not None and examples < self.min_batch_size:
+            return KeptBatchSize(
+                requested=self,
+                why=f"the data holds {examples} examples, fewer than min_batch_size={self.min_batch_size}: no size "
+                "to try (lower min_batch_size to search below it)",
+            )
         search = find_batch_size(
             plan,
             min_batch_size=self.min_batch_size,
@@ -257,6 +269,28 @@ class BatchSize(Recipe):
 
 
 @dataclasses.dataclass(frozen=True)
+class KeptBatchSize(Recipe):
+    """`BatchSize(batch_size="auto")` where no trial can run: the batch stays as it is, and the plan says why.
+
+    Attributes:
+        requested: The recipe as the user gave it (its config is this recipe's config).
+        why: What keeps the search from running.
+    """
+
+    name: ClassVar[str] = "batch_size"
+    stage: ClassVar[Stage] = Stage.BATCH
+
+    requested: BatchSize
+    why: str
+
+    def __call__(self, plan: Plan) -> Plan:
+        return plan.record(self.name, f"left out: {self.why}", skipped=True)
+
+    def get_config(self) -> dict[str, Any]:
+        return self.requested.get_config()
+
+
+@dataclasses.dataclass(frozen=True)
 class SearchedBatchSize(Recipe):
     """`BatchSize(batch_size="auto")` once its trials ran: applies the fastest size and records the table.
 
@@ -276,6 +310,15 @@ class SearchedBatchSize(Recipe):
             f"{t.batch_size}: {t.examples_per_second:.0f}/s" if t.status == "ok" else f"{t.batch_size}: {t.status}"
             for t in self.search.trials
         )
+        if not any(trial.status == "ok" for trial in self.search.trials) and any(
+            trial.status == "failed" for trial in self.search.trials
+        ):
+            return plan.record(
+                self.name,
+                f"left out: training failed at every size tried ({table}; the log has each error), as it does "
+                "where the model fixes its batch (an Input(batch_size=...), a stateful layer)",
+                skipped=True,
+            )
         reason = f"fastest of {len(self.search.trials)} trials within the {self.search.memory_kind} bound ({table})"
         return _resized(plan, self.search.best_batch_size, self.requested.scale_learning_rate, reason)
 
@@ -305,10 +348,13 @@ def _cannot_rebatch(dataset: tf.data.Dataset) -> str | None:
     import tensorflow as tf
 
     shapes = [spec.shape for spec in tf.nest.flatten(dataset.element_spec) if isinstance(spec, tf.TensorSpec)]
-    if any(None in shape[1:] for shape in shapes):
+    open_shapes = [shape for shape in shapes if None in shape[1:]]
+    if open_shapes:
         return (
-            "its batches vary in shape beyond the batch dimension (a padded_batch pads each to its own longest "
-            "element), and batches of two shapes cannot be merged: give your padded_batch the size you want"
+            f"its batches' declared shape {open_shapes[0].as_list()} is open beyond the batch dimension, so batches "
+            "of two shapes may meet, which cannot be merged (a padded_batch pads each to its own longest element): "
+            "give your padded_batch the size you want, or where every batch has the same shape, say it "
+            "(`tf.ensure_shape` in a map)"
         )
     return None
 

@@ -20,7 +20,8 @@ class Trial:
     Attributes:
         batch_size: Examples per step.
         status: "ok", "over_budget" (ran, but its peak memory broke the budget), "out_of_memory" (the
-            device ran out), or "skipped" (predicted to break the budget, not run).
+            device ran out), "failed" (training failed at this size: a model that fixes its batch), or
+            "skipped" (predicted to break the budget, not run).
         examples_per_second: Median throughput, or None where it did not run to the end.
         median_step_seconds: Median step time, or None.
         peak_memory_bytes: Peak memory during the trial (or the prediction, for "skipped").
