@@ -143,10 +143,12 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
         return plan.dataset, None, plan
     import tensorflow as tf
 
+    from tfopt.data.service import served_form
     from tfopt.data.service_client import serve_offload, tf_batch_dimension
 
     # Decided again on the pipeline as built: recipes of later stages (batch_size, distribution) rebatched it.
     whole = plan.whole_batch_size
+    unsettled, served_change = served_form(unsettled, own_pipeline=plan.source is not None)
     offload, why = plan.data_service.planned_again(unsettled, batch_size=whole)
     if offload is not None:
         try:
@@ -157,7 +159,11 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
                 static=tf_batch_dimension(plan.dataset.element_spec) is not None,
                 batches_per_pass=int(plan.dataset.cardinality()),
             )
-            return served, cluster, _offloaded(plan, offload, offload.describe())
+            return (
+                served,
+                cluster,
+                _offloaded(plan, offload, "; ".join(filter(None, [offload.describe(), served_change]))),
+            )
         except tf.errors.OpError as error:  # the service cannot rebuild it (a resource it cannot serialize)
             why = f"left local: the tf.data service could not take the pipeline ({describe_error(error)})"
     _log.warning("data_service: %s", why)

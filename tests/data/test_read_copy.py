@@ -41,6 +41,20 @@ def test_a_measured_apply_leaves_a_seeded_shuffle_where_fit_would_start_it():
     assert epochs_of(tfopt.apply(model(), shuffled(), steps=2, warmup_steps=1).dataset) == plain
 
 
+def test_reading_a_rerandomizing_random_source_leaves_its_sequence_where_it_stood():
+    """`Dataset.random(rerandomize_each_iteration=True)` holds a seed generator as a shuffle does: tfopt's own
+    pipelines draw their augmentation's seeds from one."""
+
+    def numbers():
+        return tf.data.Dataset.random(seed=1, rerandomize_each_iteration=True).take(3)
+
+    users = numbers()
+    for _ in range(2):
+        assert len(list(copy_to_read(users))) == 3
+    fresh = numbers()
+    assert [[int(value) for value in users] for _ in range(2)] == [[int(value) for value in fresh] for _ in range(2)]
+
+
 def test_a_keras_random_layer_in_the_pipeline_draws_from_where_it_stood():
     def flip():
         return keras.layers.RandomFlip("horizontal", seed=1)

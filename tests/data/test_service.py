@@ -30,6 +30,13 @@ from tfopt.data.synthetic import SyntheticSource
 from tfopt.errors import DataError, DistributionError
 
 
+@pytest.fixture(autouse=True)
+def no_global_seed():
+    """The pipelines here are built as a script that sets no global seed builds them: one an earlier test of this
+    process set would seed their shuffles, which the service then keeps local (`state_blocker`)."""
+    tf.random.set_seed(None)
+
+
 @pytest.fixture
 def in_process_service():
     """A dispatcher and two workers in this process, as a cluster of two hosts would serve, for one test: kept
@@ -241,7 +248,7 @@ def test_a_function_after_a_batch_keeps_several_workers_off():
         parallelize(batched.map(lambda batch: tf.maximum(batch, 0.0)), prefetch_batches=2)[0],
         batched.rebatch(4),
         batched.unbatch().map(lambda row: row - tf.reduce_mean(row)).batch(4),
-        SyntheticSource("image", examples=32, image_size=(8, 8)).pipeline(batch_size=4, optimized=True),
+        SyntheticSource("image", examples=32, image_size=(8, 8)).pipeline(batch_size=4, optimized=True, shuffle=False),
     ):
         assert plan_offload(dataset, workers=2)[0].sharding == "dynamic"
 
@@ -267,6 +274,29 @@ def test_the_build_decides_again_on_the_pipeline_it_serves(in_process_service, c
     assert changed.plan.data_service is None and changed.dataset is changed.plan.dataset
     step = [step for step in changed.plan.applied if step.recipe == "data_service"]
     assert len(step) == 1 and step[0].skipped and "TakeDataset" in step[0].detail
+
+
+def test_a_pipeline_batch_size_rebatched_is_served_with_its_length_asserted_on_the_client(
+    in_process_service, cpu_hardware
+):
+    """batch_size's rebatch ends the pipeline with an assert_cardinality, which each worker would check against its
+    own share: the workers run the pipeline without it, and the client's batches keep the pass's length."""
+    import keras
+
+    from tfopt.builder import build
+    from tfopt.plan import make_plan
+    from tfopt.recipes import BatchSize, DataService
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    features = np.arange(100 * 3, dtype="float32").reshape(100, 3)
+    data = tf.data.Dataset.from_tensor_slices((features, np.zeros((100, 2), "float32"))).map(lambda x, y: (x * 2, y))
+    plan = DataService(dispatcher=in_process_service)(make_plan(model, data.batch(8), hardware=cpu_hardware))
+    built = build(BatchSize(batch_size=32)(plan))
+    step = next(step for step in built.plan.applied if step.recipe == "data_service")
+    assert not step.skipped and "dynamic sharding" in step.detail, step.detail
+    assert int(built.dataset.cardinality()) == 4
+    assert [row[0] for row in elements(built.dataset.map(lambda x, y: x))] == [tuple(row * 2) for row in features]
 
 
 @pytest.mark.slow
@@ -296,6 +326,56 @@ def test_the_pipeline_recipe_caches_nothing_in_memory_for_a_pipeline_the_service
         assert elements(result.dataset) == elements(data)
     alone = tfopt.apply(model, data, ["data_pipeline"], hardware=cpu_hardware, measure_speed=False)
     assert "cached in memory after the first epoch" in alone.plan.applied[-1].detail
+
+
+def test_state_the_workers_would_start_again_or_freeze_stays_local_with_the_reason(monkeypatch):
+    """A worker builds the pipeline from its graph: a variable or mutable table is a copy of its value when sent,
+    and a single training process's epochs are jobs of their own, each from where the pipeline started. A Keras
+    random layer in a map or a seeded shuffle would repeat the first epoch's draws and order every epoch (seen on
+    TF 2.21); an unseeded shuffle reshuffles anyway, and one job shared by several training workers carries on."""
+    import json
+
+    import keras
+
+    flip, strength = keras.layers.RandomFlip("horizontal"), tf.Variable(1.0)
+    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
+    images = tf.data.Dataset.from_tensor_slices(tf.zeros((8, 2, 2, 1)))
+    numbers = tf.data.Dataset.range(8)
+    for dataset, reason in (
+        (images.map(flip).batch(4), "a Keras random layer's seed generator) would give every epoch the first"),
+        (numbers.shuffle(8, seed=1).batch(4), "a shuffle (a Dataset.random) with a seed, its own or the global"),
+        (tf.data.Dataset.random(seed=2, rerandomize_each_iteration=True).take(8).batch(4), "a shuffle (a Dat"),
+        (numbers.map(lambda i: tf.cast(i, tf.float32) * strength).batch(4), "it reads state it never sets itself"),
+        (numbers.map(table.lookup).batch(4), "a mutable table: MutableHashTableV2), of which the workers would"),
+    ):
+        offload, why = plan_offload(dataset, workers=1)
+        assert offload is None and reason in why, why
+    assert plan_offload(numbers.shuffle(8).batch(4), workers=1)[0].sharding == "off"
+    assert plan_offload(numbers.shuffle(8, seed=1, reshuffle_each_iteration=False).batch(4), workers=1)[0]
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    assert plan_offload(numbers.shuffle(8, seed=1).batch(4), dispatcher="grpc://127.0.0.1:1")[0] is not None
+    frozen = plan_offload(numbers.map(lambda i: tf.cast(i, tf.float32) * strength).batch(4), workers=1)
+    assert frozen[0] is None and "it reads state it never sets itself" in frozen[1]
+
+
+def test_a_sources_pipeline_is_served_with_fresh_seeds_each_epoch(in_process_service, cpu_hardware):
+    """tfopt's own pipelines are seeded: served as they are, every epoch's job would start the shuffle's sequence
+    again. Each epoch is reshuffled, with the same examples, and the plan says the order is not the local one."""
+    import keras
+
+    import tfopt
+
+    source = SyntheticSource("image", examples=16, image_size=(4, 4), num_classes=3)
+    model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    recipes = [{"data_service": {"dispatcher": in_process_service}}]
+    with tfopt.apply(model, source, recipes, batch_size=4, hardware=cpu_hardware, measure_speed=False) as result:
+        step = next(step for step in result.plan.applied if step.recipe == "data_service")
+        assert not step.skipped and "draws fresh seeds for the source's shuffle and augmentation" in step.detail
+        epochs = [[float(value) for x, _ in result.dataset for value in tf.reduce_sum(x, [1, 2, 3])] for _ in range(3)]
+    assert len({tuple(epoch) for epoch in epochs}) == 3 and len({tuple(sorted(epoch)) for epoch in epochs}) == 1
+    assert len(epochs[0]) == 16
 
 
 def test_an_in_memory_cache_stays_on_this_host_unless_other_hosts_serve_it():

@@ -131,6 +131,15 @@ _NOT_SIZED = (tf.string, tf.variant, tf.resource)
 DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 
 
+# Ops that assign a variable: stateful for a reason their names alone do not tell a user.
+VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# A tf.random.Generator's draws read its state variable (and skip it on in place): reads of a variable set elsewhere.
+_VARIABLE_READS = frozenset({"ReadVariableOp", "VariableShape", "VarIsInitializedOp", "RngReadAndSkip", "RngSkip"})
+# Tables a user can insert into as training goes (`tf.lookup.experimental.MutableHashTable`, `DenseHashTable`):
+# `DatasetToGraphV2` writes them by value, as they stand. Keras' lookup layers hold static `HashTableV2`s.
+MUTABLE_TABLES = frozenset({"MutableHashTableV2", "MutableHashTableOfTensorsV2", "MutableDenseHashTableV2"})
+
+
 class GraphTooLarge(ValueError):
     """The pipeline's graph holds more data than tfopt reads in-process; the message says how much."""
 
@@ -394,6 +403,127 @@ def stateful_kinds(ops: set[str]) -> dict[str, set[str]]:
             kind = OTHER
         kinds.setdefault(kind, set()).add(op)
     return kinds
+
+
+def variable_uses(graph: GraphDef) -> list[set[str]]:
+    """How the pipeline's functions use each variable they capture: {"read"}, {"write"} or both, each variable
+    followed from the function capturing it into the functions it is passed to.
+
+    `DatasetToGraphV2` writes a captured variable as a new one holding its value, so a pipeline rebuilt from
+    its graph (in this process or on a tf.data service worker) reads a copy: one that is read and never
+    assigns (a curriculum's strength a callback sets, a tf.random.Generator's state) no longer follows the
+    user's, and one it writes (a Keras random layer's seed generator) goes on from the value it had. Tables,
+    queues and seed generators are resources too, and not followed.
+
+    Example:
+        >>> strength = tf.Variable(2.0)
+        >>> variable_uses(serialize(tf.data.Dataset.range(3).map(lambda i: tf.cast(i, tf.float32) * strength)))
+        [{'read'}]
+    """
+    functions = {function.signature.name: function for function in graph.library.function}
+    captured = {
+        value.func.name for node in graph.node for value in node.attr.values() if value.HasField("func")
+    } & functions.keys()
+    return [
+        _uses(functions, name, arg.name, seen=set())
+        for name in sorted(captured)
+        for arg in functions[name].signature.input_arg
+        if arg.type == tf.resource.as_datatype_enum
+    ]
+
+
+def _uses(functions: dict[str, Any], name: str, arg: str, seen: set[tuple[str, str]]) -> set[str]:
+    """How the function `name` uses its resource argument `arg`, through the calls it makes."""
+    if (name, arg) in seen:
+        return set()
+    seen.add((name, arg))
+    aliases, uses = {arg}, set()
+    for node in functions[name].node_def:
+        for position, value in enumerate(node.input):
+            if value not in aliases:
+                continue
+            callee = node.attr["f"].func.name if node.op in ("PartitionedCall", "StatefulPartitionedCall") else None
+            callee = node.op if node.op in functions else callee
+            if node.op in ("Identity", "IdentityN"):
+                aliases.add(f"{node.name}:output:{position if node.op == 'IdentityN' else 0}")
+            elif node.op in VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
+                uses.add("write")
+            elif node.op in _VARIABLE_READS or node.op.startswith("ResourceGather") or "Dataset" in node.op:
+                uses.add("read")  # a dataset built inside (an interleave's): what its functions do is not followed
+            elif callee in functions and position < len(functions[callee].signature.input_arg):
+                uses |= _uses(functions, callee, functions[callee].signature.input_arg[position].name, seen)
+    return uses
+
+
+# Ops that draw anew each pass from a seed generator: the attr that makes them, and where their seed, seed2 and
+# seed generator inputs are.
+_RESEEDED = {
+    "ShuffleDatasetV3": ("reshuffle_each_iteration", 2),
+    "ShuffleAndRepeatDatasetV2": ("reshuffle_each_iteration", 2),
+    "RandomDatasetV2": ("rerandomize_each_iteration", 0),
+}
+
+
+def seeded_reshuffles(graph: GraphDef) -> list[Any]:
+    """The pipeline's shuffles and random sources (`Dataset.random`) that draw anew each pass, in a sequence
+    fixed by a seed (their own or the global one): their nodes.
+
+    Each pass draws its order (its numbers) from the op's seed generator, which a pipeline rebuilt from the
+    graph starts again: rebuilt for every epoch, it would give every epoch the first epoch's. An unseeded
+    one draws a new random sequence each time, as the original does. Only the top level counts: a dataset
+    built in an interleave's function is made anew for each element in the original too.
+
+    Example:
+        >>> len(seeded_reshuffles(serialize(tf.data.Dataset.range(8).shuffle(8, seed=1).batch(2))))
+        1
+    """
+    nodes = {node.name: node for node in graph.node}
+
+    def seeded(node: Any) -> bool:
+        first = _RESEEDED[node.op][1]
+        return any(
+            nodes[seed.split(":")[0]].attr["value"].tensor.int64_val != [0] for seed in node.input[first : first + 2]
+        )
+
+    return [node for node in graph.node if node.op in _RESEEDED and node.attr[_RESEEDED[node.op][0]].b and seeded(node)]
+
+
+def unseeded(dataset: tf.data.Dataset) -> Any:
+    """The pipeline with its seeded reshuffles (`seeded_reshuffles`) unseeded, each with a seed generator of its
+    own: every pipeline built from its graph draws a new random sequence of orders and numbers. `dataset` itself
+    where it has none; a string saying why where its graph cannot be read or rebuilt.
+
+    Example:
+        >>> data = unseeded(tf.data.Dataset.range(64).shuffle(64, seed=1))
+        >>> sorted(int(i) for i in data) == list(range(64)), seeded_reshuffles(serialize(data))
+        (True, [])
+    """
+    graph, why = read(dataset)
+    if graph is None:
+        return why
+    reseeded = seeded_reshuffles(graph)
+    if not reseeded:
+        return dataset
+    zero = int64_constant(graph, "tfopt/unseeded", 0)
+    generators = set()
+    for node in reseeded:
+        first = _RESEEDED[node.op][1]
+        node.input[first], node.input[first + 1] = zero, zero
+        generators.add(node.input[first + 2].split(":")[0])
+    for node in graph.node:
+        if node.name in generators:  # the handle of the original's generator: a new one of the op's own
+            node.op = "DummySeedGenerator"
+            node.attr.clear()
+    return rebuild(dataset, graph)
+
+
+def int64_constant(graph: GraphDef, name: str, value: int) -> str:
+    """The name of an int64 scalar Const node holding `value`, added to the graph the first time."""
+    if not any(node.name == name for node in graph.node):
+        constant = graph.node.add(name=name, op="Const")
+        constant.attr["dtype"].type = tf.int64.as_datatype_enum
+        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.int64))
+    return name
 
 
 def rebuild(original: Any, graph: GraphDef) -> Any:

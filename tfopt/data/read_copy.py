@@ -1,7 +1,8 @@
 """The copy of a pipeline that tfopt reads, so that its checks and measurements leave the user's data as it was.
 
-Reading a pipeline moves its state on: each iterator of a reshuffling `shuffle` draws the next seeds from the
-shuffle's seed generator, a Keras random layer in a map advances its seed variable, a memory cache fills.
+Reading a pipeline moves its state on: each iterator of a reshuffling `shuffle` (or a rerandomizing
+`Dataset.random`, as tfopt's own pipelines draw their augmentation's seeds) draws the next seeds from its seed
+generator, a Keras random layer in a map advances its seed variable, a memory cache fills.
 `fit` then trains on the user's pipeline from where tfopt left it: a seeded shuffle's first epoch is what
 plain Keras would train as its third (one iterator for the first batch, one for the check, then the
 measurements), and the pipeline tfopt hands back, which shares those seed generators by handle, the same.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 _OWN_RESOURCE = {
     "ShuffleDatasetV3": "DummySeedGenerator",
     "ShuffleAndRepeatDatasetV2": "DummySeedGenerator",
+    "RandomDatasetV2": "DummySeedGenerator",
     "CacheDatasetV2": "DummyMemoryCache",
 }
 _STATE_CAPTURED = ("VarHandleOp", "MutableHashTable", "MutableDenseHashTable")

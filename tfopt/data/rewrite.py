@@ -106,13 +106,6 @@ KNOWN_DATASET_OPS = frozenset(
 _AUTOTUNE_NODE = "tfopt/num_parallel_calls_autotune"
 _PREFETCH_NODE = "tfopt/final_prefetch_elements"
 _NOT_REWRITTEN = "maps and batches left as they were"
-# Stateful ops whose name alone does not tell a user why their map stays sequential.
-_VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
-# Tables a user can insert into as training goes (`tf.lookup.experimental.MutableHashTable`, `DenseHashTable`):
-# `DatasetToGraphV2` writes them by value. Keras' lookup layers hold static `HashTableV2`s, set once.
-_MUTABLE_TABLES = frozenset({"MutableHashTableV2", "MutableHashTableOfTensorsV2", "MutableDenseHashTableV2"})
-# A tf.random.Generator's draws read its state variable (and skip it on in place): reads of a variable set elsewhere.
-_VARIABLE_READS = frozenset({"ReadVariableOp", "VariableShape", "VarIsInitializedOp", "RngReadAndSkip", "RngSkip"})
 
 
 def parallelize(
@@ -179,13 +172,13 @@ def _rewritten(
             f"{_NOT_REWRITTEN}: it uses {', '.join(unknown)}, which tfopt has not verified to survive a "
             "graph rewrite (use num_parallel_calls in your own maps instead)"
         ]
-    mutable_tables = sorted(pipeline_graph.pipeline_ops(graph) & _MUTABLE_TABLES)
+    mutable_tables = sorted(pipeline_graph.pipeline_ops(graph) & pipeline_graph.MUTABLE_TABLES)
     if mutable_tables:
         return None, [
             f"{_NOT_REWRITTEN}: it looks up a mutable table ({', '.join(mutable_tables)}), which a rebuilt graph "
             "would hold as a copy of today's contents, blind to what is inserted later"
         ]
-    if _reads_variables_set_elsewhere(graph):
+    if any("read" in uses and "write" not in uses for uses in pipeline_graph.variable_uses(graph)):
         return None, [
             f"{_NOT_REWRITTEN}: it reads a tf.Variable it never assigns (one set from outside, as a curriculum's "
             "strength is as training goes, or a tf.random.Generator's state), which a rebuilt graph would hold "
@@ -208,7 +201,7 @@ def _rewritten(
         ends_with_prefetch = final is not None and final.op == "PrefetchDataset"
         autotuned_prefetch = ends_with_prefetch and _buffer_size(graph, final) == tf.data.AUTOTUNE
         if autotuned_prefetch and prefetch_batches is not None:
-            final.input[1] = _int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
+            final.input[1] = pipeline_graph.int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
     except Exception as error:  # a graph tfopt misreads: never a crash
         logger.debug("graph rewrite failed", exc_info=True)
         return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({describe_error(error)})"]
@@ -236,49 +229,6 @@ def _rewritten(
         result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
         notes.append(_prefetch_note(prefetch_batches))
     return result, notes
-
-
-def _reads_variables_set_elsewhere(graph: GraphDef) -> bool:
-    """Whether a function of the pipeline reads a captured variable that none of its functions assigns.
-    `DatasetToGraphV2` writes a captured variable as a new one holding its value, so the rebuilt pipeline would
-    not see the user's later assignments. A variable the pipeline writes itself (a Keras random layer's seed
-    generator) goes on in the copy as in the original, which then stays where it was. Each variable is followed
-    from the function that captures it into the functions it is passed to (tables, queues and seed generators
-    are resources too, and not followed: a mutable table is written by value, as it stands)."""
-    functions = {function.signature.name: function for function in graph.library.function}
-    captured = {
-        value.func.name for node in graph.node for value in node.attr.values() if value.HasField("func")
-    } & functions.keys()
-    for name in captured:
-        for arg in functions[name].signature.input_arg:
-            if arg.type == tf.resource.as_datatype_enum:
-                uses = _variable_uses(functions, name, arg.name, seen=set())
-                if "read" in uses and "write" not in uses:
-                    return True
-    return False
-
-
-def _variable_uses(functions: dict[str, Any], name: str, arg: str, seen: set[tuple[str, str]]) -> set[str]:
-    """How the function `name` uses its resource argument `arg`: "read", "write", through the calls it makes."""
-    if (name, arg) in seen:
-        return set()
-    seen.add((name, arg))
-    aliases, uses = {arg}, set()
-    for node in functions[name].node_def:
-        for position, value in enumerate(node.input):
-            if value not in aliases:
-                continue
-            callee = node.attr["f"].func.name if node.op in ("PartitionedCall", "StatefulPartitionedCall") else None
-            callee = node.op if node.op in functions else callee
-            if node.op in ("Identity", "IdentityN"):
-                aliases.add(f"{node.name}:output:{position if node.op == 'IdentityN' else 0}")
-            elif node.op in _VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
-                uses.add("write")
-            elif node.op in _VARIABLE_READS or node.op.startswith("ResourceGather") or "Dataset" in node.op:
-                uses.add("read")  # a dataset built inside (an interleave's): what its functions do is not followed
-            elif callee in functions and position < len(functions[callee].signature.input_arg):
-                uses |= _variable_uses(functions, callee, functions[callee].signature.input_arg[position].name, seen)
-    return uses
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:
@@ -341,7 +291,7 @@ def _rewrite_maps(graph: GraphDef, order: str, *, parallel_random_maps: bool, pa
 
 
 def _why_stateful(ops: set[str]) -> str:
-    if ops & _VARIABLE_WRITES:
+    if ops & pipeline_graph.VARIABLE_WRITES:
         return (
             ": it writes a variable, as a Keras random layer's seed generator does on every call, and "
             "parallel calls could read the same seed"
@@ -351,7 +301,7 @@ def _why_stateful(ops: set[str]) -> str:
 
 def _to_parallel_map(graph: GraphDef, node: Any) -> None:
     """MapDataset(input, *captured) -> ParallelMapDatasetV2(input, *captured, num_parallel_calls)."""
-    _insert_input(node, position=None, name=_int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
+    _insert_input(node, position=None, name=pipeline_graph.int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
     node.op = "ParallelMapDatasetV2"
     del node.attr["force_synchronous"]
     # "default" follows tf.data.Options.deterministic, which is True unless the user relaxed it.
@@ -362,7 +312,7 @@ def _rewrite_batches(graph: GraphDef) -> int:
     """BatchDatasetV2(input, batch_size, drop_remainder) -> ParallelBatchDataset(..., num_parallel_calls, ...)."""
     batches = [node for node in graph.node if node.op == "BatchDatasetV2"]
     for node in batches:
-        _insert_input(node, position=2, name=_int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
+        _insert_input(node, position=2, name=pipeline_graph.int64_constant(graph, _AUTOTUNE_NODE, tf.data.AUTOTUNE))
         node.op = "ParallelBatchDataset"
         node.attr["deterministic"].s = b"default"
     return len(batches)
@@ -381,15 +331,6 @@ def _insert_input(node: Any, *, position: int | None, name: str) -> None:
     data.insert(len(data) if position is None else position, name)
     del node.input[:]
     node.input.extend(data + control)
-
-
-def _int64_constant(graph: GraphDef, name: str, value: int) -> str:
-    """The name of an int64 scalar Const node holding `value`, added to the graph the first time."""
-    if not any(node.name == name for node in graph.node):
-        constant = graph.node.add(name=name, op="Const")
-        constant.attr["dtype"].type = tf.int64.as_datatype_enum
-        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.int64))
-    return name
 
 
 def _function_label(name: str) -> str:

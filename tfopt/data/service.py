@@ -9,6 +9,11 @@ reads it back):
 * **What cannot go.** A function that calls Python (`py_function`, `numpy_function`) or a `from_generator`
   source runs this process's Python, which a worker process does not have: such a pipeline stays local, the
   op named.
+* **State.** A worker holds a copy of each variable and mutable table the pipeline reads, as it was when the
+  pipeline was sent, and a single training process's epochs are jobs of their own, each built from where the
+  pipeline started: a pipeline reading state set from outside, or carrying state from one epoch to the next
+  (a Keras random layer's seed, a seeded shuffle's orders), stays local (`state_blocker`). tfopt's own
+  source pipelines are served with fresh seeds in each job instead (`served_form`).
 * **How it is split.** One worker runs the whole pipeline (sharding off): exact, in the pipeline's own
   order, and nothing asked of the dispatcher per element (a dying worker, started again, replays its pass
   from the start). Several workers share it by dynamic sharding: the dispatcher hands the source's splits
@@ -204,7 +209,7 @@ def plan_offload(
     graph, why = pipeline_graph.read(dataset)
     if graph is None:
         return None, f"left local: {why}"
-    blocker = python_blocker(graph)
+    blocker = python_blocker(graph) or state_blocker(graph)
     if blocker:
         return None, f"left local: {blocker}"
     reasons = []
@@ -311,6 +316,82 @@ def python_blocker(graph: GraphDef) -> str | None:
                     "process cannot. Write it with TensorFlow ops to offload it"
                 )
     return None
+
+
+def state_blocker(graph: GraphDef) -> str | None:
+    """Why the workers would not see the pipeline's state as the local pipeline does, or None.
+
+    A worker builds the pipeline from its graph, where each variable and mutable table is a copy of its
+    value when the pipeline was sent: one set from outside as training goes stays as it was. A single training
+    process reads each epoch as a job of its own, built again from the graph, so state the pipeline carries
+    from one pass to the next (a Keras random layer's seed generator, which its map writes on every call; a
+    seeded shuffle's sequence of orders) starts again every epoch: every epoch would repeat the first one's
+    draws and order. The training workers of a multi-worker run share one job over the pipeline repeated,
+    which carries it on.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> print(state_blocker(pipeline_graph.serialize(tf.data.Dataset.range(8).shuffle(8, seed=1))))
+        ... # doctest: +ELLIPSIS
+        each epoch would be a service job of its own, ... would give every epoch the first epoch's order...
+    """
+    from tfopt.distribute.environment import detect_environment
+
+    uses = pipeline_graph.variable_uses(graph)
+    tables = sorted(pipeline_graph.pipeline_ops(graph) & pipeline_graph.MUTABLE_TABLES)
+    if tables or any("read" in use and "write" not in use for use in uses):
+        return (
+            "it reads state it never sets itself (a tf.Variable set from outside as training goes, a "
+            f"tf.random.Generator's state{', a mutable table: ' + ', '.join(tables) if tables else ''}), of which "
+            "the workers would hold a copy as it was when the pipeline was sent"
+        )
+    if detect_environment().num_workers > 1:
+        return None
+    carried = []
+    if any("write" in use for use in uses):
+        carried.append(
+            "a variable its functions write on every call (a Keras random layer's seed generator) would give every "
+            "epoch the first epoch's random draws"
+        )
+    if pipeline_graph.seeded_reshuffles(graph):
+        carried.append(
+            "a shuffle (a Dataset.random) with a seed, its own or the global one (tf.random.set_seed, "
+            "keras.utils.set_random_seed), would give every epoch the first epoch's order"
+        )
+    if not carried:
+        return None
+    return (
+        "each epoch would be a service job of its own, for which the workers build the pipeline again from where "
+        f"it started: {'; '.join(carried)}. Call random augmentation layers in the model instead (they run on "
+        "the accelerator), leave the shuffle unseeded (no global seed either), or keep the pipeline local"
+    )
+
+
+def served_form(dataset: tf.data.Dataset, *, own_pipeline: bool) -> tuple[Any, str | None]:
+    """The pipeline as the workers are to run it, and what that changed for training (None: nothing).
+
+    An `assert_cardinality` at its end (tfopt's rebatch adds one) is left to the client, which asserts the length
+    of what it reads back: each worker would count its own share against a whole pass's length.
+    A single training process reads each epoch as a job of its own, which the workers build again from the
+    graph, so a seeded shuffle would give every epoch the first one's order (`state_blocker`). tfopt's own
+    pipeline (a source's, seeded by default) is served with those seeds dropped: each epoch's job draws
+    fresh ones, so every epoch is reshuffled and augmented anew, as locally. A user's pipeline is served as it
+    is, exact or not at all; so is any pipeline the training workers of a multi-worker run share, in one job.
+    """
+    from tfopt.distribute.environment import detect_environment
+
+    if type(dataset).__name__ == "_AssertCardinalityDataset":
+        dataset = dataset._input_dataset
+    if not own_pipeline or detect_environment().num_workers > 1:
+        return dataset, None
+    fresh = pipeline_graph.unseeded(dataset)
+    if isinstance(fresh, str) or fresh is dataset:
+        return dataset, None
+    return fresh, (
+        "each epoch's job draws fresh seeds for the source's shuffle and augmentation, whose seeded sequence "
+        "would start again every epoch: every epoch is reshuffled and augmented anew, in orders that differ "
+        "from the local pipeline's and from run to run"
+    )
 
 
 def cache_files(graph: GraphDef) -> list[str]:

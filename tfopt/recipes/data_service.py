@@ -109,7 +109,7 @@ class DataService(Recipe):
                 )
 
     def __call__(self, plan: Plan) -> Plan:
-        from tfopt.data.service import plan_offload
+        from tfopt.data.service import plan_offload, served_form
         from tfopt.distribute.environment import detect_environment
 
         cluster = detect_environment()
@@ -131,8 +131,9 @@ class DataService(Recipe):
                 "it a known length (assert_cardinality)",
                 skipped=True,
             )
+        dataset, served_change = served_form(plan.dataset, own_pipeline=plan.source is not None)
         offload, why = plan_offload(
-            plan.dataset,
+            dataset,
             dispatcher=self._target(),
             workers=self.workers,
             compression=self.compression,
@@ -143,7 +144,9 @@ class DataService(Recipe):
         )
         if offload is None:
             return plan.record(self.name, why, skipped=True)
-        return plan.replace(data_service=offload).record(self.name, offload.describe())
+        return plan.replace(data_service=offload).record(
+            self.name, "; ".join(filter(None, [offload.describe(), served_change]))
+        )
 
     def _target(self) -> str | None:
         if self.dispatcher is None:
