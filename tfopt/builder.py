@@ -28,6 +28,7 @@ from tfopt.layer_policies import set_dtype_policy
 from tfopt.model_copy import copy_keras_object, copy_model
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting, users_jit_compile
 from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force
+from tfopt.training.held_optimizers import applied_by_its_own_train_step
 from tfopt.training.micro_batches import split_batches
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
     """
     if not any(step.recipe == "grad_accum" and not step.skipped for step in plan.applied):
         return
-    held = _optimizers_of_its_own(model)
+    held = applied_by_its_own_train_step(model)
     if held:
         raise RecipeConfigError(
             f"grad_accum: {type(model).__name__}'s own train_step applies its optimizers {', '.join(held)}, not "
@@ -365,25 +366,11 @@ def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
         )
 
 
-def _optimizers_of_its_own(model: keras.Model) -> list[str]:
-    """The names of the optimizers a train_step of the model's own holds beside the compiled one (a GAN's
-    `d_optimizer` and `g_optimizer`): those it applies."""
-    import keras
-
-    if type(model).train_step is keras.Model.train_step:
-        return []
-    return sorted(
-        name
-        for name, value in vars(model).items()
-        if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
-    )
-
-
 def _said_where_rates_stay(model: keras.Model, plan: Plan) -> Plan:
     """The plan saying, where a recipe scaled the compiled optimizer's learning rate (a larger batch's, more
     replicas'), that the optimizers a train_step of the model's own applies keep theirs: they are not the plan's
     to recreate, and a plan saying "0.001 -> 0.004" of an optimizer that never trains misleads."""
-    held = _optimizers_of_its_own(model)
+    held = applied_by_its_own_train_step(model)
     if not held or "optimizer" not in _changed_settings(plan):
         return plan
     for recipe in ("batch_size", "distribution"):

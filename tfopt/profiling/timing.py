@@ -238,28 +238,23 @@ def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
     Measuring trains the model for a few steps; a model handed back to the user must not carry them, and
     every auto-mode trial must start where the others did. `model.optimizer` is built (when it is not yet)
     inside the model's strategy scope: variables created outside it fail under any strategy but the
-    default one. Optimizers the model holds as attributes of its own (a GAN's `d_optimizer` and
-    `g_optimizer`) are its training state too; one not built yet cannot be built here (only the model's
-    `train_step` knows their variables), so it is put back as an unbuilt copy and the model's traced
-    functions, which hold the one that trained, are traced again on the next call.
+    default one. The optimizers the model holds besides (`held_optimizers`: a GAN's `d_optimizer`, those in a
+    dict, its sub-models' compiled ones) are its training state too; one not built yet cannot be built here
+    (only the model's `train_step` knows their variables), so it is put back as an unbuilt copy and the model's
+    traced functions, which hold the one that trained, are traced again on the next call.
     """
-    import keras
-
     from tfopt.model_copy import copy_keras_object
+    from tfopt.training.held_optimizers import held_optimizers
 
     optimizer = model.optimizer
-    held = {
-        name: value
-        for name, value in vars(model).items()
-        if isinstance(value, keras.optimizers.Optimizer) and value is not optimizer
-    }
+    held = held_optimizers(model)
     with model.distribute_strategy.scope():
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        unbuilt = {name: copy_keras_object(value) for name, value in held.items() if not value.built}
+        unbuilt = [(one.put, copy_keras_object(one.optimizer)) for one in held if not one.optimizer.built and one.put]
         # model.variables, not model.weights: the states of its seed generators too (dropout, a VAE's
         # sampling), so that training after a measurement draws the numbers it would have drawn.
-        built = [value for value in (optimizer, *held.values()) if value.built]
+        built = [value for value in (optimizer, *(one.optimizer for one in held)) if value.built]
         state = [*model.variables, *(variable for value in built for variable in value.variables)]
         unlisted, tables = _unlisted_state(model, state)
         state += unlisted
@@ -273,8 +268,8 @@ def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
             for table, (keys, values) in zip(tables, contents):
                 table.remove(table.export()[0])
                 table.insert(keys, values)
-            for name, spare in unbuilt.items():  # its variables made in the model's strategy scope
-                setattr(model, name, copy_keras_object(spare))
+            for put, spare in unbuilt:  # its variables made in the model's strategy scope
+                put(copy_keras_object(spare))
                 model.train_function = model.test_function = model.predict_function = None
 
     return restore
