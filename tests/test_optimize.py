@@ -287,3 +287,17 @@ def test_a_failed_apply_gives_the_user_back_their_tf32_setting(tf32_as_tensorflo
         )
     assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
     assert tfopt.policies._users_tf32_before_build is None
+
+
+def test_an_unbatched_dataset_is_named_so_where_a_recipes_check_meets_it_first(monkeypatch, cpu_hardware):
+    """A distribution over two replicas rebatches while it is checked, before the first batch's check could say
+    what is wrong: the error is the same "not batched" one, not the rebatch's bare ValueError."""
+    from tfopt.recipes import distribution
+
+    monkeypatch.setattr(distribution, "_check_devices_exist", lambda devices: None)  # two CPUs, as on a host
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    unbatched = tf.data.Dataset.from_tensor_slices((np.zeros((16, 8), "float32"), np.zeros(16, "int32")))
+    recipes = [{"distribution": {"strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"]}}, "data_pipeline"]
+    with pytest.raises(DataError, match=r"The dataset is not batched: its inputs have shape \(8,\) per element"):
+        tfopt.apply(model, unbatched, recipes, hardware=cpu_hardware, measure_speed=False)

@@ -292,7 +292,7 @@ def apply(
     with copies_kept():
         baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
         if recipe is not None:
-            recipe.check(baseline)  # before anything is built: a recipe that cannot serve the plan costs nothing
+            _checked(recipe, baseline, model)  # before anything is built: a recipe that cannot serve it costs nothing
         try:
             return _applied(
                 baseline,
@@ -310,6 +310,24 @@ def apply(
         except BaseException:
             put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
             raise
+
+
+def _checked(recipe: Recipe, plan: Plan, model: keras.Model | None) -> None:
+    """`recipe.check(plan)`; where it fails on data the model does not take (an unbatched dataset, which a
+    rebatch cannot split), the error says so, as the first batch's check would."""
+    from tfopt import data_mismatch
+    from tfopt.data.read_copy import copy_to_read
+    from tfopt.errors import TfoptError
+
+    try:
+        recipe.check(plan)
+    except TfoptError:
+        raise
+    except Exception as error:
+        mismatch = None if model is None else data_mismatch.explain(model, next(iter(copy_to_read(plan.dataset))))
+        if mismatch is None:
+            raise
+        raise mismatch from error
 
 
 def _applied(

@@ -1,6 +1,7 @@
 """The distribution recipe with faked hardware and a faked launcher environment."""
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -12,6 +13,7 @@ from tfopt.distribute.environment import detect_environment
 from tfopt.errors import RecipeClashError, RecipeConfigError
 from tfopt.plan import make_plan
 from tfopt.recipes import GradAccum, StepsPerExecution, chain
+from tfopt.recipes import distribution as distribution_module
 from tfopt.recipes.distribution import Distribution, choose_strategy
 from tfopt.recipes.steps_per_execution import steps_choices
 
@@ -124,13 +126,27 @@ def test_bad_settings_raise(kwargs, words, setting):
     assert error.value.setting == setting
 
 
-def test_check_rejects_tpu_without_tpu_and_uneven_split():
+def test_check_rejects_tpu_without_tpu_and_uneven_split(two_cpus):
     with pytest.raises(RecipeConfigError, match="no TPU is visible") as error:
         Distribution(strategy="tpu").check(plan_on())
     assert error.value.setting == "strategy"
     with pytest.raises(RecipeConfigError, match="does not divide evenly") as error:
-        Distribution(strategy="mirrored", devices=["/cpu:0"] * 3, scale_batch=False).check(plan_on())
+        Distribution(strategy="mirrored", devices=["/cpu:0", "/cpu:1", "/cpu:2"], scale_batch=False).check(plan_on())
     assert error.value.setting == "scale_batch"
+
+
+@pytest.mark.parametrize(
+    "devices, words",
+    [
+        (["/gpu:0", "/gpu:1"], "names /gpu:0, /gpu:1, which this process does not have (it has /device:CPU:0"),
+        (["/cpu:0", "/device:CPU:0"], "names /cpu:0, /device:CPU:0 more than once"),
+    ],
+)
+def test_devices_this_process_does_not_have_are_refused_before_anything_waits_for_them(devices, words):
+    """MirroredStrategy over a device that is not there waits forever (the first step hung on TF 2.21)."""
+    with pytest.raises(RecipeConfigError, match=re.escape(words)) as error:
+        Distribution(strategy="mirrored", devices=devices).check_before_trials(plan_on())
+    assert error.value.setting == "devices" and "tf.config.list_logical_devices()" in str(error.value)
 
 
 @pytest.mark.parametrize("seconds", [0, -1, True, "5"])
@@ -143,19 +159,25 @@ def test_a_start_timeout_must_be_seconds_above_zero(seconds):
 TWO_CPUS = {"strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"]}
 
 
+@pytest.fixture
+def two_cpus(monkeypatch):
+    """The checks as on a host with two CPU devices: this process has one (the subprocess tests below make two)."""
+    monkeypatch.setattr(distribution_module, "_check_devices_exist", lambda devices: None)
+
+
 @pytest.mark.parametrize(
     "distribution",
     [TWO_CPUS, {"strategy": "mirrored", "devices": ["/cpu:0"]}, {"strategy": "multi_worker", "environ": TWO_WORKERS}],
     ids=["mirrored-2", "mirrored-1", "multi_worker"],
 )
-def test_gradient_accumulation_is_refused_under_a_mirrored_strategy(distribution):
+def test_gradient_accumulation_is_refused_under_a_mirrored_strategy(distribution, two_cpus):
     with pytest.raises(RecipeClashError, match=r'Keras 3.15 cannot accumulate .*"merge_call called') as raised:
         chain(Distribution(**distribution), GradAccum(steps=2)).check(plan_on())
     assert raised.value.recipes == ("distribution", "grad_accum")
     chain(Distribution(strategy="one_device"), GradAccum(steps=2)).check(plan_on())
 
 
-def test_several_steps_per_call_are_refused_under_several_replicas_in_this_process():
+def test_several_steps_per_call_are_refused_under_several_replicas_in_this_process(two_cpus):
     two = Distribution(**TWO_CPUS)
     with pytest.raises(RecipeClashError, match="more than one step per call under MirroredStrategy over 2") as raised:
         chain(two, StepsPerExecution(steps=4)).check(plan_on())
@@ -174,6 +196,7 @@ def test_several_steps_per_call_are_refused_under_several_replicas_in_this_proce
 
 TWO_REPLICAS = """
 import json
+import re
 import tensorflow as tf
 
 tf.config.set_visible_devices([], "GPU")
@@ -224,7 +247,10 @@ with strategy.scope():
     copied = mlp()
 kept = [{"distribution": {"strategy": "mirrored", "scale_batch": False}}]  # no devices: the user's strategy's
 result = tfopt.apply(copied, data(16), kept, hardware=Hardware(cpu_count=2), measure_speed=False)
-out["kept"] = result.strategy is strategy
+out["kept"] = [result.strategy is strategy, str(result.plan.applied[-1])]
+named = [{"distribution": {**two, "scale_batch": False}}]  # its devices by their short names
+result = tfopt.apply(copied, data(16), named, hardware=Hardware(cpu_count=2), measure_speed=False)
+out["named"] = result.strategy is strategy
 try:
     tfopt.apply(copied, data(16), [{"grad_accum": {"steps": 2}}], hardware=Hardware(cpu_count=2), measure_speed=False)
 except tfopt.RecipeConfigError as error:
@@ -262,6 +288,11 @@ def test_under_two_replicas_the_scaled_batch_learns_and_logs_as_keras_at_the_glo
     assert out["placed"] == ["mirrored", 2, "baseline: MirroredStrategy over 2 devices, as your model was made"]
     for name, values in out["theirs"].items():
         np.testing.assert_allclose(out["copied"][name], values, rtol=1e-6)
-    assert out["kept"] is True
+    assert out["kept"] == [
+        True,
+        "distribution: mirrored with 2 replica(s): requested (no TF_CONFIG, Slurm or Horovod variables: a single "
+        "process); global batch 16 split 8 per replica",
+    ]
+    assert out["named"] is True
     assert out["own_strategy_accumulation"].startswith("grad_accum: your model was made under a mirrored strategy")
     assert "You must feed a value for placeholder" in out["four_steps"]

@@ -124,15 +124,26 @@ def adopt_mirrored(strategy: Any) -> tuple[str, ...]:
     copied only under it (TensorFlow refuses variables of one strategy in another's scope). Returns the devices,
     the option that names it."""
     devices = tuple(strategy.extended.worker_devices)
-    _mirrored_by_devices[devices] = strategy
+    _mirrored_by_devices[_devices_key(devices)] = strategy
     return devices
 
 
 def _mirrored(tf: Any, devices: list[str] | None) -> Any:
-    key = tuple(devices) if devices is not None else None
+    key = _devices_key(devices)
     if key not in _mirrored_by_devices:
         _mirrored_by_devices[key] = tf.distribute.MirroredStrategy(devices=devices)
     return _mirrored_by_devices[key]
+
+
+def _devices_key(devices: Any) -> tuple[tuple[str, int], ...] | None:
+    """The devices however named ("/cpu:1", "/job:localhost/replica:0/task:0/device:CPU:1"): a strategy the user
+    made over them is the one their model's variables need."""
+    import tensorflow as tf
+
+    if devices is None:
+        return None
+    specs = [tf.DeviceSpec.from_string(device) for device in devices]
+    return tuple(sorted(((spec.device_type or "").upper(), spec.device_index or 0) for spec in specs))
 
 
 # TensorFlow allows one MultiWorkerMirroredStrategy per process, created before the process's first op

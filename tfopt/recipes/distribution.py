@@ -220,7 +220,7 @@ class Distribution(Recipe):
     def check(self, plan: Plan) -> None:
         self.check_before_trials(plan)
         name, _, environment = self._resolve(plan)
-        replicas = count_replicas(name, plan.hardware, environment, self.devices)
+        replicas = self._replicas(name, environment, plan)
         if not self.scale_batch and plan.batch_size % replicas:
             raise RecipeConfigError(
                 f"distribution: scale_batch=False splits the batch of {plan.batch_size} over {replicas} "
@@ -258,11 +258,13 @@ class Distribution(Recipe):
                 "beside this strategy (one step per call), or train on one device with it (strategy: one_device).",
                 recipes=("distribution", "steps_per_execution"),
             )
+        if name == "mirrored" and self.devices:
+            _check_devices_exist(self.devices)
 
     def __call__(self, plan: Plan) -> Plan:
         name, reason, environment = self._resolve(plan)
-        replicas = count_replicas(name, plan.hardware, environment, self.devices)
         options = self._strategy_options(name, environment, plan)
+        replicas = self._replicas(name, environment, plan)
         if replicas == 1 and name in ("default", "one_device") and self.strategy == "auto":
             return plan.replace(strategy=name, strategy_options=options).record(
                 self.name, f"{name}: {reason}; 1 replica, batch {plan.batch_size} unchanged", skipped=True
@@ -309,6 +311,11 @@ class Distribution(Recipe):
             return name, reason, environment
         return self.strategy, f"requested ({environment.reason})", environment
 
+    def _replicas(self, name: str, environment: ClusterEnvironment, plan: Plan) -> int:
+        """The replicas the strategy trains on: over the devices given, or those of the user's own strategy."""
+        devices = self._strategy_options(name, environment, plan).get("devices")
+        return count_replicas(name, plan.hardware, environment, tuple(devices) if devices else None)
+
     def _strategy_options(self, name: str, environment: ClusterEnvironment, plan: Plan) -> dict[str, Any]:
         if name == "mirrored" and self.devices:
             return {"devices": list(self.devices)}
@@ -321,6 +328,34 @@ class Distribution(Recipe):
                 "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config",
             }
         return {}
+
+
+def _check_devices_exist(devices: tuple[str, ...]) -> None:
+    """Refuses devices this process does not have, or one named twice: MirroredStrategy waits for a missing
+    device's replica forever, and fails on a repeated one with a bare AssertionError."""
+    import tensorflow as tf
+
+    def key(name: str) -> tuple[str, int]:
+        spec = tf.DeviceSpec.from_string(name)
+        return (spec.device_type or "").upper(), spec.device_index or 0
+
+    present = {key(device.name) for device in tf.config.list_logical_devices()}
+    keys = [key(device) for device in devices]
+    missing = [device for device, one in zip(devices, keys) if one not in present]
+    repeated = sorted({device for device, one in zip(devices, keys) if keys.count(one) > 1})
+    if missing or repeated:
+        what = (
+            f"names {', '.join(missing)}, which this process does not have"
+            if missing
+            else f"names {', '.join(repeated)} more than once"
+        )
+        have = ", ".join(device.name for device in tf.config.list_logical_devices())
+        raise RecipeConfigError(
+            f"distribution: devices={list(devices)} {what} (it has {have}): MirroredStrategy would wait for a "
+            "missing device forever. Name each device once, from tf.config.list_logical_devices(), or leave "
+            "devices out to use every GPU.",
+            setting="devices",
+        )
 
 
 def _dropped(dropped: int | None, batch_size: int) -> str:

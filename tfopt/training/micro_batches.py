@@ -213,6 +213,13 @@ def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> 
             "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
             "or scale the learning rate by N yourself and drop this recipe."
         )
+    if "mean_with_sample_weight" in _loss_reductions(compile_config.get("loss")):
+        raise RecipeConfigError(
+            f"{who}: the loss uses reduction='mean_with_sample_weight', which divides each micro-batch's loss by "
+            "the sum of its own weights (sample or class weights): averaged over micro-batches of other weights, "
+            "that is not the large batch's weighted mean. Use the default reduction ('sum_over_batch_size'), or "
+            "leave accumulation out."
+        )
     optimizer = _optimizer_config(compile_config.get("optimizer"), who)
     schedule = optimizer["config"].get("learning_rate")
     if isinstance(schedule, dict) and "class_name" in schedule:
