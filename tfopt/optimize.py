@@ -47,8 +47,8 @@ class ApplyResult:
     Attributes:
         model: The rebuilt, compiled model (the user's class) with the user's weights; train it with
             `model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=...)` where `dataset.cardinality()`
-            gives the steps (one iterator for all epochs; see `tfopt.training.fit`), else
-            `model.fit(dataset, epochs=...)`.
+            gives the steps and they are a multiple of `model.steps_per_execution` (one iterator for all
+            epochs; see `tfopt.training.fit`; Keras runs each call whole), else `model.fit(dataset, epochs=...)`.
         dataset: The optimized input pipeline.
         strategy: The tf.distribute strategy the model lives under.
         plan: The applied plan; `plan.applied` says what each recipe did and why.
