@@ -680,3 +680,21 @@ def test_a_forward_pass_failing_in_16_bits_is_kept_float32_under_a_train_step_of
     result = tfopt.apply(user, data, bf16, hardware=cpu_hardware, **BUILD_ONLY)
     assert "kept float32, failing under mixed_bfloat16: 'shifts_when_predicting'" in str(result.plan.applied[0])
     assert result.model.predict(x, verbose=0).shape == (16, 3)
+
+
+def test_a_failure_only_under_several_replicas_says_what_plain_keras_does_there(cpu_hardware):
+    """A GAN whose train_step builds its own optimizers on its first call trains on one device and fails under
+    MirroredStrategy, in plain fit too (seen with two logical CPUs): the message says so, not "report it"."""
+    from tfopt.fidelity import _fails_as_it_is
+    from tfopt.plan import make_plan
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32"))).batch(2)
+    plan = make_plan(model, data, hardware=cpu_hardware).replace(strategy="mirrored")
+    message = _fails_as_it_is(ValueError("You must feed a value for placeholder."), model, plan)
+    assert message.startswith(
+        "The optimized setup fails on the first batch under mirrored, where your model trains on one device: "
+        "ValueError: You must feed a value for placeholder. Keras traces the train_step per replica"
+    )
+    assert "build such state in compile" in message and "report it" not in message

@@ -478,6 +478,14 @@ def _fails_as_it_is(error: Exception, model: keras.Model, plan: Plan) -> str:
             f"({describe_error(error)}). Leave the distribution recipe out, or give the model a call() that runs "
             "its parts."
         )
+    if plan.strategy in ("mirrored", "multi_worker"):
+        return (
+            f"The optimized setup fails on the first batch under {plan.strategy}, where your model trains on one "
+            f"device: {describe_error(error).rstrip('.')}. Keras traces the train_step per replica there, and "
+            "state a train_step makes on its first call (its own optimizers built there) fails in plain fit under "
+            "the same strategy too: build such state in compile (optimizer.build(variables)), or leave the "
+            f"distribution recipe out. Recipes applied: {_recipes(plan)}."
+        )
     return (
         f"The optimized setup fails on the first batch although your model trains on it: {describe_error(error)}. "
         f"Recipes applied: {_recipes(plan)}; leave them out one by one to find the one at fault, and report it "

@@ -296,3 +296,18 @@ def test_under_two_replicas_the_scaled_batch_learns_and_logs_as_keras_at_the_glo
     assert out["named"] is True
     assert out["own_strategy_accumulation"].startswith("grad_accum: your model was made under a mirrored strategy")
     assert "You must feed a value for placeholder" in out["four_steps"]
+
+
+def test_data_carrying_strings_is_refused_under_several_replicas_as_keras_fails_on_it(two_cpus):
+    """Keras 3.15 reduces the first distributed batch with MEAN: strings fail there in plain fit too (seen with
+    two logical CPUs), and an apply that accepted them failed mid-measurement with a bare AddN error."""
+    inputs = keras.Input((1,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b"])(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Embedding(3, 4)(ids)[:, 0]))
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    text = tf.data.Dataset.from_tensor_slices((np.array([["a"], ["b"]] * 4), np.zeros(8, "int32"))).batch(4)
+    plan = make_plan(model, text, hardware=FAKE_HARDWARE["cpu_plain"])
+    with pytest.raises(RecipeConfigError, match=r"your data carries strings .* plain fit fails there too") as error:
+        Distribution(**TWO_CPUS).check(plan)
+    assert error.value.setting == "strategy"
+    Distribution(strategy="mirrored", devices=["/cpu:0"]).check(plan)  # one replica reduces nothing

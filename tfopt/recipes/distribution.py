@@ -260,6 +260,8 @@ class Distribution(Recipe):
             )
         if name == "mirrored" and self.devices:
             _check_devices_exist(self.devices)
+        if name in ("mirrored", "multi_worker") and self._replicas(name, environment, plan) > 1:
+            _check_no_strings(plan, name)
 
     def __call__(self, plan: Plan) -> Plan:
         name, reason, environment = self._resolve(plan)
@@ -328,6 +330,22 @@ class Distribution(Recipe):
                 "cluster_resolver": "slurm" if environment.launcher == "slurm" else "tf_config",
             }
         return {}
+
+
+def _check_no_strings(plan: Plan, name: str) -> None:
+    """Refuses data carrying strings under several replicas: Keras 3.15 reduces the first distributed batch with
+    MEAN before training (`TensorFlowTrainer._maybe_symbolic_build`), which fails on strings in plain fit too."""
+    import tensorflow as tf
+
+    specs = [spec for spec in tf.nest.flatten(plan.dataset.element_spec) if isinstance(spec, tf.TypeSpec)]
+    if any(getattr(spec, "dtype", None) == tf.string for spec in specs):
+        raise RecipeConfigError(
+            f"distribution: your data carries strings (raw text for a StringLookup or TextVectorization in the "
+            f"model), and Keras 3.15 under {name} over several replicas reduces the first batch with MEAN before "
+            "training, which strings cannot take: plain fit fails there too. Look the strings up in a dataset map "
+            "(the model then takes ids), or leave distribution out.",
+            setting="strategy",
+        )
 
 
 def _check_devices_exist(devices: tuple[str, ...]) -> None:
