@@ -222,6 +222,9 @@ out["plain"] = plain.fit(data(16), epochs=2, verbose=0, shuffle=False).history
 result = tfopt.apply(mlp(), data(8), [{"distribution": two}], hardware=Hardware(cpu_count=2), measure_speed=False)
 out["length"] = int(result.dataset.cardinality())
 out["scaled"] = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
+unknown = data(8).unbatch().filter(lambda x, y: True).batch(8)  # a length tf.data does not know
+result = tfopt.apply(mlp(), unknown, [{"distribution": two}], hardware=Hardware(cpu_count=2), measure_speed=False)
+out["unknown"] = result.model.fit(result.dataset, epochs=2, verbose=0, shuffle=False).history
 result = tfopt.apply(mlp(), data(16), recipes=[{"distribution": {**two, "scale_batch": False}}, "steps_per_execution"],
                      hardware=Hardware(cpu_count=2), steps=2, warmup_steps=1)
 out["auto"] = [str(step) for step in result.plan.applied if step.recipe == "steps_per_execution"]
@@ -279,6 +282,7 @@ def test_under_two_replicas_the_scaled_batch_learns_and_logs_as_keras_at_the_glo
     assert out["length"] == 4
     for name, values in out["plain"].items():
         np.testing.assert_allclose(out["scaled"][name], values, rtol=1e-5)
+        np.testing.assert_allclose(out["unknown"][name], values, rtol=1e-5)  # a dropped remainder miscounted them
     assert out["auto_steps"] == 1 and out["auto"] == [
         "steps_per_execution: skipped: Keras 3.15 fails with more than one step per call under MirroredStrategy over "
         '2 replicas in this process ("You must feed a value for placeholder"; plain Keras fails the same way): 1 '

@@ -264,6 +264,8 @@ class Distribution(Recipe):
             _check_no_strings(plan, name)
 
     def __call__(self, plan: Plan) -> Plan:
+        import tensorflow as tf
+
         name, reason, environment = self._resolve(plan)
         options = self._strategy_options(name, environment, plan)
         replicas = self._replicas(name, environment, plan)
@@ -277,9 +279,19 @@ class Distribution(Recipe):
             batch_size = plan.batch_size * replicas
             # drop_remainder keeps every global batch divisible by the replicas (static per-replica shapes). The
             # length Dataset.rebatch loses is kept: Keras under the strategy counts a pipeline of unknown length
-            # wrongly in its logs, and one-iterator training reads `cardinality()` for its steps per epoch.
-            dataset, dropped = rebatch_counted(dataset, batch_size, drop_remainder=True)
-            notes.append(f"global batch {plan.batch_size} x {replicas} = {batch_size}{_dropped(dropped, batch_size)}")
+            # wrongly in its logs, and one-iterator training reads `cardinality()` for its steps per epoch. Where
+            # tf.data does not know the length, Keras under the strategy counts one step too many after a dropped
+            # remainder (TF 2.21, Keras 3.15: 288 examples of 256): the last batch stays, split unevenly.
+            unknown = int(dataset.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+            dataset, dropped = rebatch_counted(dataset, batch_size, drop_remainder=not unknown)
+            notes.append(
+                f"global batch {plan.batch_size} x {replicas} = {batch_size}"
+                + (
+                    ": a pass of unknown length keeps its last, partial batch, split unevenly over the replicas"
+                    if unknown
+                    else _dropped(dropped, batch_size)
+                )
+            )
         else:
             notes.append(f"global batch {batch_size} split {batch_size // replicas} per replica")
         if (self.scale_learning_rate != "none" and batch_size != plan.batch_size) or self.warmup_steps:
