@@ -150,7 +150,8 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
     # Decided again on the pipeline as built: recipes of later stages (batch_size, distribution) rebatched it.
     whole = plan.whole_batch_size
     unsettled, served_change = served_form(unsettled, own_pipeline=plan.source is not None)
-    offload, why = plan.data_service.planned_again(unsettled, batch_size=whole)
+    length = int(plan.dataset.cardinality())
+    offload, why = plan.data_service.planned_again(unsettled, batch_size=whole, batches_per_pass=length)
     if offload is not None:
         try:
             served, cluster = serve_offload(
@@ -158,7 +159,7 @@ def _served(plan: Plan, unsettled: Any) -> tuple[Any, Any, Plan]:
                 offload,
                 batch_size=whole,
                 static=tf_batch_dimension(plan.dataset.element_spec) is not None,
-                batches_per_pass=int(plan.dataset.cardinality()),
+                batches_per_pass=length,
             )
             return (
                 served,

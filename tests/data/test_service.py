@@ -295,6 +295,7 @@ def test_a_pipeline_batch_size_rebatched_is_served_with_its_length_asserted_on_t
     built = build(BatchSize(batch_size=32)(plan))
     step = next(step for step in built.plan.applied if step.recipe == "data_service")
     assert not step.skipped and "dynamic sharding" in step.detail, step.detail
+    assert step.detail.endswith("read back in the local pipeline's batches, a pass's worth per epoch")
     assert int(built.dataset.cardinality()) == 4
     assert [row[0] for row in elements(built.dataset.map(lambda x, y: x))] == [tuple(row * 2) for row in features]
 

@@ -158,7 +158,9 @@ class Offload:
     answer_timeout_seconds: float = 10.0
     start_timeout_seconds: float = 120.0
 
-    def planned_again(self, dataset: tf.data.Dataset, *, batch_size: int | None) -> tuple[Offload | None, str]:
+    def planned_again(
+        self, dataset: tf.data.Dataset, *, batch_size: int | None, batches_per_pass: int | None = None
+    ) -> tuple[Offload | None, str]:
         """The same request planned for `dataset`: the pipeline as the build has it, after the recipes of later
         stages rebatched it, which the recipe's decision could not see."""
         return plan_offload(
@@ -168,6 +170,7 @@ class Offload:
             compression=self.requested_compression,
             job_name=self.job_name,
             batch_size=batch_size,
+            batches_per_pass=batches_per_pass,
             answer_timeout_seconds=self.answer_timeout_seconds,
             start_timeout_seconds=self.start_timeout_seconds,
         )
@@ -192,11 +195,13 @@ def plan_offload(
     compression: str = "auto",
     job_name: str | None = None,
     batch_size: int | None = None,
+    batches_per_pass: int | None = None,
     answer_timeout_seconds: float = 10.0,
     start_timeout_seconds: float = 120.0,
 ) -> tuple[Offload | None, str]:
     """How `dataset` goes to the service, or (None, why it stays local). Reads the graph only, never an element;
-    `batch_size` sizes batches whose first dimension tf.data leaves open.
+    `batch_size` sizes batches whose first dimension tf.data leaves open, and `batches_per_pass` is the length the
+    client reads per epoch where `dataset` lost it (`served_form`: the workers' pipeline without its final count).
 
     Example:
         >>> import tensorflow as tf
@@ -260,7 +265,7 @@ def plan_offload(
     reasons.append(compression_why)
     reasons.append(
         "read back in the local pipeline's batches, a pass's worth per epoch"
-        if int(dataset.cardinality()) > 0
+        if (int(dataset.cardinality()) if batches_per_pass is None else batches_per_pass) > 0
         else "read back as it comes (the local pipeline has no known length)"
     )
     return Offload(

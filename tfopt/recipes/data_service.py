@@ -139,6 +139,7 @@ class DataService(Recipe):
             compression=self.compression,
             job_name=self.job_name,
             batch_size=plan.batch_size,
+            batches_per_pass=int(plan.dataset.cardinality()),
             answer_timeout_seconds=self.answer_timeout_seconds,
             start_timeout_seconds=self.start_timeout_seconds,
         )
