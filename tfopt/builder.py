@@ -109,6 +109,7 @@ def build(plan: Plan) -> Built:
         unsettled = plan.dataset  # the workers of a data service serve it with its partial batches
         plan = _settle_xla(model, plan)
         _check_accumulated_optimizer_trains(model, plan)
+        _check_fixed_batch(model, plan, strategy.num_replicas_in_sync)
         plan = _said_where_rates_stay(model, plan)
         loss_scaling = _compile(model, plan, own_policy)
         if loss_scaling:
@@ -348,6 +349,10 @@ def _copy_weights(source: keras.Model, target: keras.Model) -> None:
         ) from error
 
 
+# The recipes that change how many examples a step gets.
+_BATCH_RECIPES = ("batch_size", "distribution", "grad_accum")
+
+
 def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
     """grad_accum sets the compiled optimizer to accumulate: a train_step of the model's own that applies
     optimizers of its own (a GAN's `d_optimizer` and `g_optimizer`) would leave it unused, and nothing would
@@ -364,6 +369,29 @@ def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
             f"grad_accum: {type(model).__name__}'s own train_step applies its optimizers {', '.join(held)}, not "
             "the one compile made, which grad_accum sets to accumulate: nothing would accumulate. Leave grad_accum "
             "out, or create those optimizers with gradient_accumulation_steps=N yourself."
+        )
+
+
+def _check_fixed_batch(model: keras.Model, plan: Plan, replicas: int) -> None:
+    """Refuses a step batch that a model fixing its batch cannot take (an `Input(batch_size=8)`, which a stateful
+    RNN needs): Keras fails mid-step on it with a bare shape error.
+
+    Raises:
+        RecipeConfigError: So, naming the input, its batch and the recipes that changed the step's.
+    """
+    step_batch = plan.batch_size // replicas // plan.micro_batches
+    fixed = [
+        (tensor._keras_history[0].name, tensor.shape[0])
+        for tensor in getattr(model, "inputs", None) or []
+        if tensor.shape and tensor.shape[0] is not None and tensor.shape[0] != step_batch
+    ]
+    changed = [step.recipe for step in plan.applied if step.recipe in _BATCH_RECIPES and not step.skipped]
+    if fixed and changed:
+        name, size = fixed[0]
+        raise RecipeConfigError(
+            f"{' and '.join(changed)}: the model's input {name!r} fixes its batch at {size} (Input(batch_size="
+            f"{size}), as a stateful layer needs), and each step would get {step_batch} examples: plain fit fails "
+            f"on such a batch too. Give the recipes a batch of {size} per step, or leave {' and '.join(changed)} out."
         )
 
 

@@ -136,14 +136,19 @@ def test_padded_batches_of_varying_lengths_keep_their_size_and_say_why(size, cpu
     assert [batch[0].shape for batch in result.dataset] == [batch[0].shape for batch in data]
 
 
-def test_a_search_stops_at_a_size_the_model_cannot_take_and_keeps_the_batch_it_trains_with(cpu_hardware):
-    """A stateful LSTM under an Input(batch_size=8) trains in plain fit at 8 and fails at any other size: the
-    search ends there, as out of memory, instead of failing the apply."""
+def fixed_batch_model():
+    """A stateful LSTM under an Input(batch_size=8): plain fit trains it at 8 and fails at any other size."""
     keras.utils.set_random_seed(0)
-    inputs = keras.Input((4, 1), batch_size=8)
+    inputs = keras.Input((4, 1), batch_size=8, name="series")
     model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LSTM(4, stateful=True)(inputs)))
     model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensor_slices((np.ones((32, 4, 1), "float32"), np.ones((32, 1), "float32"))).batch(8)
+    return model, data
+
+
+def test_a_search_stops_at_a_size_the_model_cannot_take_and_keeps_the_batch_it_trains_with(cpu_hardware):
+    """The search ends at a size the model cannot take, as at one out of memory, instead of failing the apply."""
+    model, data = fixed_batch_model()
     plan = make_plan(model, data, hardware=cpu_hardware)
     result = BatchSize(min_batch_size=8, max_batch_size=32, trial_steps=2).measured(plan)(plan)
     step = result.applied[-1]
@@ -152,6 +157,12 @@ def test_a_search_stops_at_a_size_the_model_cannot_take_and_keeps_the_batch_it_t
     at_a_fixed_other_size = make_plan(model, data.rebatch(16), hardware=cpu_hardware)
     with pytest.raises(MeasurementError, match="Incompatible shapes"):  # the user's own size fails as in fit
         BatchSize(min_batch_size=8, max_batch_size=32, trial_steps=2).measured(at_a_fixed_other_size)
+
+
+def test_a_size_given_that_the_model_cannot_take_is_refused_naming_its_input(cpu_hardware):
+    model, data = fixed_batch_model()
+    with pytest.raises(RecipeConfigError, match=r"batch_size: the model's input 'series' fixes its batch at 8"):
+        tfopt.apply(model, data, [{"batch_size": {"batch_size": 16}}], hardware=cpu_hardware, measure_speed=False)
 
 
 def test_a_search_over_data_smaller_than_its_first_size_keeps_the_batch_and_says_why():
