@@ -370,3 +370,22 @@ def test_nested_models_copy_with_trackers_of_their_own_and_train_as_the_original
         for a, b in zip(twin.get_weights(), user.get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert any(not np.array_equal(a, b) for a, b in zip(before, user.get_weights()))  # it did train
+
+
+def test_a_base_frozen_when_copied_trains_once_unfrozen_as_the_users_does():
+    """keras.io's fine-tuning: freeze the base (a flag only: its variables stay trainable to TensorFlow), train the
+    head, unfreeze, recompile, train. A copy made while frozen must learn in its base then too."""
+    keras.utils.set_random_seed(0)
+    base = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="base_dense")], name="base")
+    model = keras.Sequential([base, keras.layers.Dense(1)])
+    base.trainable = False
+    copy = copy_model(model)
+    data = (np.ones((8, 4), "float32"), np.ones((8, 1), "float32"))
+    moved = []
+    for each in (model, copy):
+        each.layers[0].trainable = True
+        each.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        before = each.layers[0].layers[0].kernel.numpy()
+        each.fit(*data, epochs=1, batch_size=8, verbose=0)
+        moved.append(np.abs(each.layers[0].layers[0].kernel.numpy() - before).max())
+    assert moved[0] > 0 and moved[1] == pytest.approx(moved[0])

@@ -431,9 +431,17 @@ def _copy_table(table: Any) -> Any:
 
 
 def _copy_variable(variable: Any) -> Any:
-    """A Keras variable with the same attributes and value, backed by a variable made in the current scope."""
+    """A Keras variable with the same attributes and value, backed by a variable made in the current scope.
+
+    The backing `tf.Variable` is made as trainable as the original's, not as the Keras flag now says: freezing a
+    layer (`base.trainable = False`) flips the flag only, and a gradient tape never watches a `tf.Variable` made
+    untrainable, so a copy of a frozen base would learn nothing once the user unfreezes it to fine-tune."""
     twin = object.__new__(type(variable))
     twin.__dict__.update(variable.__dict__)
     twin._value = None
-    twin._initialize(variable._value.read_value())
+    twin._trainable = variable._value.trainable
+    try:
+        twin._initialize(variable._value.read_value())
+    finally:
+        twin._trainable = variable._trainable
     return twin
