@@ -161,3 +161,25 @@ def test_a_subclass_of_a_convolution_is_its_own():
 
     _, copy = model_and_copy(lambda: MyConv(4, 3, name="conv"))
     assert fold_conv_biases(copy) == ([], [])
+
+
+class InferenceModeStep(keras.Model):
+    """A train_step of its own that calls the model in inference mode: the normalization then runs on its moving
+    statistics, where the bias does not cancel and plain Keras trains it."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x, y, self(x, training=False))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def test_a_model_training_in_a_train_step_of_its_own_keeps_the_bias():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 3))
+    x = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, name="conv")(inputs))
+    model = InferenceModeStep(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(x)))
+    (kept,) = fold_conv_biases(model)[1]
+    assert kept.startswith("conv: the model trains in a train_step of its own, which may call it in inference mode")
+    assert model.get_layer("conv").bias.trainable

@@ -12,7 +12,11 @@ optimizer keeps (zero) slots for the biases, so a saved copy reloads with its op
 Folded only where that holds: the convolution feeds nothing but the normalization, over its channel axis,
 with no activation between, no regularizer or constraint on the bias and no weight decay on a non-zero bias
 (they would move it), both layers trainable (a frozen normalization runs on its moving statistics, where the
-bias does not cancel and trains), used once in the model, and no optimizer state kept for the bias yet.
+bias does not cancel and trains), used once in the model, no optimizer state kept for the bias yet, and Keras'
+own train_step (one of the model's own may call it with `training=False`).
+
+Decided once, when the copy is built: a normalization the user freezes afterwards, or a new optimizer compiled
+for a second stage, meets a bias that stays zero and has no slot (docs/recipes/fused_layers.md says what to do).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         convolution = parents[0].operation if len(parents) == 1 else None
         if type(convolution) not in _CONVOLUTIONS or not convolution.use_bias or not convolution.bias.trainable:
             continue
-        why_not = _why_not(convolution, normalization, optimizer)
+        why_not = _why_not(convolution, normalization, optimizer, type(model).train_step is not keras.Model.train_step)
         if why_not:
             kept.append(f"{convolution.name}: {why_not}")
             continue
@@ -83,11 +87,19 @@ def _build_with_slots_for(optimizer: Any, model: keras.Model, biases: list[Any])
 
 
 def _why_not(
-    convolution: keras.layers.Layer, normalization: keras.layers.BatchNormalization, optimizer: Any
+    convolution: keras.layers.Layer,
+    normalization: keras.layers.BatchNormalization,
+    optimizer: Any,
+    own_train_step: bool,
 ) -> str | None:
     """Why the bias of `convolution` does not cancel in `normalization`, or None where it does."""
     if optimizer is not None and optimizer.built:
         return "the optimizer already keeps state for its bias"
+    if own_train_step:
+        return (
+            "the model trains in a train_step of its own, which may call it in inference mode, where the "
+            "normalization runs on its moving statistics and the bias trains"
+        )
     if len(convolution._inbound_nodes) != 1 or len(convolution._outbound_nodes) != 1:
         return "its output is used elsewhere too, or it is called more than once"
     if convolution.activation not in (None, keras.activations.linear):
