@@ -493,7 +493,7 @@ def test_every_shipped_recipe_validates_and_runs(recipe_path, shapes_dir, tmp_pa
     assert exit_code == 0, err
     assert "Traceback" not in err
     summary = out.strip().splitlines()[-1]
-    assert " steps/s (" in summary and summary.endswith(f"trained to step 2; report: {out_dir / 'report.html'}")
+    assert " examples/s (" in summary and summary.endswith(f"trained to step 2; report: {out_dir / 'report.html'}")
     assert {
         "recipe.yaml",
         "report.html",

@@ -182,11 +182,27 @@ def test_json_numbers_are_the_measurements(fake_report):
     hours = 100 / real.steps_per_second / 3600
     assert run["accelerator_hours_per_epoch"] == _r(hours)
     assert run["cost_per_epoch"] == _r(hours * 2.5)
-    expected_speedup = data["runs"]["after"]["steps_per_second"] / run["steps_per_second"]
+    expected_speedup = data["runs"]["after"]["examples_per_second"] / run["examples_per_second"]
     assert data["speedup"] == _r(expected_speedup) and data["speedup"] > 1.8
     assert [step["recipe"] for step in data["applied"]] == ["data_pipeline", "xla"]
     assert data["runs"]["before"]["diagnosis"]["findings"][0]["recipe"] == "data_pipeline"
     assert data["runs"]["after"]["diagnosis"]["findings"] == [] and not after.diagnosis.input_bound
+
+
+def test_a_larger_batch_is_compared_by_examples_and_its_epoch_by_the_same_examples(make_fake_profile):
+    """batch_size 32 -> 256: each step takes 4x as long and holds 8x the examples. The speedup and the epoch's
+    cost are of the examples (2x faster, half the cost), as the side-by-side rounds are; steps/s would say 0.25x."""
+    before = make_fake_profile(step_ms=40.0, batch_size=32, steps_per_epoch=100)
+    after = make_fake_profile(step_ms=160.0, batch_size=256, steps_per_epoch=13)
+    data = compare(before, after, speedup_rounds=[1.9, 2.0, 2.1]).to_dict()
+    runs = data["runs"]
+    assert data["speedup"] == _r(runs["after"]["examples_per_second"] / runs["before"]["examples_per_second"])
+    assert 1.9 < data["speedup"] < 2.1 and runs["after"]["steps_per_second"] < runs["before"]["steps_per_second"]
+    hours = [runs[name]["accelerator_hours_per_epoch"] for name in ("before", "after")]
+    assert hours[1] == pytest.approx(hours[0] / data["speedup"], rel=1e-3)
+    markdown = compare(before, after).to_markdown()
+    assert f"**Speedup: {data['speedup']:g}x** examples/s" in markdown
+    assert "Per epoch (100 steps of the before run's batch)" in markdown
 
 
 def test_report_text_has_every_section(fake_report):

@@ -87,7 +87,7 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert report == outcome.report
     assert set(outcome.report_paths) == {"html", "markdown", "json"}
     before, after = report["runs"]["before"], report["runs"]["after"]
-    assert report["speedup"] == pytest.approx(after["steps_per_second"] / before["steps_per_second"], rel=1e-3)
+    assert report["speedup"] == pytest.approx(after["examples_per_second"] / before["examples_per_second"], rel=1e-3)
     # On a GPU with TF32 (an A100, an H100) the plan first says what its float32 math is.
     stated = ["baseline"] if detect().has_tf32 else []
     assert [step["recipe"] for step in report["applied"]] == [*stated, "data_pipeline"]
@@ -125,7 +125,9 @@ def test_run_writes_the_profiling_report_in_every_format_with_the_same_numbers(t
     assert "## Training (tfopt.Monitor)" in markdown and 'alt="training chart"' in html
     assert not list(run_dir.rglob("*.tmp"))
     summary = outcome.summary()
-    assert summary.startswith(f"tiny: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s")
+    assert summary.startswith(
+        f"tiny: {before['examples_per_second']:.1f} -> {after['examples_per_second']:.1f} examples/s"
+    )
     assert compared(Metrics.from_dict(before), Metrics.from_dict(after)) in summary
     assert "utilization" not in summary
     if before["accelerator"] == "cpu":  # the machine that ran it, as detected

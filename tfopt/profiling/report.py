@@ -147,7 +147,8 @@ class Report:
         applied: What each recipe did between the runs.
         price_per_hour: Price of one accelerator-hour (one machine-hour without accelerators), or None.
         currency: The price's currency, as printed.
-        steps_per_epoch: Steps in an epoch for the cost line; the first run's dataset length by default.
+        steps_per_epoch: Steps in an epoch for the cost line, of the first run's batch (a run at another batch
+            takes as many examples); the first run's dataset length by default.
         created: When the report was made (UTC, ISO 8601).
         training: The `tfopt.Monitor` window records of the training that followed the measurements
             (`tfopt-recipe run` adds them once it has trained), plotted and summed up in their own section.
@@ -176,8 +177,11 @@ class Report:
         runs = {name: _run_dict(profile, self) for name, profile in self.profiles.items()}
         first = next(iter(self.profiles.values()))
         names = list(runs)
+        # Examples per second, as the side-by-side rounds are measured: a batch_size recipe changes what a step is.
         speedup = (
-            _round(runs[names[-1]]["steps_per_second"] / runs[names[0]]["steps_per_second"]) if len(names) > 1 else None
+            _round(runs[names[-1]]["examples_per_second"] / runs[names[0]]["examples_per_second"])
+            if len(names) > 1
+            else None
         )
         return {
             "tfopt_report_version": REPORT_VERSION,
@@ -331,7 +335,9 @@ def _blocks(data: dict[str, Any]) -> list[Block]:
         blocks.append(Paragraph((Emphasis(f"{data['note']}."),)))
     if data["speedup"] is not None:
         speedup = f"Speedup: {_show(data['speedup'])}x"
-        blocks.append(Paragraph((Strong(speedup), f" steps/s ({names[-1]} vs {names[0]}{_noise(data)})."), lead=True))
+        blocks.append(
+            Paragraph((Strong(speedup), f" examples/s ({names[-1]} vs {names[0]}{_noise(data)})."), lead=True)
+        )
     headline = _headline(data)
     if headline:
         blocks.append(Paragraph((Strong(headline),), lead=True))
@@ -400,7 +406,7 @@ def _cost_text(data: dict[str, Any]) -> str:
         if data["price_per_hour"] is not None
         else " (pass price_per_hour= to compare() for money)"
     )
-    return f"Per epoch of {steps} steps{price}: {runs}."
+    return f"Per epoch ({steps} steps of the {next(iter(data['runs']))} run's batch){price}: {runs}."
 
 
 def _noise(data: Mapping[str, Any]) -> str:
@@ -530,7 +536,10 @@ def _run_dict(profile: ReportedProfile, report: Report) -> dict[str, Any]:
     real, breakdown, samples = profile.measurement.real, profile.breakdown, profile.samples
     steps = report._steps_per_epoch()
     devices = max(len(profile.hardware.gpus), profile.hardware.tpu_cores, 1)
-    hours = steps / real.steps_per_second / 3600.0 * devices if steps is not None else None
+    # An epoch is the first run's steps of its batch: a run at another batch takes other steps over its examples.
+    first = next(iter(report.profiles.values())).measurement.real
+    examples = steps * first.examples_per_second / first.steps_per_second if steps is not None else None
+    hours = examples / real.examples_per_second / 3600.0 * devices if examples is not None else None
     peak = profile.capture.peak_memory_bytes
     utilization = samples.mean_utilization_percent()
     metrics = {

@@ -106,7 +106,7 @@ class RunOutcome:
         )
         rounds = describe_rounds(self.report["speedup_rounds"]) if self.report.get("speedup_rounds") else ""
         return (
-            f"{self.recipe.name}: {before['steps_per_second']:.2f} -> {after['steps_per_second']:.2f} steps/s "
+            f"{self.recipe.name}: {before['examples_per_second']:.1f} -> {after['examples_per_second']:.1f} examples/s "
             f"({self.report['speedup']:.2f}x{rounds}); "
             f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
             f"{trained}; report: {path}"
