@@ -52,9 +52,10 @@ def test_profile_holds_the_measured_steps(starved_profile):
     for side in (starved_profile.measurement.real, starved_profile.measurement.ceiling):
         assert (len(side.seconds), side.window_steps) == (windows, window_steps)
     assert starved_profile.steps_per_epoch == 1024 // BATCH
-    # Host samples cover the run: the first at its start, the last after the measured steps.
+    # Host samples cover the run: the first an interval after its start (a share of CPU time needs one), the
+    # last after the measured steps.
     host = starved_profile.samples.of("host")
-    assert host[0].seconds == pytest.approx(0.0, abs=0.05)
+    assert 0.0 < host[0].seconds < 1.0
     assert host[-1].seconds >= captured.step_times.median_seconds * STEPS
     metrics = starved_profile.metrics
     hardware = starved_profile.hardware

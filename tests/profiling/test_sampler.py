@@ -41,15 +41,16 @@ def _fake_pynvml(*, count: int = 2, fail_init: bool = False) -> types.ModuleType
     return module
 
 
-def test_host_samples_taken_at_start_and_stop():
+def test_host_samples_cover_the_interval_from_start_to_stop():
+    """A share of CPU time needs an interval: the start only sets the reference point (a reading there was 0%,
+    pulling the mean down), and the stop reads the whole run, busy here."""
     with DeviceSampler(interval_seconds=10.0, use_nvml=False) as monitor:
-        _ = sum(i * i for i in range(200_000))
+        _ = sum(i * i for i in range(2_000_000))
     samples = monitor.samples
     host = samples.of(HOST)
     assert samples.source == "psutil"
-    assert len(host) == 2  # the interval is longer than the run: exactly the first and the last reading
-    assert host[0].seconds == pytest.approx(0.0, abs=0.05) and host[1].seconds > host[0].seconds
-    assert all(0.0 <= sample.utilization_percent <= 100.0 + 1e-6 for sample in host)
+    assert len(host) == 1  # the interval is longer than the run: the stop's reading only
+    assert host[0].seconds > 0.0 and 0.0 < host[0].utilization_percent <= 100.0 + 1e-6
     assert samples.peak_memory_bytes() == max(sample.memory_bytes for sample in host) > 10 * 2**20
     assert samples.accelerator_devices == () and samples.peak_memory_fraction is None
 

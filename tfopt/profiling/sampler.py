@@ -108,7 +108,7 @@ class DeviceSampler:
     Example:
         >>> with DeviceSampler(interval_seconds=0.05, use_nvml=False) as sampler:
         ...     _ = sum(range(100_000))
-        >>> sampler.samples.source, len(sampler.samples.of("host")) >= 2
+        >>> sampler.samples.source, len(sampler.samples.of("host")) >= 1
         ('psutil', True)
     """
 
@@ -244,9 +244,15 @@ def _host_reader() -> Callable[[float], list[Sample]]:
 
     process = psutil.Process()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (psutil.cpu_count() or 1)
-    process.cpu_percent(None)  # the first call only sets the reference point
+    started = [False]
 
     def read(now: float) -> list[Sample]:
+        # The first call only sets psutil's reference point: a share of CPU time needs an interval, and one
+        # read at once would be 0%, pulling the mean down.
+        if not started[0]:
+            started[0] = True
+            process.cpu_percent(None)
+            return []
         # psutil counts 100% per core; divided by the usable cores, 100% means the whole host is busy.
         # CPU time is counted in clock ticks (10 ms), so over a short interval the ratio can overshoot.
         busy = min(100.0, process.cpu_percent(None) / cores)
