@@ -963,6 +963,10 @@ def test_diagnose_needs_a_recipe_or_a_trace(capsys, tmp_path):
     assert exit_code == 1 and "No profiler capture" in err
     exit_code, _, err = run_cli(capsys, "diagnose", "--trace", tmp_path, "--steps", "4", "--quiet")
     assert exit_code == 2 and "runs nothing" in err
+    (tmp_path / "host.xplane.pb").write_bytes(b"\x00")
+    for capture, what in ((tmp_path, "a directory"), (tmp_path / "host.xplane.pb", "a profiler capture file")):
+        exit_code, _, err = run_cli(capsys, "diagnose", capture, "--quiet")  # a capture given as the recipe
+        assert exit_code == 2 and f"is {what}, not a recipe FILE" in err and f"diagnose --trace {capture}" in err
 
 
 def test_diagnose_trace_says_what_is_wrong_with_the_path(capsys, tmp_path):

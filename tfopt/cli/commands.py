@@ -440,6 +440,13 @@ def _diagnose(args: argparse.Namespace) -> int:
         return _diagnose_trace(args)
     if not args.file:
         raise _UsageError("diagnose needs a recipe FILE to measure, or --trace DIR to read an existing capture.")
+    given = pathlib.Path(args.file)
+    if given.is_dir() or given.name.endswith(".pb"):
+        what = "a directory" if given.is_dir() else "a profiler capture file"
+        raise _UsageError(
+            f"{args.file} is {what}, not a recipe FILE to measure: to read an existing capture, give it as "
+            f"`{PROGRAM} diagnose --trace {args.file}`."
+        )
     recipe = _load(args, start=True)
     from tfopt.run import runner
 

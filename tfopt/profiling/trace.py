@@ -173,7 +173,10 @@ def load_xspace(xplane: str | Path) -> XSpace:
     try:
         space.ParseFromString(Path(xplane).read_bytes())
     except Exception as error:
-        raise MeasurementError(f"Could not read the profiler capture {xplane}: {error}") from error
+        raise MeasurementError(
+            f"Could not read the profiler capture {xplane}: {error}. The file is damaged or cut short (a run "
+            "stopped while the profiler wrote it?): capture again."
+        ) from error
     return space
 
 
