@@ -256,6 +256,13 @@ def test_breakdown_figure_has_a_bar_per_run_for_each_category(real_report):
     assert [tick.get_text() for tick in axes.get_yticklabels()] == ["before", "after"]
 
 
+def test_every_figure_names_the_hardware_it_was_measured_on(fake_report):
+    """An exported picture says where its numbers come from, as the page does."""
+    hardware = fake_report.profiles["before"].hardware.describe()
+    for name in ("breakdown", "metrics"):
+        assert [text.get_text() for text in fake_report.figures()[name].texts] == [hardware], name
+
+
 def test_metrics_figure_shows_each_runs_measured_metrics_and_hardware_samples(real_report):
     """On the machine that runs it: a CPU-only run's bars leave out accelerator busy % and MFU and its lines are
     the host's CPU use; on a GPU the bars start with accelerator busy % and, where NVML sampled the GPUs, the

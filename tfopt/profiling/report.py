@@ -26,7 +26,13 @@ from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
 from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds
-from tfopt.profiling.plots import breakdown_figure, hotspots_figure, metrics_figure, training_figure
+from tfopt.profiling.plots import (
+    breakdown_figure,
+    hotspots_figure,
+    metrics_figure,
+    training_figure,
+    with_hardware,
+)
 from tfopt.profiling.report_format import (
     Arrow,
     Block,
@@ -205,12 +211,14 @@ class Report:
 
     def figures(self) -> dict[str, Figure]:
         """The report's matplotlib figures: "breakdown", "metrics", "hotspots" where a run has its stage or layer
-        table, and "training" once there are windows."""
+        table (each with the hardware written under it), and "training" once there are windows."""
         figures = {"breakdown": breakdown_figure(self.profiles), "metrics": metrics_figure(self.profiles)}
         hotspots = hotspots_figure(self.profiles)
         if hotspots is not None:
             figures["hotspots"] = hotspots
-        if self.training:
+        hardware = next(iter(self.profiles.values())).hardware.describe()
+        figures = {name: with_hardware(figure, hardware) for name, figure in figures.items()}
+        if self.training:  # as `add_training` draws it into a report saved before the training
             figures["training"] = training_figure(self.training)
         return figures
 
