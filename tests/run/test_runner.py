@@ -152,6 +152,19 @@ def test_resume_keeps_the_measurements_and_trains_only_the_missing_steps(tmp_pat
     assert load_recipe(tmp_path / "run" / "recipe.yaml").train.epochs == 3
 
 
+def test_a_resumed_run_whose_report_was_never_written_measures_again_beside_no_dead_capture(tmp_path):
+    """Killed while it wrote the report: the resumed run measures again, and the first attempt's captures go, so
+    that each side's trace directory holds the one capture the report points at."""
+    runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=0"]), out_dir=tmp_path / "run")
+    for report in (tmp_path / "run").glob("report.*"):
+        report.unlink()
+    runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=0"]), out_dir=tmp_path / "run", resume=True)
+    for side in ("before", "after"):
+        captures = list((tmp_path / "run" / "tensorboard" / side).rglob("*.xplane.pb"))
+        assert len(captures) == 1, captures
+    assert (tmp_path / "run" / "report.json").exists()
+
+
 def test_resume_refuses_other_settings_and_directories_without_a_run(tmp_path):
     runner.run(load_recipe(write(tmp_path), overrides=["train.epochs=0"]), out_dir=tmp_path / "run")
     with pytest.raises(TfoptError, match=r"made with train.learning_rate: 0.001, and this command asks for 0.01"):

@@ -243,6 +243,8 @@ def _run_in(
     }
     written = None  # the Report object this process wrote, re-rendered with the training's windows
     if report is None and cluster.num_workers == 1:
+        if resume:
+            _discard_dead_captures(recipe, run_dir)
         progress.phase("measuring the baseline, applying recipes, measuring again (TF Profiler)")
         built, written, report_paths = _measure(recipe, run_dir, progress)
         report = written.to_dict()
@@ -434,6 +436,18 @@ def _earlier_report(run_dir: pathlib.Path) -> dict[str, Any] | None:
         return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _discard_dead_captures(recipe: RecipeFile, run_dir: pathlib.Path) -> None:
+    """Removes the captures of an attempt killed before its report was written, which the new measurement would
+    sit beside (two runs in TensorBoard, and `diagnose --trace` refusing to pick one). Only the run directory's
+    own: a `profile.logdir` elsewhere is the user's, left as it is."""
+    import shutil
+
+    traces = logdir(recipe, run_dir)
+    if traces.resolve().is_relative_to(run_dir.resolve()):
+        for side in ("before", "after"):
+            shutil.rmtree(traces / side, ignore_errors=True)
 
 
 def logdir(recipe: RecipeFile, run_dir: pathlib.Path) -> pathlib.Path:
