@@ -275,6 +275,25 @@ def test_a_ceiling_gap_without_visible_waits_is_cpu_contention():
     assert only(on_gpu).bottleneck == "cpu_contention" and "dispatch" in only(on_gpu).reason
 
 
+def test_a_short_cpu_step_a_calls_cost_from_its_ceiling_is_sent_to_steps_per_execution():
+    """An MLP at batch 2 on a cached, prefetched pipeline: 1 ms a step against a 0.5 ms ceiling is Keras' cost of a
+    call, which data_pipeline cannot cut (measured 0.94x) and steps_per_execution does (3.16x, on CPU: AMD EPYC,
+    2 cores with bf16 instructions (no GPU or TPU))."""
+    breakdown = StepBreakdown(
+        source="trace",
+        hardware_type="CPU_ONLY",
+        step_seconds=(0.001,),
+        input_seconds=0.00002,
+        host_compute_seconds=0.00098,
+    )
+    short = Measurement(real=StepTimes((0.001,) * 4, 2), ceiling=StepTimes((0.0005,) * 4, 2))
+    finding = only(diagnose_breakdown(breakdown, CPU, measurement=short))
+    assert (finding.bottleneck, finding.severity, finding.recipe) == ("dispatch_bound", "high", "steps_per_execution")
+    assert "0.50 ms a step slower" in finding.reason and "Keras' cost of a call" in finding.reason
+    several = only(diagnose_breakdown(breakdown, CPU, measurement=short, steps_per_call=4))
+    assert several.bottleneck == "cpu_contention"  # calls already run several steps: not the call's cost
+
+
 def test_launches_waiting_on_the_host_name_the_gpus_own_threads_where_they_were_not_in_force():
     """On a GPU, TensorFlow launches kernels from the inter-op pool the pipeline shares (TF_GPU_THREAD_MODE
     global): a dispatch-bound or contended step names gpu_private, unless the GPUs had threads of their own; CPUs

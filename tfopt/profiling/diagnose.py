@@ -58,6 +58,10 @@ LOW_16BIT_PERCENT = 10.0
 # per-step costs; below the second figure, severely so.
 DISPATCH_BOUND_BUSY_PERCENT = 50.0
 DISPATCH_BOUND_HIGH_BUSY_PERCENT = 20.0
+# A CPU step slower than its compute-only ceiling by less than this, with nothing waiting for input, pays Keras'
+# cost of a call (the call from Python, the iterator's handover) once per step: not the pipeline's threads. The
+# ceiling calls the step directly, without that cost.
+PER_CALL_GAP_SECONDS = 0.001
 # Device compute below this share of the step makes 16-bit compute matter little.
 DEVICE_DOMINANT_PERCENT = 50.0
 # Kernel time from XLA-compiled modules above this share means XLA is already on.
@@ -279,7 +283,7 @@ def diagnose_breakdown(
         for finding in (
             # A dispatch-bound step is slower than the ceiling's direct calls by fit's own per-step costs too:
             # that gap is not the pipeline's, so it is not read as contention there.
-            _input(breakdown, hardware, None if dispatch else measurement, threads),
+            _input(breakdown, hardware, None if dispatch else measurement, threads, steps_per_call),
             *_share_findings(breakdown),
             _memory_bound(breakdown),
             _precision(breakdown, hardware),
@@ -313,11 +317,13 @@ def _severity(percent: float, moderate: float, high: float) -> str | None:
     return None
 
 
-def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measurement, threads: str) -> Finding | None:
+def _input(
+    breakdown: StepBreakdown, hardware: Hardware, measurement: Measurement, threads: str, steps_per_call: int
+) -> Finding | None:
     percent = breakdown.input_percent
     severity = _severity(percent, INPUT_BOUND_MODERATE_PERCENT, INPUT_BOUND_HIGH_PERCENT)
     if severity is None:
-        return _contention(percent, hardware, measurement, threads)
+        return _contention(percent, hardware, measurement, threads, steps_per_call)
     split = breakdown.input_split or {}
     waiting = f"{percent:.1f}% of each wall step waits for input"
     if split.get("file_read", 0.0) >= INPUT_CAUSE_FRACTION:
@@ -348,8 +354,11 @@ def _input(breakdown: StepBreakdown, hardware: Hardware, measurement: Measuremen
     )
 
 
-def _contention(input_percent: float, hardware: Hardware, measurement: Measurement, threads: str) -> Finding | None:
-    """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores."""
+def _contention(
+    input_percent: float, hardware: Hardware, measurement: Measurement, threads: str, steps_per_call: int
+) -> Finding | None:
+    """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores; or, for a CPU
+    step a call's cost away from its ceiling, that cost (`PER_CALL_GAP_SECONDS`)."""
     efficiency = measurement.input_efficiency if measurement is not None else None
     if efficiency is None:
         return None
@@ -359,6 +368,18 @@ def _contention(input_percent: float, hardware: Hardware, measurement: Measureme
     severity = _severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
     if severity is None:
         return None
+    gap_seconds = measurement.real.median_seconds - measurement.ceiling.median_seconds
+    if hardware.accelerator == "cpu" and steps_per_call == 1 and gap_seconds < PER_CALL_GAP_SECONDS:
+        return Finding(
+            DISPATCH_BOUND,
+            severity,
+            gap_percent,
+            "steps_per_execution",
+            f"training runs at {100 - gap_percent:.0f}% of the compute-only ceiling, {gap_seconds * 1000:.2f} ms "
+            f"a step slower, and only {input_percent:.1f}% of each step visibly waits for input: a step this "
+            "short pays Keras' cost of a call (the call from Python, the iterator's handover) once per step, "
+            "which steps_per_execution spreads over several steps.",
+        )
     competitor = "training" if hardware.accelerator == "cpu" else "the host's op dispatch"
     return Finding(
         CPU_CONTENTION,
