@@ -300,12 +300,30 @@ def diagnose_breakdown(
         )
     elif measurement.measurement_problem:
         notes.append(measurement.measurement_problem)
+    elif not dispatch and (noisy := _gap_within_noise(measurement)):
+        notes.append(noisy)
     if hardware.accelerator != "cpu" and peak_memory_fraction is None:
         notes.append(
             "Device memory in use is unknown (TensorFlow's allocator peak was not read): whether a "
             "larger batch fits is not judged."
         )
     return Diagnosis(findings=tuple(findings), input_percent=breakdown.input_percent, notes=tuple(notes))
+
+
+def _gap_within_noise(measurement: Measurement) -> str | None:
+    """The note for a gap to the compute-only ceiling large enough for a finding that the measurement's own spread
+    leaves unproven (`_contention` reads it as noise), or None: said, so that a gap is never dropped unseen."""
+    efficiency = measurement.input_efficiency
+    if efficiency is None:
+        return None
+    gap_percent = 100.0 * (1.0 - efficiency)
+    if gap_percent < CEILING_GAP_MODERATE_PERCENT or gap_percent > 200.0 * measurement.noise:
+        return None
+    return (
+        f"Training ran at {100 - gap_percent:.0f}% of the compute-only ceiling, but the steps' own spread "
+        f"({measurement.noise:.0%}) is too wide to tell that gap from noise: measure more steps (steps=) on a "
+        "quieter machine to know."
+    )
 
 
 def _severity(percent: float, moderate: float, high: float) -> str | None:
