@@ -373,25 +373,28 @@ def _check_accumulated_optimizer_trains(model: keras.Model, plan: Plan) -> None:
 
 
 def _check_fixed_batch(model: keras.Model, plan: Plan, replicas: int) -> None:
-    """Refuses a step batch that a model fixing its batch cannot take (an `Input(batch_size=8)`, which a stateful
-    RNN needs): Keras fails mid-step on it with a bare shape error.
+    """Refuses a step batch that a stateful layer cannot take: it keeps its states for the batch its input fixes
+    (`Input(batch_size=8)`), and Keras fails mid-step on another with a bare shape error. A model with a fixed
+    input batch and no stateful layer trains at any batch in plain fit: left alone.
 
     Raises:
-        RecipeConfigError: So, naming the input, its batch and the recipes that changed the step's.
+        RecipeConfigError: So, naming the layer, its batch and the recipes that changed the step's.
     """
     step_batch = plan.batch_size // replicas // plan.micro_batches
-    fixed = [
-        (tensor._keras_history[0].name, tensor.shape[0])
-        for tensor in getattr(model, "inputs", None) or []
-        if tensor.shape and tensor.shape[0] is not None and tensor.shape[0] != step_batch
-    ]
     changed = [step.recipe for step in plan.applied if step.recipe in _BATCH_RECIPES and not step.skipped]
-    if fixed and changed:
-        name, size = fixed[0]
+    stateful = [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if getattr(layer, "stateful", False) is True
+    ]
+    fixed = [tensor.shape[0] for tensor in getattr(model, "inputs", None) or [] if tensor.shape]
+    sizes = {size for size in fixed if size is not None and size != step_batch}
+    if changed and stateful and sizes:
+        size, recipes = min(sizes), " and ".join(changed)
         raise RecipeConfigError(
-            f"{' and '.join(changed)}: the model's input {name!r} fixes its batch at {size} (Input(batch_size="
-            f"{size}), as a stateful layer needs), and each step would get {step_batch} examples: plain fit fails "
-            f"on such a batch too. Give the recipes a batch of {size} per step, or leave {' and '.join(changed)} out."
+            f"{recipes}: the stateful layer {stateful[0].name!r} keeps its states for the batch of {size} the "
+            f"model's input fixes, and each step would get {step_batch} examples: plain fit fails on such a batch "
+            f"too. Give the recipes a batch of {size} per step, or leave {recipes} out."
         )
 
 

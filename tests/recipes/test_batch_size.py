@@ -161,8 +161,14 @@ def test_a_search_stops_at_a_size_the_model_cannot_take_and_keeps_the_batch_it_t
 
 def test_a_size_given_that_the_model_cannot_take_is_refused_naming_its_input(cpu_hardware):
     model, data = fixed_batch_model()
-    with pytest.raises(RecipeConfigError, match=r"batch_size: the model's input 'series' fixes its batch at 8"):
+    with pytest.raises(RecipeConfigError, match=r"batch_size: the stateful layer 'lstm\w*' keeps its states for"):
         tfopt.apply(model, data, [{"batch_size": {"batch_size": 16}}], hardware=cpu_hardware, measure_speed=False)
+    # An input batch fixed without a stateful layer: plain fit trains at any batch, and so does the copy.
+    inputs = keras.Input((4, 1), batch_size=8)
+    plain = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(inputs)))
+    plain.compile(optimizer="sgd", loss="mse")
+    result = tfopt.apply(plain, data, [{"batch_size": {"batch_size": 16}}], hardware=cpu_hardware, measure_speed=False)
+    assert result.plan.batch_size == 16 and result.model.fit(result.dataset, verbose=0).history["loss"]
 
 
 def test_a_search_over_data_smaller_than_its_first_size_keeps_the_batch_and_says_why():
