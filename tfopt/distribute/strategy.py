@@ -136,14 +136,22 @@ def _mirrored(tf: Any, devices: list[str] | None) -> Any:
 
 
 def _devices_key(devices: Any) -> tuple[tuple[str, int], ...] | None:
-    """The devices however named ("/cpu:1", "/job:localhost/replica:0/task:0/device:CPU:1"): a strategy the user
-    made over them is the one their model's variables need."""
+    """The devices however named: a strategy the user made over them is the one their model's variables need."""
+    return None if devices is None else tuple(sorted(device_key(device) for device in devices))
+
+
+def device_key(name: str) -> tuple[str, int]:
+    """A device as (type, index), however named: "/cpu:1" and "/job:localhost/replica:0/task:0/device:CPU:1" are
+    ("CPU", 1).
+
+    Example:
+        >>> device_key("/gpu:1"), device_key("/job:localhost/replica:0/task:0/device:GPU:1")
+        (('GPU', 1), ('GPU', 1))
+    """
     import tensorflow as tf
 
-    if devices is None:
-        return None
-    specs = [tf.DeviceSpec.from_string(device) for device in devices]
-    return tuple(sorted(((spec.device_type or "").upper(), spec.device_index or 0) for spec in specs))
+    spec = tf.DeviceSpec.from_string(name)
+    return (spec.device_type or "").upper(), spec.device_index or 0
 
 
 # TensorFlow allows one MultiWorkerMirroredStrategy per process, created before the process's first op

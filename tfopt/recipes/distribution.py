@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfopt.data.batches import rebatch_counted
 from tfopt.distribute.environment import ClusterEnvironment, detect_environment
-from tfopt.distribute.strategy import DEFAULT_COMMUNICATION_TIMEOUT_SECONDS, DEFAULT_START_TIMEOUT_SECONDS
+from tfopt.distribute.strategy import (
+    DEFAULT_COMMUNICATION_TIMEOUT_SECONDS,
+    DEFAULT_START_TIMEOUT_SECONDS,
+    device_key,
+)
 from tfopt.errors import RecipeClashError, RecipeConfigError
 from tfopt.hardware import Hardware
 from tfopt.plan import Plan
@@ -365,12 +369,8 @@ def _check_devices_exist(devices: tuple[str, ...]) -> None:
     device's replica forever, and fails on a repeated one with a bare AssertionError."""
     import tensorflow as tf
 
-    def key(name: str) -> tuple[str, int]:
-        spec = tf.DeviceSpec.from_string(name)
-        return (spec.device_type or "").upper(), spec.device_index or 0
-
-    present = {key(device.name) for device in tf.config.list_logical_devices()}
-    keys = [key(device) for device in devices]
+    present = {device_key(device.name) for device in tf.config.list_logical_devices()}
+    keys = [device_key(device) for device in devices]
     missing = [device for device, one in zip(devices, keys) if one not in present]
     repeated = sorted({device for device, one in zip(devices, keys) if keys.count(one) > 1})
     if missing or repeated:
