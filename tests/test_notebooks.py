@@ -161,7 +161,7 @@ def test_recipes(executed):
     text = "\n".join(text_of(notebook))
     assert "my_cnn.yaml: valid." in text
     assert re.search(r"exit code 2: .*mixed_precison.*mixed_precision", text), "the typo was not reported"
-    cli_summary = re.search(r"my_cnn: [\d.]+ -> [\d.]+ steps/s \(([\d.]+)x", text)
+    cli_summary = re.search(r"my_cnn: [\d.]+ -> [\d.]+ examples/s \(([\d.]+)x", text)
     assert cli_summary and float(cli_summary.group(1)) > 0
     assert (workdir / "runs" / "cli" / "recipe.yaml").is_file() and (
         workdir / "runs" / "python" / "report.md"
