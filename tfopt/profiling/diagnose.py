@@ -310,15 +310,23 @@ def diagnose_breakdown(
     return Diagnosis(findings=tuple(findings), input_percent=breakdown.input_percent, notes=tuple(notes))
 
 
-def _gap_within_noise(measurement: Measurement) -> str | None:
-    """The note for a gap to the compute-only ceiling large enough for a finding that the measurement's own spread
-    leaves unproven (`_contention` reads it as noise), or None: said, so that a gap is never dropped unseen."""
-    efficiency = measurement.input_efficiency
+def _ceiling_gap(measurement: Measurement | None) -> tuple[float, bool] | None:
+    """The real steps' gap to the compute-only ceiling, in percent, and whether the measurement's own spread
+    leaves it unproven (no larger than twice the spread); None where the input efficiency cannot be read."""
+    efficiency = measurement.input_efficiency if measurement is not None else None
     if efficiency is None:
         return None
     gap_percent = 100.0 * (1.0 - efficiency)
-    if gap_percent < CEILING_GAP_MODERATE_PERCENT or gap_percent > 200.0 * measurement.noise:
+    return gap_percent, gap_percent <= 200.0 * measurement.noise
+
+
+def _gap_within_noise(measurement: Measurement) -> str | None:
+    """The note for a gap to the compute-only ceiling large enough for a finding that the measurement's own spread
+    leaves unproven (`_contention` reads it as noise), or None: said, so that a gap is never dropped unseen."""
+    gap = _ceiling_gap(measurement)
+    if gap is None or not gap[1] or gap[0] < CEILING_GAP_MODERATE_PERCENT:
         return None
+    gap_percent = gap[0]
     return (
         f"Training ran at {100 - gap_percent:.0f}% of the compute-only ceiling, but the steps' own spread "
         f"({measurement.noise:.0%}) is too wide to tell that gap from noise: measure more steps (steps=) on a "
@@ -377,12 +385,10 @@ def _contention(
 ) -> Finding | None:
     """Input cost without visible waits: the pipeline's threads slow the step by sharing the cores; or, for a CPU
     step a call's cost away from its ceiling, that cost (`PER_CALL_GAP_SECONDS`)."""
-    efficiency = measurement.input_efficiency if measurement is not None else None
-    if efficiency is None:
+    gap = _ceiling_gap(measurement)
+    if gap is None or gap[1]:
         return None
-    gap_percent = 100.0 * (1.0 - efficiency)
-    if gap_percent <= 200.0 * measurement.noise:
-        return None
+    gap_percent = gap[0]
     severity = _severity(gap_percent, CEILING_GAP_MODERATE_PERCENT, CEILING_GAP_HIGH_PERCENT)
     if severity is None:
         return None
