@@ -515,9 +515,10 @@ def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | Non
     by the user, or left unwrapped on purpose (`compile(auto_scale_loss=False)`). Moved to mixed_float16, Keras'
     own `train_step` scales the loss for a `LossScaleOptimizer`, which Keras wraps only where the *model's*
     policy is mixed_float16 (a model_fn that pins its own dtype escapes that, and fp16 gradients then
-    underflow): tfopt wraps it. A `train_step` of the user's may not scale the loss, and a wrapper would then
-    divide its gradients by the scale: its optimizer is left as it was. Moved from mixed_float16 to a precision
-    that needs no scaling, the wrapper Keras made for it is taken off.
+    underflow): tfopt wraps it, and a model that only runs its layers takes their policy, so that Keras wraps
+    the optimizer of a second stage too (`_follow_its_layers`). A `train_step` of the user's may not scale the
+    loss, and a wrapper would then divide its gradients by the scale: its optimizer is left as it was. Moved
+    from mixed_float16 to a precision that needs no scaling, the wrapper Keras made for it is taken off.
     """
     import keras
 
@@ -526,7 +527,8 @@ def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | Non
     scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     if policy != "mixed_float16":
         if scaled and own_policy == "mixed_float16":
-            model.optimizer = model.optimizer.inner_optimizer
+            _set_optimizer(model, model.optimizer.inner_optimizer)
+        _follow_its_layers(model, policy)
         return None
     if type(model).train_step is not keras.Model.train_step:
         return (
@@ -535,8 +537,33 @@ def _loss_scaling(model: keras.Model, policy: str, own_policy: str) -> str | Non
             "use mixed_bfloat16, which needs no scaling)"
         )
     if model.optimizer is not None and not scaled:
-        model.optimizer = keras.optimizers.LossScaleOptimizer(model.optimizer)
+        _set_optimizer(model, keras.optimizers.LossScaleOptimizer(model.optimizer))
+    _follow_its_layers(model, policy)
     return None
+
+
+def _set_optimizer(model: keras.Model, optimizer: Any) -> None:
+    """Sets the model's optimizer, and names it in the compile config that a saved copy keeps: a `.keras` file
+    then loads with the wrapper, and with the state saved of it, where Keras' own compile would not wrap it."""
+    model.optimizer = optimizer
+    if model._compile_config is not None:
+        model._compile_config.config["optimizer"] = optimizer
+
+
+def _follow_its_layers(model: keras.Model, policy: str) -> None:
+    """Puts the model itself on its layers' new policy, as a global policy would have, where its `call` runs
+    its layers and nothing else on inputs kept in their `Input`'s dtype (a Functional model's, which converts no
+    input, or a Sequential's that starts at its InputLayer): nothing it computes changes, and Keras' `compile`
+    then wraps (or no longer wraps) the optimizer of a second stage for float16 loss scaling itself. A model
+    whose own `call` computes would compute in 16 bits under it, and keeps its own policy."""
+    import keras
+    from keras.src.models.functional import Functional
+
+    call = type(model).call
+    if call is Functional.call or (
+        call is keras.Sequential.call and model._layers and isinstance(model._layers[0], keras.layers.InputLayer)
+    ):
+        model.dtype_policy = policy
 
 
 # Keras' compile defaults: arguments at these values are left out of a call to a model's own `compile`.

@@ -50,7 +50,8 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
 
     defaults = {"float32", model_dtype_policy(model)}
     # The model itself keeps its own: what its call() computes between its layers stays in the user's
-    # precision, and its input signature (which `export` serves) stays what the user feeds it. Not where it
+    # precision, and its input signature (which `export` serves) stays what the user feeds it (a model whose
+    # call only runs its layers takes theirs once it is compiled: `tfopt.builder`). Not where it
     # holds weights of its own that its call() mixes with its layers' outputs (a ViT's class token): those
     # must come in its layers' dtype.
     own_weights = bool(model._trainable_variables or model._non_trainable_variables)

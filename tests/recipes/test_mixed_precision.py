@@ -72,6 +72,58 @@ def test_float16_compiles_with_loss_scaling(cpu_hardware):
     assert float(model.optimizer.dynamic_scale) > 0
 
 
+def _sequential_cnn():
+    model = keras.Sequential([keras.Input((12, 12, 3)), *make_cnn(compiled=False).layers[1:]])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+class _SubclassedCnn(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.cnn = make_cnn(compiled=False)
+
+    def call(self, inputs):
+        return self.cnn(inputs * 2.0)  # computes between its layers: stays in the user's precision
+
+
+def _subclassed_cnn():
+    model = _SubclassedCnn()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model(np.zeros((1, 12, 12, 3), "float32"))
+    return model
+
+
+@pytest.mark.parametrize("make_model", [make_cnn, _sequential_cnn])
+def test_a_float16_copy_compiled_again_or_reloaded_keeps_loss_scaling(make_model, cpu_hardware, tmp_path):
+    """A second stage of fine-tuning compiles the copy again: Keras wraps its optimizer for a model whose own
+    policy is mixed_float16, which a model that only runs its layers takes; a saved copy loads with the wrapper
+    and its state."""
+    model = build(
+        MixedPrecision(policy="mixed_float16")(make_plan(make_model(), make_images(), hardware=cpu_hardware))
+    ).model
+    assert model.dtype_policy.name == "mixed_float16"
+    assert model(np.zeros((2, 12, 12, 3), "float32")).dtype == "float32"
+    model.fit(make_images(), epochs=1, verbose=0)
+    model.save(tmp_path / "stage1.keras")
+    loaded = keras.saving.load_model(tmp_path / "stage1.keras")
+    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for mine, saved in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(mine, saved)
+    model.compile(optimizer=keras.optimizers.Adam(1e-5), loss="sparse_categorical_crossentropy")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_a_float16_subclassed_copy_keeps_its_own_policy(cpu_hardware):
+    model = build(
+        MixedPrecision(policy="mixed_float16")(make_plan(_subclassed_cnn(), make_images(), hardware=cpu_hardware))
+    ).model
+    assert model.dtype_policy.name == "float32"
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert model.cnn.layers[1].compute_dtype == "float16"
+
+
 def test_bfloat16_has_no_loss_scaling(cpu_hardware):
     plan = MixedPrecision(policy="mixed_bfloat16")(make_plan(make_cnn(), make_images(), hardware=cpu_hardware))
     assert not isinstance(build(plan).model.optimizer, keras.optimizers.LossScaleOptimizer)
