@@ -74,3 +74,29 @@ class TfoptTinyRegression(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self):
         for index in range(8):
             yield index, {"features": np.full(4, index, np.float32), "target": np.float32(index * 0.37 + 0.5)}
+
+
+class TfoptTinyFlags(tfds.core.GeneratorBasedBuilder):
+    """24 numbered examples with a bool label, prepared into several files: `first` numbers the first one."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    first = 0
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {
+                    "x": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+                    "flag": tfds.features.Tensor(shape=(), dtype=np.bool_),
+                }
+            ),
+            supervised_keys=("x", "flag"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for index in range(self.first, self.first + 24):
+            yield index, {"x": np.array([index, -index], np.float32), "flag": index % 3 == 0}

@@ -90,6 +90,35 @@ def test_unknown_name_suggests_the_closest(tmp_path):
         TfdsSource("mnistt", data_dir=tmp_path)
 
 
+@pytest.mark.parametrize("name", ["tfopt_tiny_patches:9.9.9", "tfopt_tiny_patches/nope", ""])
+def test_a_version_or_config_tfds_does_not_have_is_named(tfds_dir, name):
+    with pytest.raises(DataError, match=rf"{name!r} names no dataset, version or config") as caught:
+        TfdsSource(name, data_dir=tfds_dir)
+    assert caught.value.setting == "name"
+
+
+def test_features_of_varying_shape_are_refused_up_front(tmp_path):
+    class TfoptTinySequences(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = {"tokens": tfds.features.Tensor(shape=(None,), dtype=np.int64), "label": np.int64}
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(features), supervised_keys=("tokens", "label")
+            )
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for index in range(3):
+                yield index, {"tokens": np.arange(index + 1), "label": index}
+
+    TfoptTinySequences(data_dir=str(tmp_path)).download_and_prepare()
+    with pytest.raises(DataError, match=r"'tokens' of 'tfopt_tiny_sequences' has shape \(None,\), which varies"):
+        TfdsSource("tfopt_tiny_sequences", data_dir=tmp_path)
+
+
 def test_unknown_split_lists_the_splits(tfds_dir):
     with pytest.raises(DataError, match=r"no split 'validation'.*'test', 'train'"):
         TfdsSource("tfopt_tiny_patches", split="validation", data_dir=tfds_dir)

@@ -71,7 +71,7 @@ def static_batches(dataset: tf.data.Dataset, batch_size: int) -> tuple[Any, int 
     if tf.nest.flatten(spec)[0].shape[0] is not None:
         return dataset, 0
     examples, one_pass = examples_per_pass(dataset)
-    node = _batch_op(dataset)
+    node = last_batch_op(dataset)
     batches = int(dataset.cardinality())
     remainder = None if examples is None else examples % batch_size
     full = dataset.filter(lambda *element: _batch_dimension(element) == batch_size)
@@ -141,7 +141,7 @@ def examples_per_pass(dataset: tf.data.Dataset) -> tuple[int | None, bool]:
         if batches == infinite:
             return 0, False
         return (batches * static_batch if batches >= 0 else None), batches >= 0
-    node = _batch_op(dataset)
+    node = last_batch_op(dataset)
     if node is not None and hasattr(node, "_batch_sizes"):  # a rebatch, which tf.data cannot count
         return _rebatched_examples_per_pass(node, batches)
     examples = int(node._input_dataset.cardinality()) if node is not None else int(tf.data.UNKNOWN_CARDINALITY)
@@ -163,7 +163,7 @@ def _rebatched_examples_per_pass(rebatch: Any, batches: int) -> tuple[int | None
     return examples, one_pass and batches == -(-examples // int(size))
 
 
-def _batch_op(dataset: tf.data.Dataset) -> Any:
+def last_batch_op(dataset: tf.data.Dataset) -> Any:
     """The pipeline's last batch or rebatch op, found through the ops that keep every batch whole (maps, prefetch,
     cache, options, shuffle, repeat) and rewritten pipelines (`tfopt.data.rewrite`: the same batches as the
     user's); None where another op comes between (a take, skip, shard, filter or concatenate: which batches it

@@ -96,6 +96,13 @@ class TfdsSource(DataSource):
         self.class_names = list(names) if names else None
         self._feature = self.builder.info.features[self.x_key]
         self.is_image = _is_image_feature(self._feature)
+        if not self.is_image and None in tuple(self._feature.shape):
+            raise DataError(
+                f"tfds: {self.x_key!r} of {name!r} has shape {self._feature.shape}, which varies from one example to "
+                "the next, so its examples cannot be batched as they are. Read it with tfds itself and pad or cut "
+                "them to one shape (padded_batch, or a map).",
+                setting="name",
+            )
         if self.is_image and self.image_size is None and None in tuple(self._feature.shape[:2]):
             raise DataError(
                 f"tfds: the images of {name!r} have no fixed size ({self._feature.shape}), so they cannot be "
@@ -179,6 +186,13 @@ def _prepared_builder(name: str, data_dir: str | None, download: bool):
         raise DataError(
             f"tfds: {name!r} is not a TensorFlow Datasets dataset.{hint} See "
             "https://www.tensorflow.org/datasets/catalog for the names.",
+            setting="name",
+        ) from error
+    except (AssertionError, ValueError) as error:  # a version or config the dataset does not have, an empty name
+        raise DataError(
+            f"tfds: {name!r} names no dataset, version or config that TensorFlow Datasets has ({error}). Write "
+            "'name', 'name:version' or 'name/config' as the catalog gives them "
+            "(https://www.tensorflow.org/datasets/catalog).",
             setting="name",
         ) from error
     if builder.is_prepared():

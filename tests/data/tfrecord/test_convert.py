@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
 import tfopt.data
 from tests.processes import child_environment
@@ -25,7 +27,7 @@ from tfopt.data.tfrecord.source import TFRecordSource
 from tfopt.data.tfrecord.verify import verify
 from tfopt.errors import DataError
 
-from ..helpers import assert_same_batches, collect
+from ..helpers import TfoptTinyFlags, assert_same_batches, collect
 
 COMPRESSIONS = [None, "GZIP"]
 
@@ -80,6 +82,21 @@ def test_tfds_round_trip(tfds_dir, tmp_path):
     assert_same_batches(expected, converted)
     assert reader.class_names == ["0", "1", "2"]
     assert [s["records"] for s in reader.manifest["shards"]] == [7, 7, 7, 7, 2]
+
+
+def test_a_tfds_split_of_several_files_and_bool_labels_round_trips_in_order(tmp_path, monkeypatch):
+    config = tfds.download.DownloadConfig(num_shards=3)
+    TfoptTinyFlags(data_dir=str(tmp_path / "tfds")).download_and_prepare(download_config=config)
+    source = TfdsSource("tfopt_tiny_flags", data_dir=tmp_path / "tfds")
+    expected, converted, _ = _round_trip(source, tmp_path / "out", None)
+    assert_same_batches(expected, converted)  # the files' own order, and bool labels as bool
+    assert converted[0][1].dtype == np.bool_
+
+    shutil.rmtree(tmp_path / "tfds" / "tfopt_tiny_flags")  # prepared again in place, with other examples
+    monkeypatch.setattr(TfoptTinyFlags, "first", 100)
+    TfoptTinyFlags(data_dir=str(tmp_path / "tfds")).download_and_prepare(download_config=config)
+    with pytest.raises(DataError, match="already holds a conversion of another input"):
+        to_tfrecord(TfdsSource("tfopt_tiny_flags", data_dir=tmp_path / "tfds"), tmp_path / "out")
 
 
 def test_tf_data_dataset_round_trip(tmp_path):
@@ -188,6 +205,67 @@ def test_other_options_redo_and_other_input_needs_overwrite(tmp_path):
     assert not any(".gz" in p.name for p in out.iterdir())
 
 
+def _first_and_second(tmp_path):
+    """A directory holding a complete conversion of `first`, and the arrays of `second`."""
+    first = (np.zeros((10, 2), np.float32), np.arange(10))
+    second = (np.ones((10, 2), np.float32), np.arange(10))
+    return to_tfrecord(first, tmp_path / "out", records_per_shard=3), first, second
+
+
+def _read(out):
+    ((x, y),) = collect(TFRecordSource(out).pipeline(batch_size=100, optimized=False, shuffle=False))
+    return x, y
+
+
+def test_a_replacement_that_fails_keeps_the_conversion_there_was(tmp_path):
+    out, first, second = _first_and_second(tmp_path)
+
+    def failing(x, y):  # the new input fails part way (a file gone, a network read)
+        tf.debugging.assert_less(y, tf.constant(6, tf.int64), message="source failed")
+        return x, y
+
+    failing_second = tf.data.Dataset.from_tensor_slices(second).map(failing)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="source failed"):
+        to_tfrecord(failing_second, out, records_per_shard=2, overwrite=True)
+    with pytest.raises(DataError, match="zero examples"):
+        to_tfrecord(tf.data.Dataset.from_tensor_slices(second).filter(lambda x, y: y < 0), out, overwrite=True)
+    verify(out)
+    np.testing.assert_array_equal(_read(out)[0], first[0])
+    (out / ".tfopt_manifest.json.k1l2m3.tmp").write_text("{")  # left by a run killed writing its manifest
+    to_tfrecord(second, out, compression="GZIP", overwrite=True)
+    np.testing.assert_array_equal(_read(out)[0], second[0])
+    assert sorted(p.name for p in out.iterdir()) == [f"part-0000{i}.tfrecord.gz" for i in range(8)] + [MANIFEST_NAME]
+
+
+def test_a_replacement_killed_while_put_in_place_is_finished_by_the_next_run(tmp_path):
+    out, _, second = _first_and_second(tmp_path)  # 4 shards of 3
+    replacement = out / ".tfopt_replacement"
+    to_tfrecord(second, replacement, records_per_shard=5)  # complete: 2 shards of 5
+    (out / MANIFEST_NAME).unlink()  # the kill came after the old manifest went and one shard moved
+    os.replace(replacement / "part-00000.tfrecord", out / "part-00000.tfrecord")
+    with pytest.raises(DataError, match="not a complete tfopt conversion"):
+        TFRecordSource(out)
+    to_tfrecord(second, out, records_per_shard=5)  # the same conversion: put in place, verified, nothing redone
+    np.testing.assert_array_equal(_read(out)[0], second[0])
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.tfrecord", "part-00001.tfrecord", MANIFEST_NAME]
+
+
+def test_a_second_conversion_into_a_directory_being_written_is_refused(tmp_path):
+    import fcntl
+
+    out, first, second = _first_and_second(tmp_path)
+    held = os.open(out, os.O_RDONLY)  # as a conversion running in another process holds it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(DataError, match=r"another conversion is writing .* now"):
+            to_tfrecord(second, out, overwrite=True)
+    finally:
+        os.close(held)
+    np.testing.assert_array_equal(_read(out)[0], first[0])
+    to_tfrecord(second, out, overwrite=True)
+    np.testing.assert_array_equal(_read(out)[0], second[0])
+
+
 def test_foreign_files_in_the_output_directory_are_kept(tmp_path):
     (tmp_path / "README.txt").write_text("mine")
     to_tfrecord(NumpySource(np.zeros((3, 1)), np.zeros(3)), tmp_path)
@@ -244,8 +322,23 @@ def test_conversion_killed_with_sigkill_is_resumed_to_a_complete_verified_output
 def test_bad_inputs_and_options(tmp_path):
     with pytest.raises(DataError, match="cannot convert a dict"):
         to_tfrecord({"x": 1}, tmp_path / "a")
+    pairs = tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4)))
+    for drop_remainder in (False, True):  # one batch is no example, whether or not its shape is static
+        with pytest.raises(DataError, match=r"is batched.*dataset\.unbatch\(\)"):
+            to_tfrecord(pairs.batch(2, drop_remainder=drop_remainder), tmp_path / "b")
+    varying = tf.data.Dataset.range(1, 4).map(lambda i: (tf.range(i), i))
     with pytest.raises(DataError, match="not fixed"):
-        to_tfrecord(tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))).batch(2), tmp_path / "b")
+        to_tfrecord(varying, tmp_path / "b")
+    with pytest.raises(DataError, match=r"its x is a dict of tensors.*tf\.concat"):
+        to_tfrecord(pairs.map(lambda x, y: ({"a": x, "b": x}, y)), tmp_path / "b")
+    with pytest.raises(DataError, match=r"x is a dict, not an array with one row per example"):
+        to_tfrecord(({"a": np.zeros(2)}, np.zeros(2)), tmp_path / "b")
+    with pytest.raises(DataError, match=r"x is not an array of one shape"):
+        to_tfrecord(([[1.0], [1.0, 2.0]], np.zeros(2)), tmp_path / "b")
+    with pytest.raises(DataError, match=r"y is a NoneType"):
+        to_tfrecord((np.zeros((2, 1)), None), tmp_path / "b")
+    with pytest.raises(DataError, match=r"holds 2\.0 GiB.*under 2 GiB"):
+        to_tfrecord(tf.data.Dataset.from_tensors((tf.zeros((2**29,)), 0)).map(lambda x, y: (x, y)), tmp_path / "b")
     with pytest.raises(DataError, match="expected \\(x, y\\) pairs"):
         to_tfrecord(tf.data.Dataset.range(3), tmp_path / "c")
     ragged = tf.data.Dataset.range(1, 4).map(lambda i: (tf.RaggedTensor.from_tensor([tf.range(i)]), i))

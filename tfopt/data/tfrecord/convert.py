@@ -9,7 +9,12 @@ Safety rules, because a conversion can take hours and is often killed (preemptio
 * the manifest is written last and atomically, and readers require it, so a directory is either a
   complete conversion or unusable, never half-used (`tfopt.data.verify` re-checks every byte);
 * converting the same input with the same options again is a no-op once `verify` finds every shard
-  whole; a damaged conversion is written again (and `overwrite=True` always writes it again).
+  whole; a damaged conversion is written again (and `overwrite=True` always writes it again);
+* a directory holding a complete conversion keeps it until its replacement is complete: the new one is
+  written into a subdirectory (`.tfopt_replacement`) and put in place only then, by a step a rerun finishes
+  if it is killed, so a failed or killed conversion never costs the user the one they had;
+* one conversion at a time writes a directory (a lock the system drops with its process): another would
+  resume from, or delete, the first one's shards.
 
 Shards are written in parallel with tfopt's own TensorFlow-free writer (`codec`):
 `tf.io.TFRecordWriter` holds the GIL, so nothing runs beside it (measured). Image files are converted
@@ -34,7 +39,7 @@ from collections.abc import Iterator
 from tfopt.data.tfrecord import codec
 from tfopt.data.tfrecord.inputs import ConversionInput, conversion_input
 from tfopt.data.tfrecord.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from tfopt.data.tfrecord.verify import verify
+from tfopt.data.tfrecord.verify import shard_problem, verify
 from tfopt.data.tfrecord.workers import KEPT, ShardWriterPool, write_shard
 from tfopt.errors import DataError, describe_error, storage_error
 
@@ -44,8 +49,9 @@ DEFAULT_SHARD_BYTES = 64 * 2**20
 # Even a small dataset gets several shards, so that workers can shard by file and reads interleave.
 _MIN_SHARDS = 8
 _JOURNAL_NAME = ".tfopt_progress.jsonl"
+_REPLACEMENT = ".tfopt_replacement"
 _OWN_FILE = re.compile(
-    r"^(part-\d{5}\.tfrecord(\.gz|\.zz)?|\.part-.*\.tmp-\d+|\.tfopt_progress\.jsonl|\.tfopt_manifest\.json\.tmp-\d+)$"
+    r"^(part-\d{5}\.tfrecord(\.gz|\.zz)?|\.part-.*\.tmp-\d+|\.tfopt_progress\.jsonl|\.tfopt_manifest\.json\..*\.tmp)$"
 )
 
 
@@ -102,18 +108,29 @@ def to_tfrecord(
     if conversion.num_examples == 0:
         raise DataError(f"to_tfrecord: {conversion.description} holds zero examples; there is nothing to convert.")
     options = {"compression": compression, "shard_bytes": shard_bytes, "records_per_shard": records_per_shard}
-    if (out_dir / MANIFEST_NAME).exists() and _is_same_conversion(out_dir, conversion, options, overwrite):
-        try:
-            verify(out_dir, num_workers=num_workers)
-        except DataError as damage:
-            logger.warning("to_tfrecord: %s; writing the conversion again", describe_error(damage))
-            _remove_own_files(out_dir)
-        else:
-            logger.info("to_tfrecord: %s already holds this conversion (verified); nothing to do", out_dir)
-            return out_dir
-    _refuse_foreign_files(out_dir)
     _make_directory(out_dir)
-    workers = num_workers or os.cpu_count() or 1
+    with _only_writer(out_dir):
+        _put_replacement_in_place(out_dir)
+        if (out_dir / MANIFEST_NAME).exists() and _is_same_conversion(out_dir, conversion, options, overwrite):
+            try:
+                verify(out_dir, num_workers=num_workers)
+            except DataError as damage:
+                logger.warning("to_tfrecord: %s; writing the conversion again", describe_error(damage))
+            else:
+                logger.info("to_tfrecord: %s already holds this conversion (verified); nothing to do", out_dir)
+                return out_dir
+        _refuse_foreign_files(out_dir)
+        replacing = (out_dir / MANIFEST_NAME).exists()
+        target = out_dir / _REPLACEMENT if replacing else out_dir
+        _make_directory(target)
+        _write_conversion(target, conversion, options, num_workers or os.cpu_count() or 1)
+        if replacing:
+            _put_replacement_in_place(out_dir)
+    return out_dir
+
+
+def _write_conversion(out_dir: pathlib.Path, conversion: ConversionInput, options: dict, workers: int) -> None:
+    """Writes the shards, then the manifest, then drops the journal."""
     if conversion.records is not None:
         shards, fingerprint = _write_random_access(out_dir, conversion, options, workers), conversion.fingerprint
     else:
@@ -131,15 +148,72 @@ def to_tfrecord(
             "source": conversion.description,
             "fingerprint": fingerprint,
             "options": options,
-            "compression": compression,
+            "compression": options["compression"],
             "num_examples": total,
             "features": conversion.features,
             "class_names": conversion.class_names,
             "shards": shards,
         },
     )
-    (out_dir / _JOURNAL_NAME).unlink(missing_ok=True)
-    return out_dir
+    _unlink(out_dir / _JOURNAL_NAME)
+
+
+@contextlib.contextmanager
+def _only_writer(out_dir: pathlib.Path) -> Iterator[None]:
+    """Holds the directory's lock while a conversion writes it; a second conversion is refused at once.
+
+    A `flock` on the directory itself: the system drops it with the process however that ends, so a killed
+    conversion never leaves a stale lock, and nothing is left in the directory. Where the file system takes
+    no such lock (some network ones), the conversion goes on without it.
+    """
+    import fcntl
+
+    descriptor = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(
+                f"to_tfrecord: another conversion is writing {out_dir} now (it holds the directory's lock). Wait for "
+                "it to finish, or convert into another out_dir."
+            ) from None
+        except OSError as error:
+            logger.debug("to_tfrecord: %s takes no lock (%s); converting without one", out_dir, error)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _put_replacement_in_place(out_dir: pathlib.Path) -> None:
+    """Puts a complete replacement (its manifest written) in place of the conversion `out_dir` held.
+
+    Each step can be repeated, so a rerun finishes what a killed one began: the old manifest goes first (the
+    directory is then no complete conversion), then the old shards the new ones do not replace, then each new
+    shard still in the replacement is moved over the old one of its name (one no longer there was moved
+    already), and the manifest last. A replacement without a manifest is unfinished and stays to be resumed.
+    """
+    replacement = out_dir / _REPLACEMENT
+    if not (replacement / MANIFEST_NAME).is_file():
+        with contextlib.suppress(OSError):
+            replacement.rmdir()  # left empty by a kill after its manifest moved; else it holds work to resume
+        return
+    new = {shard["file"] for shard in read_manifest(replacement)["shards"]}
+    _unlink(out_dir / MANIFEST_NAME)
+    for path in out_dir.iterdir():
+        if path.is_file() and _OWN_FILE.match(path.name) and path.name not in new:
+            _unlink(path)
+    try:
+        for name in sorted(new):
+            if (replacement / name).exists():
+                os.replace(replacement / name, out_dir / name)
+        os.replace(replacement / MANIFEST_NAME, out_dir / MANIFEST_NAME)
+    except OSError as error:
+        storage = storage_error(error, out_dir, f"Run the conversion again: it puts {replacement} in place.")
+        if storage:
+            raise storage from error
+        raise
+    _remove_own_files(replacement)
+    replacement.rmdir()
 
 
 def _check_options(compression, shard_bytes, records_per_shard, num_workers) -> str | None:
@@ -246,8 +320,7 @@ def _resume(out_dir: pathlib.Path, header: dict) -> dict[int, dict]:
                     entry = json.loads(line)
                 except ValueError:
                     break  # a line torn by the kill: everything after it is redone
-                path = out_dir / entry["file"]
-                if path.is_file() and path.stat().st_size == entry["bytes"]:
+                if shard_problem(out_dir, entry, header["options"]["compression"]) is None:
                     done[entry.pop("index")] = entry
     except (OSError, ValueError):
         done = {}
@@ -255,7 +328,7 @@ def _resume(out_dir: pathlib.Path, header: dict) -> dict[int, dict]:
         _remove_own_files(out_dir)
         _write_journal(out_dir, header)
     for path in out_dir.glob(".part-*.tmp-*"):  # shards a killed run left half-written
-        path.unlink(missing_ok=True)
+        _unlink(path)
     return done
 
 
@@ -327,4 +400,15 @@ def _remove_own_files(out_dir: pathlib.Path) -> None:
     """Deletes shards, temporaries, journal and manifest this module wrote; never anything else."""
     for path in out_dir.iterdir():
         if path.is_file() and (_OWN_FILE.match(path.name) or path.name == MANIFEST_NAME):
-            path.unlink()
+            _unlink(path)
+
+
+def _unlink(path: pathlib.Path) -> None:
+    """Deletes one of the conversion's own files; a directory that refuses it (read-only) says so."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        storage = storage_error(error, path, "The directory is as it was.")
+        if storage:
+            raise storage from error
+        raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -24,6 +25,9 @@ import numpy as np
 from tfopt.data.tfrecord.codec import encode_example
 from tfopt.data.tfrecord.workers import task_records
 from tfopt.errors import DataError
+
+# Protocol buffers are limited to 2 GiB; a record's framing and the label take a little of it.
+_MAX_RECORD_BYTES = 2**31 - 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +73,7 @@ def conversion_input(source) -> ConversionInput:
 
         source = ImageFolderSource(source)
     if isinstance(source, tuple) and len(source) == 2:
-        x, y = np.asarray(source[0]), np.asarray(source[1])
+        x, y = (_array(name, part) for name, part in zip("xy", source))
         if len(x) != len(y) or len(x) == 0:
             raise DataError(f"to_tfrecord: x has {len(x)} examples and y {len(y)}; pass equal, non-zero lengths.")
         return _from_arrays(x, y, None, f"numpy arrays: {len(x)} examples, x {x.dtype}{list(x.shape[1:])}")
@@ -91,6 +95,23 @@ def conversion_input(source) -> ConversionInput:
         "path, a NumpySource, a SyntheticSource, an (x, y) tuple of arrays, a TfdsSource, or an unbatched "
         "tf.data.Dataset of (x, y)."
     )
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    """One part of an `(x, y)` tuple as an array of one row per example, or a DataError saying what it is."""
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # lists of unequal lengths
+        raise DataError(
+            f"to_tfrecord: {name} is not an array of one shape ({error}). Pad or cut its examples to one shape "
+            "first, or pass a tf.data.Dataset."
+        ) from None
+    if array.ndim == 0 or array.dtype == object:
+        raise DataError(
+            f"to_tfrecord: {name} is a {type(value).__name__}, not an array with one row per example. Pass "
+            "(x, y) as numeric arrays of equal length (a dict of features: a tf.data.Dataset mapped to (x, y))."
+        )
+    return array
 
 
 def _is_instance(value, module_name: str, class_path: str) -> bool:
@@ -184,11 +205,17 @@ def _from_tfds(source) -> ConversionInput:
         decoders = None
     y_feature = builder.info.features[source.y_key]
     y_spec, encode_y = _label_feature(np.dtype(y_feature.np_dtype), tuple(y_feature.shape))
-    if y_spec["kind"] == "int":
+    if y_spec["kind"] == "int" and y_spec["dtype"] != "bool":
         y_spec["dtype"] = "int32"  # TfdsSource yields int32 labels; the conversion reads back the same
 
     def stream() -> Iterator[bytes]:
-        dataset = builder.as_dataset(split=source.split, as_supervised=True, shuffle_files=False, decoders=decoders)
+        dataset = builder.as_dataset(
+            split=source.split,
+            as_supervised=True,
+            shuffle_files=False,
+            decoders=decoders,
+            read_config=tfds.ReadConfig(interleave_cycle_length=1),  # the files' own order, as TfdsSource reads
+        )
         for x, y in dataset.as_numpy_iterator():
             yield encode_example({"x": encode_x(x), "y": encode_y(y)})
 
@@ -199,6 +226,7 @@ def _from_tfds(source) -> ConversionInput:
             "split": source.split,
             "data_dir": str(builder.data_dir),
             "x": x_spec,
+            "files": _listing(builder.data_dir),  # a dataset prepared again in place is another input
         }
     )
     return ConversionInput(
@@ -212,12 +240,30 @@ def _from_tfds(source) -> ConversionInput:
     )
 
 
+def _listing(directory: Any) -> str:
+    """A digest of the names, sizes and modification times of the files in a directory."""
+    listing = hashlib.sha256()
+    for entry in sorted(os.scandir(os.fspath(directory)), key=lambda entry: entry.name):
+        if entry.is_file():
+            stat = entry.stat()
+            listing.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return listing.hexdigest()
+
+
 def _from_dataset(dataset) -> ConversionInput:
     import tensorflow as tf
+
+    from tfopt.data.batches import last_batch_op
 
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(s, tf.TensorSpec) for s in spec)):
         raise DataError(f"to_tfrecord: the dataset yields {spec}; {_what_to_map(spec)}")
+    if last_batch_op(dataset) is not None:
+        raise DataError(
+            f"to_tfrecord: the dataset is batched (its elements are x {spec[0].shape}, y {spec[1].shape}), and a "
+            "conversion stores one example per record. Pass it unbatched (dataset.unbatch(), or the pipeline "
+            "before its .batch()), and batch the TFRecordSource's pipeline instead."
+        )
     x_spec_tf, y_spec_tf = spec
     if not (x_spec_tf.shape.is_fully_defined() and y_spec_tf.shape.is_fully_defined()):
         raise DataError(
@@ -255,6 +301,12 @@ def _what_to_map(spec: Any) -> str:
 
     if isinstance(spec, tuple) and len(spec) in (2, 3):
         for name, part in zip(("x", "y", "sample_weight"), spec):
+            if isinstance(part, (dict, tuple, list)):
+                return (
+                    f"its {name} is a {type(part).__name__} of tensors, and a conversion stores one tensor as {name}. "
+                    f"Make it one first (tf.concat of equal-dtype features in a map), or convert each part into a "
+                    "directory of its own, or train from this pipeline as it is."
+                )
             if not isinstance(part, tf.TensorSpec):
                 return (
                     f"its {name} is a {type(part).__name__.removesuffix('Spec')}, and a conversion stores tensors of "
@@ -285,6 +337,18 @@ def _tensor_feature(name: str, dtype: np.dtype, shape, finish: str | None):
         raise DataError(
             f"to_tfrecord: {name} has dtype {dtype}, which cannot be stored as raw bytes. Expected a numeric or "
             f"bool array{hint}."
+        )
+    if any(dimension is None for dimension in shape):
+        raise DataError(
+            f"to_tfrecord: {name} has shape {tuple(shape)}, which varies from one example to the next, and a "
+            "conversion stores one fixed shape. Pad or cut it to one shape first, or train from the source as it is."
+        )
+    example_bytes = dtype.itemsize * math.prod(shape)
+    if example_bytes > _MAX_RECORD_BYTES:
+        raise DataError(
+            f"to_tfrecord: one example's {name} holds {example_bytes / 2**30:.1f} GiB, and a TFRecord example (a "
+            "protocol buffer) holds under 2 GiB. Split each example into smaller ones, or train from the source as "
+            "it is."
         )
     little = dtype.newbyteorder("<")
     spec = {"kind": "tensor", "dtype": dtype.name, "shape": [int(d) for d in shape], "finish": finish}

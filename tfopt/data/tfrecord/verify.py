@@ -44,7 +44,7 @@ def verify(out_dir: str | os.PathLike, *, num_workers: int | None = None) -> dic
     manifest = read_manifest(out_dir)
     compression = manifest["compression"]
     with concurrent.futures.ThreadPoolExecutor(num_workers or os.cpu_count() or 1) as pool:
-        problems = [p for p in pool.map(lambda s: _check_shard(out_dir, s, compression), manifest["shards"]) if p]
+        problems = [p for p in pool.map(lambda s: shard_problem(out_dir, s, compression), manifest["shards"]) if p]
     if problems:
         raise DataError(
             f"tfrecord: {out_dir} is damaged: " + "; ".join(problems) + ". Convert the dataset again with "
@@ -58,8 +58,9 @@ def verify(out_dir: str | os.PathLike, *, num_workers: int | None = None) -> dic
     }
 
 
-def _check_shard(out_dir: pathlib.Path, shard: dict, compression: str | None) -> str | None:
-    """Returns what is wrong with one shard, or None when it matches the manifest."""
+def shard_problem(out_dir: pathlib.Path, shard: dict, compression: str | None) -> str | None:
+    """What is wrong with one shard, or None where it matches its entry (of the manifest, or of a conversion's
+    journal)."""
     path = out_dir / shard["file"]
     if not path.is_file():
         return f"shard {shard['file']} is missing"
