@@ -555,3 +555,50 @@ def siamese_triplets(count=16, batch_size=8):
     rng = np.random.default_rng(0)
     triplets = tuple(rng.normal(size=(count, 6)).astype("float32") for _ in range(3))
     return model, tf.data.Dataset.from_tensor_slices(triplets).batch(batch_size)
+
+
+class SemiSupervisedContrastive(keras.Model):
+    """keras-io semi-supervised_contrastive (shortened): unlabeled and labeled batches of other sizes zipped in one
+    pipeline, a compile taking two optimizers, and a train_step of its own applying them."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="relu")], name="encoder")
+        self.projection_head = keras.Sequential([keras.Input((8,)), layers.Dense(4)], name="projection_head")
+        self.linear_probe = keras.Sequential([keras.Input((8,)), layers.Dense(3)], name="linear_probe")
+        self.noise = layers.GaussianNoise(0.1)
+
+    def compile(self, contrastive_optimizer, probe_optimizer, **kwargs):
+        super().compile(**kwargs)
+        self.contrastive_optimizer = contrastive_optimizer
+        self.probe_optimizer = probe_optimizer
+        self.probe_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def train_step(self, data):
+        (unlabeled, _), (labeled, labels) = data
+        views = ops.concatenate((unlabeled, labeled), axis=0)
+        contrastive_weights = self.encoder.trainable_weights + self.projection_head.trainable_weights
+        with tf.GradientTape() as tape:
+            first = self.projection_head(self.encoder(self.noise(views, training=True)))
+            second = self.projection_head(self.encoder(self.noise(views, training=True)))
+            contrastive_loss = ops.mean(ops.square(first - second))
+        self.contrastive_optimizer.apply(tape.gradient(contrastive_loss, contrastive_weights), contrastive_weights)
+        with tf.GradientTape() as tape:
+            probe_loss = self.probe_loss(labels, self.linear_probe(self.encoder(labeled)))
+        self.probe_optimizer.apply(
+            tape.gradient(probe_loss, self.linear_probe.trainable_weights), self.linear_probe.trainable_weights
+        )
+        return {"c_loss": contrastive_loss, "p_loss": probe_loss}
+
+
+def semi_supervised_contrastive(count=16):
+    model = SemiSupervisedContrastive()
+    model.compile(contrastive_optimizer=keras.optimizers.Adam(), probe_optimizer=keras.optimizers.Adam())
+    rng = np.random.default_rng(0)
+    unlabeled = tf.data.Dataset.from_tensor_slices(
+        (rng.random((2 * count, 6), dtype=np.float32), np.full(2 * count, -1))
+    )
+    labeled = tf.data.Dataset.from_tensor_slices((rng.random((count, 6), dtype=np.float32), rng.integers(0, 3, count)))
+    return model, tf.data.Dataset.zip(
+        (unlabeled.shuffle(2 * count, seed=3).batch(8), labeled.shuffle(count, seed=4).batch(4))
+    )

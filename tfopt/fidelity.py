@@ -30,6 +30,7 @@ from tfopt.training.micro_batches import out_of_memory
 
 if TYPE_CHECKING:
     import keras
+    import tensorflow as tf
 
     from tfopt.builder import Built
     from tfopt.plan import Plan
@@ -213,10 +214,7 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
         model.make_train_function()
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        # Its batch dimension unknown, as in most pipelines: one trace serves the batches measuring feeds.
-        size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
-        data = tf.data.Dataset.from_tensors(batch).unbatch().batch(size)
-        data = split_batches(data, pieces).with_options(options)
+        data = split_batches(_of_unknown_batch_size(batch), pieces).with_options(options)
         if tf.distribute.has_strategy():
             data = strategy.experimental_distribute_dataset(data)
         steps = iter(data)
@@ -230,6 +228,21 @@ def _one_training_step(model: keras.Model, batch: Any, pieces: int) -> dict[str,
             "accumulate them. Lower the batch size in your pipeline until a batch fits the device."
         )
     return logs
+
+
+def _of_unknown_batch_size(batch: Any) -> tf.data.Dataset:
+    """A dataset of the one batch, each part's batch dimension unknown, as in most pipelines: one trace serves the
+    batches measuring feeds. Each part on its own, for a pipeline zipping batches of other sizes (keras.io's
+    semi-supervised contrastive model: unlabeled batches of 16 beside labeled ones of 8)."""
+    import tensorflow as tf
+
+    parts = [
+        tf.data.Dataset.from_tensors(part).unbatch().batch(int(tf.shape(part)[0]))
+        if part.shape.rank
+        else tf.data.Dataset.from_tensors(part)
+        for part in tf.nest.flatten(batch)
+    ]
+    return tf.data.Dataset.zip(tuple(parts)).map(lambda *flat: tf.nest.pack_sequence_as(batch, list(flat)))
 
 
 def _updates(model: keras.Model) -> int | None:

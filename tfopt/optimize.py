@@ -48,7 +48,8 @@ class ApplyResult:
         model: The rebuilt, compiled model (the user's class) with the user's weights; train it with
             `model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=...)` where `dataset.cardinality()`
             gives the steps and they are a multiple of `model.steps_per_execution` (one iterator for all
-            epochs; see `tfopt.training.fit`; Keras runs each call whole), else `model.fit(dataset, epochs=...)`.
+            epochs; see `tfopt.training.fit`; Keras runs each call whole; a seeded reshuffle then gives other
+            orders than plain `fit` draws), else `model.fit(dataset, epochs=...)`.
         dataset: The optimized input pipeline.
         strategy: The tf.distribute strategy the model lives under.
         plan: The applied plan; `plan.applied` says what each recipe did and why.
@@ -285,11 +286,11 @@ def apply(
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     if profile and logdir is not None:
         _made_directory(logdir)
-    from tfopt.data.read_copy import copies_kept
+    from tfopt.data.read_copy import copies_kept, global_generators_kept
 
     # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
     # starts where yours stands, as `fit(dataset)` would have started.
-    with copies_kept():
+    with copies_kept(), global_generators_kept():
         baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
         if recipe is not None:
             _checked(recipe, baseline, model)  # before anything is built: a recipe that cannot serve it costs nothing

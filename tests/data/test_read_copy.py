@@ -67,6 +67,25 @@ def test_a_keras_random_layer_in_the_pipeline_draws_from_where_it_stood():
     assert epochs_of(result.dataset) == plain
 
 
+def test_python_and_numpy_global_generators_drawn_by_the_pipeline_are_put_back():
+    """keras.io's 3D CT classifier augments in a `tf.numpy_function` drawing from Python's `random`."""
+    import random
+
+    def noisy(x):
+        return (x + random.random() + np.random.random()).astype("float32")
+
+    data = shuffled().map(lambda x, y: (tf.numpy_function(noisy, [x], tf.float32, stateful=True), y))
+    data = data.map(lambda x, y: (tf.ensure_shape(x, (None, 2, 2, 1)), y))
+    users = model()  # Keras' set_random_seed seeds both generators
+    random.seed(5)
+    np.random.seed(5)
+    drawn = (random.random(), np.random.random())
+    random.seed(5)
+    np.random.seed(5)
+    tfopt.apply(users, data, steps=2, warmup_steps=1)
+    assert (random.random(), np.random.random()) == drawn
+
+
 def test_a_pipeline_reading_does_not_change_is_read_as_it_is_and_a_copy_is_kept_for_the_block():
     stateless = tf.data.Dataset.range(6).map(lambda i: i * 2).batch(3)
     assert copy_to_read(stateless) is stateless

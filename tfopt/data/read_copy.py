@@ -11,7 +11,8 @@ So tfopt reads a copy: the pipeline rebuilt from its graph (`tfopt.data.graph`),
 generator and each memory cache of its own, starting where a new pipeline starts, the variables it captures
 copied with their present values. A pipeline holding none of that state is read as it is; one whose graph
 cannot be read or rebuilt (too large, an op whose round trip no test checks, as the rewrite's) is read as it is
-too, and moves on as before.
+too, and moves on as before. Python's and NumPy's global generators, which a pipeline's Python code draws from,
+are put back after (`global_generators_kept`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,26 @@ def copies_kept() -> Iterator[None]:
         yield
     finally:
         _kept = outer
+
+
+@contextlib.contextmanager
+def global_generators_kept() -> Iterator[None]:
+    """Puts Python's and NumPy's global random generators back as they were before the block (an `apply`).
+
+    A pipeline's own Python code (a `tf.numpy_function` augmentation drawing from `random` or `np.random`, as
+    keras.io's 3D CT classifier does) draws from them each time tfopt reads it, and no copy of the pipeline has
+    generators of its own for them: without this, the user's training draws what plain Keras' would draw later.
+    """
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def _copied(dataset: tf.data.Dataset) -> Any:
