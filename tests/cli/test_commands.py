@@ -107,7 +107,13 @@ def run_cli(capsys, *argv):
 # Each case: (id, file text or None for "no file", extra arguments, exit code, fragments of the message).
 MALFORMED = [
     ("yaml-syntax", "model: {name: small_cnn\n" + TINY_DATA, [], 2, ["not a valid recipe file", "line 2"]),
-    ("tab-indentation", "model:\n\tname: small_cnn\n" + TINY_DATA, [], 2, ["not a valid recipe file", "line 2"]),
+    (
+        "tab-indentation",
+        "model:\n\tname: small_cnn\n" + TINY_DATA,
+        [],
+        2,
+        ["not a valid recipe file", "replace the tab with spaces", "line 2"],
+    ),
     ("top-level-list", "- model\n- data\n", [], 2, ["must be a mapping of sections", "line 1"]),
     ("empty-file", "", [], 2, ["is empty"]),
     ("missing-file", None, [], 2, ["does not exist"]),
@@ -413,6 +419,33 @@ def test_list_names_recipes_models_and_sources(capsys):
     exit_code, out, _ = run_cli(capsys, "list", "--json")
     listing = json.loads(out)
     assert listing["recipes"]["xla"] and listing["data_sources"]["image_folder"]
+
+
+def test_a_device_is_read_no_further_than_a_recipe_file_may_hold_and_a_byte_order_mark_is_no_key(capsys, tmp_path):
+    exit_code, _, err = run_cli(capsys, "validate", "/dev/zero")
+    assert exit_code == 2 and "/dev/zero holds more than the 100,000 bytes a recipe file may hold" in err
+    (tmp_path / "bom.yaml").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())  # as Notepad saves UTF-8
+    exit_code, _, err = run_cli(capsys, "validate", tmp_path / "bom.yaml")
+    assert exit_code == 0, err
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`tfopt-recipe list | head -1`: the pipe's reader is gone before the command writes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        process = subprocess.run(
+            [sys.executable, "-c", "import sys; from tfopt.cli import main; sys.exit(main(['list']))"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=child_environment(TF_CPP_MIN_LOG_LEVEL="2"),
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert process.returncode == 128 + signal.SIGPIPE and process.stderr == ""
 
 
 def test_no_command_prints_usage_and_exits_2(capsys):

@@ -183,6 +183,21 @@ def test_windows_scalars_logs_and_jsonl(tmp_path):
     assert not hasattr(model.train_function, "tfopt_original")  # fit's own train function is back
 
 
+def test_epochs_before_the_first_window_carry_nan_so_every_column_is_kept(tmp_path):
+    csv = tmp_path / "log.csv"
+    history = make_model().fit(
+        steady_dataset(),
+        epochs=4,
+        steps_per_epoch=3,
+        verbose=0,
+        callbacks=[Monitor(every_steps=5, hardware=Hardware()), keras.callbacks.CSVLogger(str(csv))],
+    )
+    rates = history.history["tfopt/examples_per_second"]
+    assert len(rates) == len(history.history["loss"]) == 4
+    assert np.isnan(rates[0]) and not np.isnan(rates[-1])  # the first window closes at step 6, in epoch 2
+    assert set(csv.read_text().splitlines()[0].split(",")) >= KEYS
+
+
 def test_monitor_does_not_change_training():
     plain, monitored = make_model(), make_model()
     plain.fit(steady_dataset(), epochs=2, steps_per_epoch=6, verbose=0)
@@ -587,6 +602,7 @@ def test_alert_when_the_pipeline_slows_mid_run(caplog):
             generated_dataset(slow_from_batch=20), epochs=1, steps_per_epoch=45, verbose=0, callbacks=[monitor]
         )
     assert [event.kind for event in events] == ["input_wait"]  # one warning per episode, not per window
+    assert [(record["kind"], record["alert"]) for record in monitor.records_of("alert")] == [("alert", "input_wait")]
     alert = events[0]
     assert alert.step > 20 and all(wait > 20 for wait in alert.values["input_wait_percent"])
     messages = [
@@ -616,6 +632,24 @@ def test_alert_rules_mfu_drop_against_the_runs_median():
     assert alert.kind == "mfu_drop" and alert.values == {"mfu_percent": [27, 26], "median_percent": 40}
     assert "40.0%" in alert.message and "30%" in alert.message
     assert rules.check(windows([40, 41, 39, 40, 27, 26, 25])) == []  # the same episode alerts once
+
+
+def test_input_wait_alerts_only_where_a_step_waits_beyond_the_fetchs_own_cost():
+    def windows(step_seconds):
+        return [
+            {
+                "step": 10 * (i + 1),
+                "steps": 10,
+                "seconds": 10 * step_seconds,
+                "steps_per_second": 1 / step_seconds,
+                "input_wait_percent": 36.0,
+            }
+            for i in range(3)
+        ]
+
+    assert AlertRules().check(windows(0.7e-3)) == []  # 0.25 ms a step: a loaded host's fetch
+    (alert,) = AlertRules().check(windows(10e-3))
+    assert alert.kind == "input_wait" and alert.values == {"input_wait_percent": [36.0] * 3}
 
 
 def test_an_mfu_drop_alerts_from_the_sixth_window_at_the_defaults():

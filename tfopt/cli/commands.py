@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_error(error, 1, args)
     except KeyboardInterrupt as interrupt:
         return _report_interrupt(interrupt, args)
+    except BrokenPipeError:  # the reader of the output left (`| head`): nothing to say, as any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
+        return 128 + signal.SIGPIPE
     except OSError as error:  # the machine's refusal, not a bug: it names its path or address
         kept = "Free space, or choose a writable --out, then run again (--resume continues a run)."
         storage = storage_error(error, error.filename, kept)

@@ -46,9 +46,6 @@ def terminal_progress(args: argparse.Namespace) -> Iterator[Any]:
             # verbose=2: one bar per epoch that stays on screen, under a bar of the epochs.
             return [TqdmCallback(epochs=epochs, verbose=2, file=sys.stderr, dynamic_ncols=True)]
 
-    if not enabled:
-        yield TerminalProgress()
-        return
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     logger = logging.getLogger("tfopt")
@@ -56,12 +53,12 @@ def terminal_progress(args: argparse.Namespace) -> Iterator[Any]:
     handler.setFormatter(logging.Formatter("  %(message)s"))  # logging_redirect_tqdm keeps this format
     previous_level, previous_propagate = logger.level, logger.propagate
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if enabled else logging.ERROR)  # --quiet: the command's error alone
     # Its lines are said here alone: absl gives the root logger a handler of its own once TensorFlow logs
     # through it (an asynchronous checkpoint's first write does), which would say each line again.
     logger.propagate = False
     try:
-        with logging_redirect_tqdm(loggers=[logger]):
+        with logging_redirect_tqdm(loggers=[logger]) if enabled else contextlib.nullcontext():
             yield TerminalProgress()
     finally:
         logger.removeHandler(handler)

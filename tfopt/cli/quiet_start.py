@@ -214,5 +214,10 @@ def _stderr_filtered() -> Iterator[None]:
 
 
 if __name__ == "__main__":  # the filter process: stdin is TensorFlow's stderr, stdout the command's
+    import signal
+
+    # Ctrl-C reaches the whole process group: the command says it was interrupted, and this filter ends with the
+    # pipe when the command lets go of it (a traceback of its own would be said in the middle).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.stdin.reconfigure(errors="replace")
     forward_without_noise(sys.stdin, sys.stdout, int(sys.argv[1]))

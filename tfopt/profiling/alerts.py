@@ -3,7 +3,8 @@
 A condition must hold for `alert_windows` windows in a row (one slow window is noise on a shared
 machine), and each episode alerts once: the rule re-arms only after a window where the condition is gone.
 Input wait uses the profiler's own threshold (`diagnose.INPUT_BOUND_HIGH_PERCENT`), so the Monitor and
-`tfopt-recipe diagnose` call the same run input-bound.
+`tfopt-recipe diagnose` call the same run input-bound, and counts only where a step waits at least
+`INPUT_WAIT_FLOOR_SECONDS`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MFU_FIX = (
 )
 # Windows before the MFU median means anything.
 MFU_BASELINE_WINDOWS = 3
+# Less waiting than this per step is the fetch's own varying cost and the scheduler's on a loaded host (a 0.7 ms
+# CPU step read 36% with its pipeline cached and prefetched), which no pipeline change removes.
+INPUT_WAIT_FLOOR_SECONDS = 0.5e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +85,10 @@ class AlertRules:
         recent = windows[-self.alert_windows :]
         waits = [window.get("input_wait_percent") for window in recent]
         holds = len(recent) == self.alert_windows and all(
-            wait is not None and wait > INPUT_BOUND_HIGH_PERCENT for wait in waits
+            wait is not None
+            and wait > INPUT_BOUND_HIGH_PERCENT
+            and wait / 100 * window["seconds"] / window["steps"] >= INPUT_WAIT_FLOOR_SECONDS
+            for wait, window in zip(waits, recent)
         )
         if not self._starts("input_wait", holds):
             return None

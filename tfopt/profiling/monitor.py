@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -253,11 +254,18 @@ class Monitor(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._pause()
-        # An epoch whose steps closed no window (shorter than a window) shows the latest one's numbers.
+        # An epoch whose steps closed no window (shorter than a window) shows the latest one's numbers; one before
+        # any window closed shows NaN for each, so that a CSVLogger (which takes its columns from the first epoch)
+        # and History keep them all.
         shown = self._epoch_records or self.records_of("window")[-1:]
-        if logs is not None and shown:
+        if logs is None:
+            return
+        if shown:
             for key in shown[0]["logs"]:
                 logs[key] = statistics.fmean(record["logs"][key] for record in shown)
+        else:
+            names = self._meter.rate_names() + (["device_memory_peak_bytes"] if self._gpus else [])
+            logs.update({PREFIX + name: math.nan for name in names})
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._pause()
@@ -524,7 +532,7 @@ class Monitor(keras.callbacks.Callback):
 
     def _alert(self, alert: Alert) -> None:
         self.alerts.append(alert)
-        self._emit({"kind": "alert", **alert.to_dict()})
+        self._emit({**alert.to_dict(), "kind": "alert", "alert": alert.kind})
         _log.warning("%s", alert.message)
         if self.on_alert is not None:
             try:

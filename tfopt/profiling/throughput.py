@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from tfopt.errors import RecipeConfigError
 
@@ -152,13 +153,23 @@ class Throughput:
         steps, seconds = self.steps, self.seconds(now=now)
         if seconds <= 0:
             raise RuntimeError(f"Throughput.compute: the window has {seconds!r} s of training; it needs > 0.")
-        rates = {"steps_per_second": steps / seconds}
+        return {name: rate(steps, seconds) for name, rate in self._rates().items()}
+
+    def rate_names(self) -> list[str]:
+        """The rates a window closed now would carry: `compute`'s keys."""
+        return list(self._rates())
+
+    def _rates(self) -> dict[str, Callable[[int, float], float]]:
+        """Each rate that applies, from a window's steps and seconds."""
+        rates = {"steps_per_second": lambda steps, seconds: steps / seconds}
         if self.batch_size:
-            rates["examples_per_second"] = steps * self.batch_size / seconds
+            rates["examples_per_second"] = lambda steps, seconds: steps * self.batch_size / seconds
         if self.measure_input_wait:
-            rates["input_wait_percent"] = 100.0 * self._fetch_seconds / seconds
+            rates["input_wait_percent"] = lambda steps, seconds: 100.0 * self._fetch_seconds / seconds
         if self.flops_per_step and self.peak_flops_per_second:
-            rates["mfu_percent"] = 100.0 * self.flops_per_step * steps / seconds / self.peak_flops_per_second
+            rates["mfu_percent"] = lambda steps, seconds: (
+                100.0 * self.flops_per_step * steps / seconds / self.peak_flops_per_second
+            )
         return rates
 
     def close(self, *, now: float) -> WindowStats:

@@ -109,13 +109,15 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
 
 def read_text(path: pathlib.Path, label: str) -> str:
     try:
-        size = path.stat().st_size if path.is_file() else 0
-        if size > MOST_BYTES:
+        # Read to one byte past the bound, whatever the file is: a device (/dev/zero) or a pipe has no size.
+        with open(path, "rb") as file:
+            content = file.read(MOST_BYTES + 1)
+        if len(content) > MOST_BYTES:
             raise RecipeFileError(
-                f"Recipe file {label} is {size:,} bytes, more than the {MOST_BYTES:,} a recipe file may hold: a "
+                f"Recipe file {label} holds more than the {MOST_BYTES:,} bytes a recipe file may hold: a "
                 "recipe is a few dozen lines of settings. Check that it is the recipe you meant."
             )
-        return path.read_text(encoding="utf-8")
+        return content.decode("utf-8-sig")  # an editor's byte-order mark is no part of the first key
     except FileNotFoundError:
         raise RecipeFileError(
             f"Recipe file {label} does not exist (looked for {path.resolve()}). Check the "
@@ -155,6 +157,8 @@ def read_yaml(text: str, label: str) -> tuple[Any, dict[tuple, int]]:
             ". Recipe files are plain data read with YAML's safe loader: tags that create Python "
             "objects (!!python/...) are not allowed; name a model by import path instead"
             if "constructor for the tag" in str(error.problem)
+            else ". YAML indents with spaces: replace the tab with spaces"
+            if "'\\t'" in str(error.problem)
             else ""
         )
         problem = yaml_problem(error).replace("tag:yaml.org,2002:", "!!").rstrip(".")
