@@ -129,6 +129,13 @@ MALFORMED = [
     ("unknown-train-key", GOOD + "train:\n  epocs: 1\n", [], 2, ["Did you mean 'epochs'?", "line 4"]),
     ("epochs-wrong-type", GOOD + "train:\n  epochs: many\n", [], 2, ['train.epochs: "many" is a string', "line 4"]),
     ("negative-epochs", GOOD + "train:\n  epochs: -1\n", [], 2, ["train.epochs: -1 is out of range", "line 4"]),
+    (
+        "steps-past-tensorflows-counters",
+        GOOD + "train:\n  steps_per_epoch: 99999999999999999999\n",
+        [],
+        2,
+        ["train.steps_per_epoch: 99999999999999999999 is out of range", "<= 2,147,483,647", "line 4"],
+    ),
     ("negative-steps", GOOD + "profile:\n  steps: -5\n", [], 2, ["profile.steps: -5 is out of range", "line 4"]),
     ("zero-warmup", GOOD + "profile:\n  warmup_steps: 0\n", [], 2, ["expected an integer >= 1", "line 4"]),
     ("negative-learning-rate", GOOD + "train: {learning_rate: -0.1}\n", [], 2, ["expected a number > 0", "line 3"]),
@@ -490,8 +497,8 @@ def test_a_real_process_prints_no_traceback_for_a_bad_recipe(tmp_path):
     assert process.returncode == 2
     assert "Traceback" not in process.stderr
     assert (
-        f"train.epochs: -3 is out of range; expected an integer >= 0 ({tmp_path / 'bad.yaml'}, line 4)."
-        in process.stderr
+        f"train.epochs: -3 is out of range; expected an integer >= 0 and <= 2,147,483,647 ({tmp_path / 'bad.yaml'}, "
+        "line 4)." in process.stderr
     )
 
 

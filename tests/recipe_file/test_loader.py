@@ -144,7 +144,10 @@ def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
         ("train.epochs=[1, 2", "the value is not valid YAML"),
         ("recipes.3.xla=null", "recipes is a list of 1 items; expected an index from 0 to 0, received '3'"),
         ("model.name.first=x", "model.name is \"small_cnn\", not a mapping, so it has no key 'first'"),
-        ("train.epochs=-2", "train.epochs: -2 is out of range; expected an integer >= 0 (--set train.epochs=-2)."),
+        (
+            "train.epochs=-2",
+            "train.epochs: -2 is out of range; expected an integer >= 0 and <= 2,147,483,647 (--set train.epochs=-2).",
+        ),
         ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
         ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
     ],

@@ -31,11 +31,25 @@ def _setting(
     *,
     at_least: float | None = None,
     above: float | None = None,
+    at_most: float | None = None,
     nullable: bool = False,
     choices: tuple[str, ...] = (),
 ) -> Any:
-    metadata = {"kind": kind, "at_least": at_least, "above": above, "nullable": nullable, "choices": choices}
+    if kind is int and at_most is None:
+        at_most = _MOST_INT
+    metadata = {
+        "kind": kind,
+        "at_least": at_least,
+        "above": above,
+        "at_most": at_most,
+        "nullable": nullable,
+        "choices": choices,
+    }
     return dataclasses.field(default=default, metadata=metadata)
+
+
+# TensorFlow counts steps and sizes batches in 32-bit integers: a larger count fails deep inside it, late.
+_MOST_INT = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +79,8 @@ class ProfileSection:
     `tune_budget_seconds` is the time `recipes: auto` may spend timing candidate recipes.
     """
 
-    steps: int = _setting(20, int, at_least=2)
-    warmup_steps: int = _setting(5, int, at_least=1)
+    steps: int = _setting(20, int, at_least=2, at_most=100_000)  # measured twice at least: a bound a run ends in
+    warmup_steps: int = _setting(5, int, at_least=1, at_most=100_000)
     logdir: str | None = _setting(None, "path", nullable=True)
     tune_budget_seconds: float = _setting(120.0, float, above=0)
 
@@ -175,6 +189,8 @@ def _expected(metadata: dict) -> str:
         text += f" >= {metadata['at_least']}"
     if metadata["above"] is not None:
         text += f" > {metadata['above']}"
+    if metadata["at_most"] is not None:
+        text += f" and <= {metadata['at_most']:,}"
     return text + (" or null" if metadata["nullable"] else "")
 
 
@@ -198,6 +214,7 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
             not math.isfinite(value)  # nan passes every comparison below
             or (metadata["at_least"] is not None and value < metadata["at_least"])
             or (metadata["above"] is not None and value <= metadata["above"])
+            or (metadata["at_most"] is not None and value > metadata["at_most"])
         )
     )
     if not valid_type or out_of_range:

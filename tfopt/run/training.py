@@ -151,8 +151,12 @@ def _epoch_records(path: pathlib.Path, monitor: Monitor | None) -> keras.callbac
                 self.history = {key: list(values[:epoch]) for key, values in self.history.items()}
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            from tfopt.profiling.monitor import PREFIX
+
             for key, value in (logs or {}).items():
-                self.history.setdefault(key, []).append(float(value))
+                # The Monitor's numbers are kept per window; their epoch mean (NaN before the first) is not JSON.
+                if not key.startswith(PREFIX):
+                    self.history.setdefault(key, []).append(float(value))
             record = {
                 "engine": "tfopt.training.train",
                 "complete": False,
