@@ -107,10 +107,12 @@ def test_quickstart(executed):
     notebook, workdir = executed("quickstart.ipynb")
     text = "\n".join(text_of(notebook))
     assert "local Jupyter: nothing installed" in text
-    summary = re.search(r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x[^)]*\); .*input efficiency \S+ -> \S+", text)
+    summary = re.search(
+        r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x \[([\d.]+)-([\d.]+)\][^)]*\); .*input efficiency \S+ -> \S+", text
+    )
     assert summary, "tfopt.apply's summary line is missing"
-    before, after, speedup = (float(value) for value in summary.groups()[:3])
-    assert before > 0 and after > 0 and speedup == pytest.approx(after / before, rel=0.01)
+    before, after, speedup, low, high = (float(value) for value in summary.groups())
+    assert before > 0 and after > 0 and low <= speedup <= high  # the median of the rounds, inside their range
     # The chosen plan is explained for every recipe, and the T4/A100/TPU decisions are the documented ones.
     assert re.search(r"dtype policy '(mixed_bfloat16|mixed_float16|float32)', because ", text)
     runtimes = ("Colab T4", "Kaggle P100", "Kaggle 2x T4", "Colab A100", "Colab TPU v2-8")

@@ -22,7 +22,7 @@ from tfopt.plan import Plan, make_plan
 from tfopt.policies import put_tf32_in_force
 from tfopt.profiling import capture
 from tfopt.profiling.measurement import Measurement
-from tfopt.profiling.metrics import Metrics, compared, describe_rounds, spread
+from tfopt.profiling.metrics import Metrics, compared, describe_rounds, headline_speedup, spread
 from tfopt.recipes.base import Recipe, chain
 from tfopt.recipes.distribution import several_steps_refused
 from tfopt.recipes.steps_per_execution import steps_choices
@@ -128,10 +128,13 @@ class ApplyResult:
 
     @property
     def speedup(self) -> float | None:
-        """Examples/s after divided by examples/s before (the batch may differ), or None if not measured."""
+        """Of examples/s (the batch may differ): the median of the rounds measured side by side, or after over
+        before with fewer than 3 (`tfopt.profiling.metrics.headline_speedup`); None if not measured."""
         if self.before is None or self.after is None:
             return None
-        return self.after.real.examples_per_second / self.before.real.examples_per_second
+        return headline_speedup(
+            self.before.real.examples_per_second, self.after.real.examples_per_second, self.speedup_rounds
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe summary: hardware, what each recipe did, and both measurements."""

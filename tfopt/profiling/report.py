@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from tfopt._atomic import write_atomic
 from tfopt.plan import Step
 from tfopt.profiling.breakdown import CATEGORY_LABELS
-from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds
+from tfopt.profiling.metrics import CPU_NOTE, Metrics, compared, describe_rounds, headline_speedup
 from tfopt.profiling.plots import (
     breakdown_figure,
     hotspots_figure,
@@ -185,7 +185,11 @@ class Report:
         names = list(runs)
         # Examples per second, as the side-by-side rounds are measured: a batch_size recipe changes what a step is.
         speedup = (
-            _round(runs[names[-1]]["examples_per_second"] / runs[names[0]]["examples_per_second"])
+            _round(
+                headline_speedup(
+                    runs[names[0]]["examples_per_second"], runs[names[-1]]["examples_per_second"], self.speedup_rounds
+                )
+            )
             if len(names) > 1
             else None
         )

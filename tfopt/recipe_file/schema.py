@@ -68,7 +68,7 @@ class TrainSection:
     epochs: int = _setting(1, int, at_least=0)
     steps_per_epoch: int | None = _setting(None, int, at_least=1, nullable=True)
     batch_size: int | None = _setting(None, int, at_least=1, nullable=True)
-    seed: int = _setting(0, int, at_least=0)
+    seed: int = _setting(0, int, at_least=0, at_most=2**32 - 1)  # NumPy's seeds, which Keras' seeding sets
     checkpoint_every_steps: int = _setting(100, int, at_least=1)
 
 
@@ -109,7 +109,7 @@ class RuntimeSection:
     """
 
     gpu_memory_growth: bool | None = _setting(None, bool, nullable=True)
-    gpu_memory_limit_bytes: int | None = _setting(None, int, at_least=2**20, nullable=True)
+    gpu_memory_limit_bytes: int | None = _setting(None, int, at_least=2**20, at_most=2**50, nullable=True)
     gpu_thread_mode: str | None = _setting(None, str, nullable=True, choices=GPU_THREAD_MODES)
     gpu_thread_count: int | None = _setting(None, int, at_least=1, nullable=True)
 

@@ -91,8 +91,8 @@ class RunOutcome:
     applied: tuple[dict[str, Any], ...] = ()
 
     def summary(self) -> str:
-        """One line for the terminal: steps/s, accelerator busy %, MFU, input wait and input efficiency before
-        and after, training, the report's path."""
+        """One line for the terminal: examples/s before and after on the hardware measured, accelerator busy %,
+        MFU, input wait and input efficiency, training, the report's path."""
         trained = ""
         if self.training is not None:
             workers = f" on {self.training['replicas']} replicas" if self.training.get("replicas") else ""
@@ -107,7 +107,7 @@ class RunOutcome:
         rounds = describe_rounds(self.report["speedup_rounds"]) if self.report.get("speedup_rounds") else ""
         return (
             f"{self.recipe.name}: {before['examples_per_second']:.1f} -> {after['examples_per_second']:.1f} examples/s "
-            f"({self.report['speedup']:.2f}x{rounds}); "
+            f"({self.report['speedup']:.2f}x{rounds}) on {self.report['hardware']}; "
             f"{compared(Metrics.from_dict(before), Metrics.from_dict(after))}"
             f"{trained}; report: {path}"
         )
