@@ -9,6 +9,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.builder import build, xla_blockers
@@ -141,15 +142,35 @@ def test_auto_keeps_the_xla_the_user_chose(machine):
     assert asked.jit_compile is True  # a recipe set explicitly is asked for too, later than the compile
 
 
+def reshuffled_images(count, batch_size):
+    """Images reshuffled each pass before batching: the partial batch holds other examples each epoch."""
+    images, labels = next(iter(make_images(count=count, batch_size=count)))
+    return tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(count, seed=1).batch(batch_size)
+
+
 def test_the_build_keeps_batch_shapes_static_under_xla_and_says_what_it_drops():
     # 20 examples in batches of 8: the last batch of 4 compiled the XLA step again every epoch.
-    plan = Xla()(make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["h100"]))
+    plan = Xla()(make_plan(make_cnn(), reshuffled_images(20, 8), hardware=FAKE_HARDWARE["h100"]))
     assert plan.jit_compile is True and plan.dataset.element_spec[0].shape[0] is None  # the recipe only decides
     built = build(plan)
     assert built.dataset.element_spec[0].shape.as_list() == [8, 12, 12, 3]
     assert [int(x.shape[0]) for x, _ in built.dataset] == [8, 8] and len(built.dataset) == 2
     assert built.plan.applied[-1].recipe == "xla"
     assert "the last 4 examples of each pass are dropped" in built.plan.applied[-1].detail
+
+
+def test_a_partial_batch_of_the_same_examples_every_epoch_is_kept_under_xla():
+    """An unshuffled pipeline (keras.io's timeseries_dataset_from_array, say) ends each pass in the same examples:
+    dropped for XLA's full batches, they would never be trained on, where plain Keras trains them every epoch."""
+    for data in (
+        make_images(count=20, batch_size=8),
+        make_images(count=20, batch_size=8).shuffle(3, seed=1),  # batches shuffled: the same 4 in the partial one
+    ):
+        built = build(Xla()(make_plan(make_cnn(), data, hardware=FAKE_HARDWARE["h100"])))
+        assert built.model.jit_compile is True and sorted(int(x.shape[0]) for x, _ in built.dataset) == [4, 8, 8]
+        step = built.plan.applied[-1]
+        assert "partial batch of 4 examples that ends each pass is kept" in step.detail
+        assert "shuffle before .batch()" in step.detail
 
 
 def test_full_static_batches_are_built_as_they_are():
@@ -207,16 +228,14 @@ def test_the_length_of_a_rewritten_pipeline_is_kept_under_xla(cpu_hardware):
     """The README's one-iterator training reads it: a rewritten pipeline counts its examples by the user's."""
     from tfopt.recipes.data_pipeline import DataPipeline
 
-    plan = make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=cpu_hardware)
+    plan = make_plan(make_cnn(), reshuffled_images(20, 8), hardware=cpu_hardware)
     built = build(Xla(jit_compile=True)(DataPipeline()(plan)))
     assert len(built.dataset) == 2 and [int(x.shape[0]) for x, _ in built.dataset] == [8, 8]
     assert "the last 4 examples of each pass are dropped" in built.plan.applied[-1].detail
 
 
 def test_a_new_batch_size_under_xla_is_made_static_at_that_size():
-    plan = Xla(jit_compile=True)(
-        make_plan(make_cnn(), make_images(count=20, batch_size=8), hardware=FAKE_HARDWARE["cpu_bf16"])
-    )
+    plan = Xla(jit_compile=True)(make_plan(make_cnn(), reshuffled_images(20, 8), hardware=FAKE_HARDWARE["cpu_bf16"]))
     built = build(BatchSize(batch_size=6)(plan))  # 20 examples: 3 batches of 6, 2 dropped
     assert [int(x.shape[0]) for x, _ in built.dataset] == [6, 6, 6] and len(built.dataset) == 3
     assert built.dataset.element_spec[0].shape[0] == 6
@@ -225,12 +244,14 @@ def test_a_new_batch_size_under_xla_is_made_static_at_that_size():
 
 COMPILE_THREE_EPOCHS = """
 import sys
+import tensorflow as tf
 from tests.conftest import FAKE_HARDWARE, make_cnn, make_images
 from tfopt.builder import build
 from tfopt.plan import make_plan
 from tfopt.recipes.xla import Xla
 
-data = make_images(count=20, batch_size=8)
+images, labels = next(iter(make_images(count=20, batch_size=20)))
+data = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(20, seed=1).batch(8)  # reshuffled: 4 dropped
 if sys.argv[1] == "recipe":
     built = build(Xla()(make_plan(make_cnn(), data, hardware=FAKE_HARDWARE["h100"])))
     model, data = built.model, built.dataset

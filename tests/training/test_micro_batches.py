@@ -52,11 +52,12 @@ def regression(fits, optimizer=None, loss="mse", seed=0):
     return model
 
 
-def regression_data(examples=64, batch_size=16):
+def regression_data(examples=64, batch_size=16, shuffled=False):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(examples, 4)).astype("float32")
     y = (x @ np.array([[1.0], [-2.0], [0.5], [0.3]], "float32")).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    return (data.shuffle(examples, seed=1) if shuffled else data).batch(batch_size)
 
 
 def plain_twin(model):
@@ -189,7 +190,7 @@ def test_resumed_training_counts_updates_and_ends_where_an_uninterrupted_run_doe
 def test_a_static_xla_pipeline_is_cut_after_its_short_batch_is_dropped(cpu_hardware):
     model = regression(fits=10**9)
     model.layers[0].supports_jit = True  # never hungry: XLA may compile it
-    data = regression_data(examples=60)  # a last batch of 12
+    data = regression_data(examples=60, shuffled=True)  # a last batch of 12, of other examples each epoch
     plan = make_plan(model, data, hardware=cpu_hardware).with_compile(jit_compile=True)
 
     built = build(in_micro_batches(plan, 4, "a test's words"))

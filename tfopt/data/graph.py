@@ -464,6 +464,32 @@ _RESEEDED = {
 }
 
 
+def reshuffled_before_batching(graph: GraphDef) -> bool:
+    """Whether the examples of the pipeline's last batch op change from one pass to the next: a shuffle that
+    reshuffles each pass (or a random source drawing anew) comes before it. Without one, the partial batch that
+    ends a pass holds the same examples every epoch.
+
+    Example:
+        >>> [reshuffled_before_batching(serialize(dataset)) for dataset in (
+        ...     tf.data.Dataset.range(9).shuffle(9).batch(4), tf.data.Dataset.range(9).batch(4).shuffle(3))]
+        [True, False]
+    """
+    nodes = {node.name: node for node in graph.node}
+    batch = next(
+        (node for node in output_chain(graph) if node.op in _BATCH_OPS or node.op == "MapAndBatchDataset"), None
+    )
+    pending, seen = list(batch.input) if batch is not None else [], set()
+    while pending:
+        node = nodes.get(pending.pop().lstrip("^").split(":")[0])
+        if node is None or node.name in seen or not DATASET_OP.search(node.op):
+            continue
+        seen.add(node.name)
+        if node.op in _RESEEDED and node.attr[_RESEEDED[node.op][0]].b:
+            return True
+        pending.extend(node.input)
+    return False
+
+
 def seeded_reshuffles(graph: GraphDef) -> list[Any]:
     """The pipeline's shuffles and random sources (`Dataset.random`) that draw anew each pass, in a sequence
     fixed by a seed (their own or the global one): their nodes.

@@ -372,7 +372,9 @@ def _with_training(report: Report, windows: list[dict[str, Any]], paths: dict[st
 
 
 def _save(report: Report, paths: dict[str, pathlib.Path]) -> None:
-    """Writes the report in every format, each rendered before any file is replaced: the files never disagree."""
+    """Writes the report in every format, each rendered before any file is replaced, so that a rendering error
+    replaces none of them. Each file is replaced whole; a run killed between two of them leaves the first ones
+    new and the others as they were, until `--resume` writes them all again."""
     rendered = {path: report.render(path) for path in paths}
     for path, text in rendered.items():
         write_atomic(path, text)
