@@ -103,7 +103,10 @@ def test_without_measuring(cpu_hardware):
     assert result.before is None and result.speedup is None and "not measured" in result.summary()
     # print(result) and print(result.plan) once printed the whole sample batch tensor
     text = repr(result)
-    assert text.startswith("ApplyResult(applied 4 recipe steps (not measured); model='tiny_cnn', Plan(batch_size=8")
+    assert text.startswith(
+        "ApplyResult(applied data_pipeline, mixed_precision, fused_layers as planned, not measured "
+        "(measure_speed=False): none was timed against your setup; model='tiny_cnn', Plan(batch_size=8"
+    )
     assert len(text.splitlines()) == 5 and "tf.Tensor" not in text and len(text) < 1500  # a line per step, no tensor
 
 

@@ -160,7 +160,11 @@ class ApplyResult:
         """One line: examples/s before and after, then accelerator busy %, MFU, input wait % and input
         efficiency where measured (busy % and input wait need profile=True)."""
         if self.before is None or self.after is None:
-            return f"applied {len(self.plan.applied)} recipe steps (not measured)"
+            applied = list(dict.fromkeys(step.recipe for step in self.plan.applied if not step.skipped))
+            return (
+                f"applied {', '.join(applied) or 'no recipe'} as planned, not measured (measure_speed=False): "
+                "none was timed against your setup"
+            )
         ratio = f"{self.speedup:.2f}x" + (describe_rounds(self.speedup_rounds) if self.speedup_rounds else "")
         return (
             f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
