@@ -195,3 +195,20 @@ def test_sigterm_in_each_phase_of_a_run_stops_it_within_seconds_with_nothing_los
     training = json.loads((run_dir / "training.json").read_text())
     assert training["complete"] and training["global_step"] == 4000
     assert training["resumed_from_step"] == (stopped_at or 0)
+
+
+def test_the_interruption_message_goes_below_the_bars_an_interrupted_fit_left_open(capsys):
+    """Keras ends no callback when fit raises: the tqdm bars are closed before the message, not drawn over it."""
+    import argparse
+    import io
+
+    from tqdm import tqdm
+
+    from tfopt.cli.commands import _report_interrupt
+
+    screen = io.StringIO()
+    bar = tqdm(total=10, file=screen)
+    bar.update(3)
+    code = _report_interrupt(KeyboardInterrupt(), argparse.Namespace(file="recipe.yaml"))
+    assert code == 128 + signal.SIGINT and bar.disable  # closed: tqdm disables a bar it has closed
+    assert "interrupted (SIGINT)" in capsys.readouterr().err

@@ -131,8 +131,18 @@ def _report_interrupt(
             ]
         )
         said += f" The outputs so far are in {run_dir}; `{command}` continues the run."
+    _close_progress_bars()
     print(f"{PROGRAM}: interrupted ({name}).{said}", file=sys.stderr)
     return 128 + signal.Signals[name].value
+
+
+def _close_progress_bars() -> None:
+    """Closes the bars an interrupted fit left open (Keras ends no callback when `fit` raises), so that the
+    message goes below them and they are not drawn again over it when the process exits."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None:
+        for bar in list(getattr(tqdm.tqdm, "_instances", ())):  # tqdm's own registry of open bars
+            bar.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
