@@ -159,6 +159,13 @@ def test_file_cache_and_none(tmp_path):
     assert not has_cache(recorded(make_images(), cache="none").dataset)
 
 
+def test_a_file_cache_locked_by_a_run_stopped_while_writing_it_is_refused_up_front(tmp_path):
+    prefix = str(tmp_path / "cache")
+    (tmp_path / "cache_0.lockfile").write_text("")  # what tf.data leaves when its writer is killed
+    with pytest.raises(RecipeConfigError, match=r"cache file .* is locked .*cache_0\.lockfile.*delete .*cache_\*"):
+        recorded(make_images(), cache=prefix)
+
+
 def test_file_cache_in_missing_directory_fails_early(tmp_path):
     plan = make_plan(make_cnn(), make_images(), hardware=_hardware())
     with pytest.raises(RecipeConfigError, match="does not exist"):

@@ -336,6 +336,8 @@ def _cache_where_valid(
         return dataset, "no cache: the pipeline repeats forever (put .repeat() after the cache)"
     if cache != "auto":
         target = "" if cache == "memory" else cache
+        if target:
+            _check_not_locked(target)
         return dataset.cache(target), f"cached in {'memory' if cache == 'memory' else cache!r} as requested"
     if count == tf.data.UNKNOWN_CARDINALITY:
         return dataset, "no cache: the pipeline's length is unknown, so its size cannot be checked against the budget"
@@ -348,6 +350,21 @@ def _cache_where_valid(
             f"({ram_budget_bytes / 2**30:.2f} GiB)"
         )
     return dataset.cache(), f"cached in memory after the first epoch ({size_bytes / 2**20:.1f} MiB)"
+
+
+def _check_not_locked(target: str) -> None:
+    """Refuses a cache file that tf.data holds locked: a run writing it, or one stopped while it did (the lock
+    outlives the process), would fail this one in the middle of its first epoch with TensorFlow's own words."""
+    import glob
+
+    locks = sorted(glob.glob(glob.escape(target) + "_*.lockfile"))
+    if locks:
+        raise RecipeConfigError(
+            f"data_pipeline: the cache file {target!r} is locked ({locks[0]}): another run is writing it now, or "
+            f"one was stopped while writing it. If none is running, delete {target}_* (and {target}.index, if "
+            "there) and run again; or name another cache path.",
+            setting="cache",
+        )
 
 
 def _stateful_ops(ops: set[str]) -> set[str]:
