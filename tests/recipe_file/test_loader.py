@@ -150,11 +150,19 @@ def test_overrides_are_parsed_as_yaml_and_may_create_sections(tmp_path):
         ),
         ("train.epocs=2", "Did you mean 'epochs'? Valid: optimizer, learning_rate"),
         ("train.learning_rate=.nan", "train.learning_rate: NaN is out of range; expected a number > 0"),
+        ("bogus.key=1", "unknown section 'bogus' (received bogus: {\"key\": 1}). Valid: name"),
+        ("profile.logdir=/etc/passwd", "profile.logdir: /etc/passwd is a file, not a directory"),
     ],
 )
 def test_override_errors_name_the_option(tmp_path, override, message):
     path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA + "recipes: [xla]\n")
     assert message in load_error(path, overrides=[override])
+
+
+@pytest.mark.parametrize("override", ["bogus.key=1", "profile.logdir=/etc/passwd"])
+def test_what_only_an_option_wrote_is_blamed_on_the_option_not_on_the_file(tmp_path, override):
+    path = write(tmp_path, "model: {name: small_cnn}\n" + TINY_DATA)
+    assert load_error(path, overrides=[override]).endswith(f"(--set {override}).")
 
 
 def test_parse_override_keeps_strings_with_equals_signs():

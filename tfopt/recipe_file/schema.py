@@ -238,8 +238,15 @@ def check_setting(value: Any, metadata: dict, path: tuple, locations: Locations,
         if not value:
             raise fail(locations, path, f"{dotted(path)}: received an empty list; expected {_expected(metadata)}")
         return tuple(value)
-    if kind == "path":
-        return absolute(value, path, locations, bases)
+    if kind == "path":  # a directory to write (profile.logdir), made where it is missing
+        directory = absolute(value, path, locations, bases)
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise fail(
+                locations,
+                path,
+                f"{dotted(path)}: {directory} is a file, not a directory; name a directory (made if missing)",
+            )
+        return directory
     return float(value) if kind is float else value
 
 
