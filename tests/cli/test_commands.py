@@ -489,6 +489,18 @@ def test_help_and_version_do_not_import_tensorflow(argument, expected):
     assert "EXIT 0 HEAVY []" in process.stdout, process.stdout + process.stderr
 
 
+@pytest.mark.parametrize("section", ["recipes: fastest\n", "train:\n  epochs: -3\n"])
+def test_a_mistake_outside_model_and_data_is_said_before_tensorflow_is_imported(tmp_path, section):
+    (tmp_path / "bad.yaml").write_text(GOOD + section)
+    process = _subprocess(
+        "import sys",
+        "from tfopt.cli import main",
+        f"code = main(['validate', {str(tmp_path / 'bad.yaml')!r}])",
+        "print('EXIT', code, 'HEAVY', sorted(name for name in ('tensorflow', 'keras') if name in sys.modules))",
+    )
+    assert "EXIT 2 HEAVY []" in process.stdout, process.stdout + process.stderr
+
+
 def test_a_real_process_prints_no_traceback_for_a_bad_recipe(tmp_path):
     (tmp_path / "bad.yaml").write_text(GOOD + "train:\n  epochs: -3\n")
     process = _subprocess(

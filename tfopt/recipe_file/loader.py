@@ -298,9 +298,9 @@ def _resolve(raw: dict, locations: Locations, file_path: pathlib.Path, *, dry: b
     train = check_section(TrainSection, raw.get("train"), ("train",), locations, bases)
     profile = check_section(ProfileSection, raw.get("profile"), ("profile",), locations, bases)
     report = check_section(ReportSection, raw.get("report"), ("report",), locations, bases)
+    recipes = resolve_recipes(raw.get("recipes", "default"), locations)  # needs no TensorFlow either
     model = resolve_model(raw["model"], locations, bases, import_code=not dry)
     check_training_names(train, locations)
-    recipes = resolve_recipes(raw.get("recipes", "default"), locations)
     data = resolve_data(raw["data"], train, locations, bases, fetch=not dry)
     return RecipeFile(
         path=file_path,
