@@ -108,7 +108,9 @@ def test_quickstart(executed):
     text = "\n".join(text_of(notebook))
     assert "local Jupyter: nothing installed" in text
     summary = re.search(
-        r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x \[([\d.]+)-([\d.]+)\][^)]*\); .*input efficiency \S+ -> \S+", text
+        r"([\d.]+) -> ([\d.]+) examples/s \(([\d.]+)x \[([\d.]+)-([\d.]+)\][^)]*\) on [^;]+; "
+        r".*input efficiency \S+ -> \S+",
+        text,
     )
     assert summary, "tfopt.apply's summary line is missing"
     before, after, speedup, low, high = (float(value) for value in summary.groups())

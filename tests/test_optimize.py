@@ -122,7 +122,15 @@ def test_without_measuring(cpu_hardware):
         ),
         (lambda: tfopt.apply(make_cnn(), make_images(), recipes=["xla", "xla"]), RecipeClashError, "appears twice"),
         (lambda: tfopt.apply(make_cnn(), make_images(), recipes="fast"), RecipeConfigError, "Pass 'default'"),
-        (lambda: tfopt.apply(make_cnn(), make_images(), steps=1), TfoptError, "steps >= 2"),
+        (
+            lambda: tfopt.apply(make_cnn(), make_images(), steps=1),
+            RecipeConfigError,
+            "steps=1 must be a whole number >= 2",
+        ),
+        (lambda: tfopt.apply(make_cnn(), make_images(), steps=2.5), RecipeConfigError, "steps=2.5 must be a whole"),
+        (lambda: tfopt.apply(make_cnn(), make_images(), warmup_steps="2"), RecipeConfigError, "warmup_steps='2'"),
+        (lambda: tfopt.apply(make_cnn(), make_images(), hardware="gpu"), RecipeConfigError, "not a tfopt.hardware"),
+        (lambda: tfopt.apply(make_cnn(), make_images(), compile="adam"), RecipeConfigError, "must be a dict of Keras"),
     ],
 )
 def test_bad_input_is_one_clear_error(call, error, words, cpu_hardware):
@@ -290,6 +298,17 @@ def test_a_failed_apply_gives_the_user_back_their_tf32_setting(tf32_as_tensorflo
         )
     assert len(builds) == 2 and tf.config.experimental.tensor_float_32_execution_enabled()
     assert tfopt.policies._users_tf32_before_build is None
+
+
+def test_a_failed_apply_leaves_the_tf32_an_earlier_result_trains_under(tf32_as_tensorflow_starts):
+    """A first result turned TF32 off to train under it; a second apply that fails must not turn it on again."""
+    from tests.conftest import FAKE_HARDWARE
+
+    ieee = [{"mixed_precision": {"policy": "float32", "tf32": False}}]
+    tfopt.apply(make_cnn(), make_images(), recipes=ieee, hardware=FAKE_HARDWARE["h100"], measure_speed=False)
+    with pytest.raises(IncompatibleModelError):
+        tfopt.apply(None, make_images(), hardware=FAKE_HARDWARE["h100"], model_fn=lambda: 1 / 0, compile={})
+    assert not tf.config.experimental.tensor_float_32_execution_enabled()
 
 
 def test_an_unbatched_dataset_is_named_so_where_a_recipes_check_meets_it_first(monkeypatch, cpu_hardware):

@@ -157,8 +157,8 @@ class ApplyResult:
         }
 
     def summary(self) -> str:
-        """One line: examples/s before and after, then accelerator busy %, MFU, input wait % and input
-        efficiency where measured (busy % and input wait need profile=True)."""
+        """One line: examples/s before and after on the hardware measured, then accelerator busy %, MFU, input
+        wait % and input efficiency where measured (busy % and input wait need profile=True)."""
         if self.before is None or self.after is None:
             applied = list(dict.fromkeys(step.recipe for step in self.plan.applied if not step.skipped))
             return (
@@ -168,7 +168,8 @@ class ApplyResult:
         ratio = f"{self.speedup:.2f}x" + (describe_rounds(self.speedup_rounds) if self.speedup_rounds else "")
         return (
             f"{self.before.real.examples_per_second:.1f} -> {self.after.real.examples_per_second:.1f} "
-            f"examples/s ({ratio}); {compared(self._metrics('before'), self._metrics('after'))}"
+            f"examples/s ({ratio}) on {self.plan.hardware.describe()}; "
+            f"{compared(self._metrics('before'), self._metrics('after'))}"
         )
 
     def _metrics(self, side: str) -> Metrics:
@@ -281,6 +282,9 @@ def apply(
         >>> result.after.real.batch_size
         8
     """
+    import tensorflow as tf
+
+    _check_arguments(steps=steps, warmup_steps=warmup_steps, hardware=hardware, compile=compile)
     auto = isinstance(recipes, str) and recipes == "auto"
     recipe = None if auto else resolve_recipes(recipes)
     hardware = hardware or detect()
@@ -297,6 +301,7 @@ def apply(
 
     # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
     # starts where yours stands, as `fit(dataset)` would have started.
+    tf32_in_force = bool(tf.config.experimental.tensor_float_32_execution_enabled())
     with copies_kept(), global_generators_kept():
         baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
         if recipe is not None:
@@ -316,8 +321,28 @@ def apply(
                 logdir=logdir,
             )
         except BaseException:
-            put_tf32_in_force(baseline.tf32)  # builds switched TF32 for models that a failed apply never returns
+            # Builds switched TF32 for models a failed apply never returns: back to what was in force, under which
+            # an earlier result's model may train.
+            put_tf32_in_force(tf32_in_force)
             raise
+
+
+def _check_arguments(*, steps: Any, warmup_steps: Any, hardware: Any, compile: Any) -> None:
+    """Refuses arguments of the wrong kind before anything is built: each would fail later, deep in a build or
+    a measurement, in other words than these."""
+    for name, value, least in (("steps", steps, 2), ("warmup_steps", warmup_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise RecipeConfigError(f"apply: {name}={value!r} must be a whole number >= {least} (steps timed).")
+    if hardware is not None and not isinstance(hardware, Hardware):
+        raise RecipeConfigError(
+            f"apply: hardware={hardware!r} is not a tfopt.hardware.Hardware: pass tfopt.hardware.detect() (the "
+            "default), or a Hardware(...) describing the machine to plan for."
+        )
+    if compile is not None and not isinstance(compile, Mapping):
+        raise RecipeConfigError(
+            f"apply: compile={compile!r} must be a dict of Keras compile arguments, e.g. "
+            "compile={'optimizer': 'adam', 'loss': 'sparse_categorical_crossentropy'}."
+        )
 
 
 def _checked(recipe: Recipe, plan: Plan, model: keras.Model | None) -> None:

@@ -407,10 +407,14 @@ def serialized_setting(value: Any) -> Any:
         >>> serialized_setting("adam"), serialized_setting(keras.losses.MeanSquaredError())["class_name"]
         ('adam', 'MeanSquaredError')
     """
+    import warnings
+
     import keras
 
     try:
-        return keras.saving.serialize_keras_object(value)
+        with warnings.catch_warnings():  # Keras warns of a lambda it serializes: tfopt saves nothing, it compares
+            warnings.simplefilter("ignore", UserWarning)
+            return keras.saving.serialize_keras_object(value)
     except (NotImplementedError, TypeError, ValueError) as error:
         return Unserializable(type(value).__name__, f"{type(error).__name__}: {error}")
 

@@ -176,6 +176,17 @@ def test_interrupted_capture_stops_the_profiler_and_says_how_far_it_got(tmp_path
     _assert_profiler_free(tmp_path)
 
 
+def test_a_failed_capture_into_its_own_temporary_directory_removes_it(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    failing = tf.data.Dataset.range(100).map(_fail_at(30)).batch(4)
+    with pytest.raises(MeasurementError, match=r"stopped after 7 of 12 steps \(InvalidArgumentError: assertion"):
+        capture(_small_model(), failing, steps=8, warmup_steps=3, batch_size=4)
+    assert list(tmp_path.iterdir()) == []
+    _assert_profiler_free(tmp_path / "probe")
+
+
 def test_a_running_profiler_session_is_reported(tmp_path):
     tf.profiler.experimental.start(str(tmp_path / "theirs"))
     try:

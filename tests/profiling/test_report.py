@@ -208,7 +208,7 @@ def test_a_larger_batch_is_compared_by_examples_and_its_epoch_by_the_same_exampl
 def test_report_text_has_every_section(fake_report):
     markdown = fake_report.to_markdown()
     for text in (
-        "## Recipes applied",
+        "## Recipes: applied and left out",
         "- data_pipeline: parallel map, prefetch 4",
         "- xla: skipped: no GPU supports it",
         "## Diagnosis: before",
@@ -384,7 +384,7 @@ def test_the_report_says_a_float32_baseline_runs_tf32_on_an_ampere_or_newer_gpu(
             "skipped": False,
         }
         markdown = report.to_markdown()
-        recipes = markdown[markdown.index("## Recipes applied") :].splitlines()
+        recipes = markdown[markdown.index("## Recipes: applied and left out") :].splitlines()
         assert recipes[2] == f"- {note}"
         assert (
             recipes[3].startswith("- mixed_precision: skipped: kept float32: requested")
@@ -636,3 +636,10 @@ def test_both_renderings_hold_the_same_text(fake_report):
 def test_a_profile_is_what_a_report_reads(make_fake_profile):
     profile = make_fake_profile()
     assert isinstance(profile, ReportedProfile) and isinstance(profile.capture, ProfiledRun)
+
+
+def test_compare_refuses_what_is_not_a_profile(make_fake_profile):
+    with pytest.raises(TypeError, match=r"compare: before is a NoneType, not a Profile: pass what tfopt.profile"):
+        compare(None, None)
+    with pytest.raises(TypeError, match="after is a int"):
+        compare(make_fake_profile(), 2)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,10 +279,30 @@ def capture(
         raise MeasurementError(
             f"A capture needs steps >= 2 and warmup_steps >= 1; received steps={steps}, warmup_steps={warmup_steps}."
         )
+    temporary = logdir is None  # ours: removed where the capture fails, kept with it (the report names it)
+    logdir = Path(tempfile.mkdtemp(prefix="tfopt-profile-")) if temporary else Path(logdir)
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        return _captured(model, dataset, steps, warmup_steps, batch_size, logdir, monitor_interval_seconds, gpu_count)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(logdir, ignore_errors=True)
+        raise
+
+
+def _captured(
+    model: keras.Model,
+    dataset: tf.data.Dataset,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    logdir: Path,
+    monitor_interval_seconds: float,
+    gpu_count: int,
+) -> Capture:
+    """`capture` into `logdir`, which exists."""
     from tfopt.data.read_copy import copy_to_read
 
-    logdir = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfopt-profile-"))
-    logdir.mkdir(parents=True, exist_ok=True)
     known = _captures(logdir)
     marker = _ProfiledSteps(warmup_steps=warmup_steps, steps=steps, logdir=logdir)
     sampler = DeviceSampler(interval_seconds=monitor_interval_seconds)
@@ -301,8 +322,7 @@ def capture(
         marker.close()
         message = (
             f"The profiled run stopped after {marker.completed} of {warmup_steps + steps + 1} steps "
-            f"({type(error).__name__}: {error}). The profiler was stopped; reports written before "
-            "are untouched."
+            f"({describe_error(error)}). The profiler was stopped; reports written before are untouched."
         )
         if isinstance(error, Exception) and not isinstance(error, MeasurementError):
             raise MeasurementError(message) from error

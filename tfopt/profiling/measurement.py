@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import MeasurementError
+from tfopt.errors import MeasurementError, describe_error, released
 from tfopt.hardware import Hardware
 from tfopt.profiling.timing import (
     StepTimes,
@@ -125,11 +125,11 @@ def prepare_ceiling(model: keras.Model, dataset: tf.data.Dataset) -> CeilingStep
     """The ceiling's step and device-resident batch for `model`, running as many steps per call as the
     model's `steps_per_execution` so that only the input pipeline differs from `fit`."""
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-    return CeilingStep(
-        step=train_step_function(model, steps_per_call=per_call),
-        batch=device_batch(model, dataset),
-        steps_per_call=per_call,
-    )
+    try:
+        batch = device_batch(model, dataset)
+    except Exception as error:  # noqa: BLE001 - raised again as a tfopt error, in words
+        raise MeasurementError(f"Reading the first batch failed: {describe_error(error)}") from released(error)
+    return CeilingStep(step=train_step_function(model, steps_per_call=per_call), batch=batch, steps_per_call=per_call)
 
 
 def time_ceiling_steps(

@@ -315,12 +315,21 @@ def compare(
         The Report (save it with `.save("report.html")`; notebooks display it directly).
 
     Raises:
+        TypeError: before or after is not a Profile.
         ValueError: price_per_hour or steps_per_epoch is negative or not finite.
 
     Example:
         >>> report = tfopt.compare(before, after, applied=result.plan.applied, price_per_hour=2.5)  # doctest: +SKIP
         >>> report.save("report.html")  # doctest: +SKIP
     """
+    from tfopt.profiling.capture import Profile
+
+    for name, profile in (("before", before), ("after", after)):
+        if not isinstance(profile, Profile) and not (name == "after" and profile is None):
+            raise TypeError(
+                f"compare: {name} is a {type(profile).__name__}, not a Profile: pass what tfopt.profile() returns "
+                "(or result.before_profile / result.after_profile of tfopt.apply(..., profile=True))."
+            )
     if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
         raise ValueError(f"compare: price_per_hour must be a finite number >= 0; received {price_per_hour!r}.")
     if steps_per_epoch is not None and steps_per_epoch < 1:
@@ -364,7 +373,7 @@ def _blocks(data: dict[str, Any]) -> list[Block]:
     blocks += [
         Heading("Step-time breakdown (ms per step)"),
         Table(("", *names), breakdown, id="breakdown"),
-        Heading("Recipes applied"),
+        Heading("Recipes: applied and left out"),
         Bullets(tuple(_step_text(step) for step in data["applied"]) or ("none",)),
     ]
     for name, run in runs.items():
@@ -700,14 +709,23 @@ def _step_text(step: Mapping[str, Any]) -> str:
 
 
 def _overhead_text(data: dict[str, Any]) -> str:
-    runs = "; ".join(
-        f"{name}: {_show(run['profiled_steps_per_second'])} steps/s with the profiler vs "
-        f"{_show(run['steps_per_second'])} without ({_show(run['profiling_overhead_percent'])}% slower; step "
-        f"times spread by {_show(_round(100 * run['step_time_spread_ms'] / run['step_time_median_ms']))}% "
-        "(IQR / median), so smaller differences are noise)"
-        for name, run in data["runs"].items()
-    )
+    runs = "; ".join(_overhead_of(name, run) for name, run in data["runs"].items())
     return f"{runs}. Speeds above are measured without the profiler; the breakdown comes from the profiled run."
+
+
+def _overhead_of(name: str, run: dict[str, Any]) -> str:
+    """One run's profiler overhead in words: a run faster under the profiler (separate runs, minutes apart) says
+    the machine's load changed, as no profiler speeds a step up."""
+    overhead = run["profiling_overhead_percent"]
+    spread = _show(_round(100 * run["step_time_spread_ms"] / run["step_time_median_ms"]))
+    faster = overhead < 0
+    return (
+        f"{name}: {_show(run['profiled_steps_per_second'])} steps/s with the profiler vs "
+        f"{_show(run['steps_per_second'])} without ({_show(abs(overhead))}% {'faster' if faster else 'slower'}; step "
+        f"times spread by {spread}% (IQR / median), so smaller differences are noise"
+        + ("; faster under the profiler is the machine's load changing between the two runs" if faster else "")
+        + ")"
+    )
 
 
 _CSS = """
