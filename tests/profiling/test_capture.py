@@ -204,3 +204,13 @@ def test_captures_into_one_logdir_are_told_apart(tmp_path):
     # Whether or not both runs started within the same second (and so share a file), the second
     # capture names a file holding its own measured steps.
     assert len(analyze(second.xplane_path, step_numbers=second.step_numbers).step_seconds) == 2
+
+
+def test_profile_refuses_a_model_not_compiled_and_hardware_of_another_kind():
+    from tfopt.errors import IncompatibleModelError, RecipeConfigError
+
+    uncompiled = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with pytest.raises(IncompatibleModelError, match=r"Sequential \(not compiled\): compile it"):
+        profile(uncompiled, _numbers(32))
+    with pytest.raises(RecipeConfigError, match=r"hardware=.gpu. is not a tfopt\.hardware\.Hardware"):
+        profile(_small_model(), _numbers(32), hardware="gpu")

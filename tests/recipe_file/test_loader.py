@@ -532,3 +532,8 @@ def test_the_command_line_parses_the_file_once_per_run(tmp_path, monkeypatch):
 def test_absurdly_deep_nesting_is_a_recipe_error_not_a_crash(tmp_path):
     path = write(tmp_path, "model: " + "[" * 3000 + "]" * 3000 + "\n")
     assert "nests its values thousands of levels deep" in load_error(path)
+
+
+def test_a_recipe_named_by_something_else_than_a_path_is_refused():
+    with pytest.raises(RecipeFileError, match=r"named by a path .*not a NoneType"):
+        load_recipe(None)

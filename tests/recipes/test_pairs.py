@@ -30,9 +30,10 @@ DATA = tf.data.Dataset.from_tensor_slices((FEATURES, np.arange(256) % 3)).map(_a
     "recipes, said",
     [
         (
-            # XLA keeps batches full: the resized batch, not the user's, decides what is dropped.
+            # The resized batch, not the user's, decides XLA's partial batch (256 = 10 x 24 + 16), which this
+            # unshuffled pipeline keeps (dropped, the same 16 would never train).
             [{"batch_size": {"batch_size": 24}}, {"xla": {"jit_compile": True}}],
-            {"batch_size": "batch 16 -> 24", "xla": "batches of 24 kept full"},
+            {"batch_size": "batch 16 -> 24", "xla": "partial batch of 16 examples that ends each pass is kept"},
         ),
         (
             # The service reads the distributed pipeline back in the global batches the strategy splits.
@@ -110,3 +111,10 @@ def test_an_effective_batch_twice_the_resized_batch_accumulates_two_of_them(cpu_
         (step,) = [step for step in result.plan.applied if step.recipe == "grad_accum"]
         assert step.detail.startswith("accumulates 2 micro-batches of 8: each update stands for a batch of 16")
         assert result.model.optimizer.gradient_accumulation_steps == 2
+
+
+def test_chain_refuses_a_name_where_it_takes_recipe_objects():
+    from tfopt.errors import RecipeConfigError
+
+    with pytest.raises(RecipeConfigError, match=r"chain takes recipe objects .*not a str \('xla'\).*tfopt.apply"):
+        tfopt.chain("xla")

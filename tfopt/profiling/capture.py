@@ -28,7 +28,15 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import DataError, MeasurementError, describe_error, released, storage_error
+from tfopt.errors import (
+    DataError,
+    IncompatibleModelError,
+    MeasurementError,
+    RecipeConfigError,
+    describe_error,
+    released,
+    storage_error,
+)
 from tfopt.hardware import Hardware
 from tfopt.profiling.analyze import analyze, find_xplane
 from tfopt.profiling.breakdown import STEP_MARKER, StepBreakdown
@@ -187,6 +195,8 @@ def profile(
         The Profile.
 
     Raises:
+        IncompatibleModelError: The model is not a compiled Keras model.
+        RecipeConfigError: `hardware` is not a `Hardware`.
         DataError: The dataset is not a tf.data.Dataset, or has fewer than 2 batches.
         MeasurementError: Training or the capture failed; nothing already written elsewhere is touched.
 
@@ -195,6 +205,16 @@ def profile(
         >>> result.diagnosis.summary  # doctest: +SKIP
         'cpu_preprocessing (high, 74.0%) -> data_pipeline'
     """
+    if not getattr(model, "compiled", False):
+        raise IncompatibleModelError(
+            f"profile: expected a compiled keras.Model, received {type(model).__name__}"
+            + (" (not compiled): compile it as you train it, then profile it." if hasattr(model, "compiled") else ".")
+        )
+    if hardware is not None and not isinstance(hardware, Hardware):
+        raise RecipeConfigError(
+            f"profile: hardware={hardware!r} is not a tfopt.hardware.Hardware: pass tfopt.hardware.detect() (the "
+            "default), or a Hardware(...) describing the machine."
+        )
     steps_per_epoch, batch_size = _check_dataset(dataset)
     if hardware is None:
         from tfopt.hardware import detect

@@ -141,6 +141,10 @@ def read_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recip
         >>> read_recipe("recipes/small_cnn.yaml", ["train.epochs=1"]).raw["train"]["epochs"]
         1
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise RecipeFileError(
+            f"A recipe file is named by a path (a str or a pathlib.Path), not a {type(path).__name__}."
+        )
     raw, locations = _read(path, overrides)
     return RecipeDocument(raw, locations, pathlib.Path(path))
 

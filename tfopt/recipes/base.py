@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from tfopt import registry
-from tfopt.errors import RecipeClashError
+from tfopt.errors import RecipeClashError, RecipeConfigError
 from tfopt.plan import Plan
 
 
@@ -137,6 +137,11 @@ class Chain(Recipe):
     def __init__(self, *recipes: Recipe):
         flat: list[Recipe] = []
         for recipe in recipes:
+            if not isinstance(recipe, Recipe):
+                raise RecipeConfigError(
+                    f"chain takes recipe objects (tfopt.recipes.Xla(), ...), not a {type(recipe).__name__} "
+                    f"({recipe!r}); names and {{name: {{settings}}}} items go to tfopt.apply(..., recipes=[...])."
+                )
             flat.extend(recipe.recipes if isinstance(recipe, Chain) else [recipe])
         _reject_clashes(flat)
         flat = [recipe.beside([other for other in flat if other is not recipe]) for recipe in flat]
