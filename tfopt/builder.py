@@ -333,7 +333,7 @@ def _settle_xla(model: keras.Model, plan: Plan) -> Plan:
             "xla",
             f"the partial batch of {dropped} examples that ends each pass is kept: the pipeline does not reshuffle "
             "before batching, so dropping it would leave the same examples out of every epoch, which plain Keras "
-            "trains; XLA compiles the step again for it each epoch (20 s and more for ResNet-50 on an H100): "
+            "trains; XLA compiles the step again for it each epoch (docs/recipes/xla.md says what that costs): "
             "shuffle before .batch(), or batch with drop_remainder=True yourself, and XLA keeps its batches full",
         )
     return plan.replace(dataset=dataset).record("xla", describe_dropped(dropped, whole))
