@@ -322,10 +322,8 @@ def compare(
         >>> report = tfopt.compare(before, after, applied=result.plan.applied, price_per_hour=2.5)  # doctest: +SKIP
         >>> report.save("report.html")  # doctest: +SKIP
     """
-    from tfopt.profiling.capture import Profile
-
     for name, profile in (("before", before), ("after", after)):
-        if not isinstance(profile, Profile) and not (name == "after" and profile is None):
+        if not isinstance(profile, ReportedProfile) and not (name == "after" and profile is None):
             raise TypeError(
                 f"compare: {name} is a {type(profile).__name__}, not a Profile: pass what tfopt.profile() returns "
                 "(or result.before_profile / result.after_profile of tfopt.apply(..., profile=True))."
