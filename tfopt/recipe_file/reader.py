@@ -50,15 +50,15 @@ class Locations:
         """The location of `path`, or of its closest enclosing key that has one; a key only a `--set` option wrote
         below it (a section the option made: `--set bogus.key=1`) is that option's."""
         path = tuple(path)
+        options_below = [option for key, option in self._options.items() if key[: len(path)] == path]
+        if options_below and not any(key[: len(path)] == path for key in self._lines):
+            return options_below[0]
         for end in range(len(path), -1, -1):
             prefix = path[:end]
             if prefix in self._options:
                 return self._options[prefix]
             if prefix in self._lines:
                 return f"{self.label}, line {self._lines[prefix]}"
-            below = [option for key, option in self._options.items() if key[: len(prefix)] == prefix]
-            if end == len(path) and below and not any(key[: len(prefix)] == prefix for key in self._lines):
-                return below[0]
         return self.label
 
     def wrote(self, path: tuple) -> bool:
