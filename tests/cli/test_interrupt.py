@@ -29,7 +29,7 @@ HELD_IN_TENSORFLOW = textwrap.dedent("""
         return 143
 
     with signals_interrupt(farewell):
-        print("blocking", flush=True)
+        print("waiting", flush=True)
         if sys.argv[1] == "tensorflow":  # a C++ wait that never returns, as a long XLA compilation holds it
             tf.queue.FIFOQueue(1, tf.int32).dequeue()
         else:
@@ -38,14 +38,26 @@ HELD_IN_TENSORFLOW = textwrap.dedent("""
 """)
 
 
-def _started(code: str, *arguments: str) -> subprocess.Popen:
-    return subprocess.Popen(
+def _signalled_while_waiting(code: str, *arguments: str, signal_it=None) -> tuple[int, str, str, float]:
+    """Runs `code`, and once it says "waiting", `signal_it(process)` (by default one SIGTERM). Returns its exit
+    code, stdout, stderr and the seconds from its (last) signal to its end."""
+    process = subprocess.Popen(
         [sys.executable, "-c", code, *arguments],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=child_environment(TF_CPP_MIN_LOG_LEVEL="3"),
     )
+    try:
+        assert process.stdout.readline().strip() == "waiting", process.stderr.read()[-2000:]
+        (signal_it or (lambda waiting: waiting.send_signal(signal.SIGTERM)))(process)
+        signalled = time.monotonic()
+        code = process.wait(timeout=60)
+        seconds = time.monotonic() - signalled
+        out, err = process.communicate()
+    finally:
+        process.kill()
+    return code, out, err, seconds
 
 
 @pytest.mark.parametrize("held_in", ["tensorflow", "python"])
@@ -53,17 +65,12 @@ def test_sigterm_ends_a_command_within_the_deadline_wherever_the_main_thread_is(
     """Held in TensorFlow's C++, the main thread never sees the signal: the watcher reports it and ends the
     process after the grace period. In Python, the main thread raises RunInterrupted at once and the
     watcher stays silent."""
-    process = _started(HELD_IN_TENSORFLOW, held_in)
-    try:
-        assert process.stdout.readline().strip() == "blocking", process.stderr.read()[-2000:]
-        time.sleep(0.5)  # inside the blocking call
-        signalled = time.monotonic()
+
+    def inside_the_wait(process):
+        time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=60)
-        seconds = time.monotonic() - signalled
-        out, err = process.communicate()
-    finally:
-        process.kill()
+
+    code, out, err, seconds = _signalled_while_waiting(HELD_IN_TENSORFLOW, held_in, signal_it=inside_the_wait)
     assert seconds < DEADLINE_SECONDS
     if held_in == "tensorflow":
         assert code == 143 and out.strip() == "said: interrupted (SIGTERM)"
@@ -106,15 +113,47 @@ def test_a_main_thread_that_saw_the_signal_has_its_cleanup_time_past_the_grace()
     """The watcher reads the signal before the main thread's handler runs: it must ask whether the main
     thread saw it after the grace, or a cleanup longer than the grace (workers stopped under load) was cut
     short and the workers outlived the launcher."""
-    process = _started(CLEANING_UP)
-    try:
-        assert process.stdout.readline().strip() == "waiting", process.stderr.read()[-2000:]
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=60)
-        out, err = process.communicate()
-    finally:
-        process.kill()
+    code, out, err, _ = _signalled_while_waiting(CLEANING_UP)
     assert (code, out.strip()) == (143, "cleaned up"), err[-2000:]
+
+
+BURST = textwrap.dedent("""
+    import time
+    from tfopt.cli.interrupt import signals_interrupt
+    from tfopt.errors import RunInterrupted
+
+    def farewell(name):
+        print(f"said: interrupted ({name})", flush=True)
+        return 1
+
+    try:
+        with signals_interrupt(farewell):
+            try:
+                print("waiting", flush=True)
+                time.sleep(600)
+            except RunInterrupted:
+                time.sleep(1)  # stopping workers, writing a checkpoint
+                print("cleaned up", flush=True)
+                raise
+    except RunInterrupted:
+        raise SystemExit(143)
+""")
+
+
+def test_a_burst_of_signals_is_one_interruption_with_its_cleanup():
+    """A parent killed with SIGKILL sends its children their death signal once for each of its threads as they
+    end: a worker got SIGTERM three times at once, its handler ran inside itself and deadlocked on a lock its
+    outer run held. The burst is one interruption: the cleanup runs once, to its end, and the process ends
+    within the deadline."""
+
+    def burst(process):
+        until = time.monotonic() + 0.5  # signals coalesce while pending: these come while it handles them
+        while time.monotonic() < until:
+            process.send_signal(signal.SIGTERM)
+
+    code, out, err, seconds = _signalled_while_waiting(BURST, signal_it=burst)
+    assert (code, out.strip()) == (143, "cleaned up"), err[-2000:]
+    assert seconds < DEADLINE_SECONDS
 
 
 RECIPE = (

@@ -37,17 +37,22 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
     """SIGTERM and SIGHUP raise `RunInterrupted` in the main thread, Ctrl-C's SIGINT KeyboardInterrupt (a
-    signal the process ignores, as under `nohup` or `&`, stays ignored). Where the main thread has not seen
-    the signal `GRACE_SECONDS` after it, or has not ended the block `CLEANUP_SECONDS` after that,
-    `farewell(name)` reports it and the process exits with the code it returns. Main thread only (as
-    `signal.signal`)."""
-    seen = threading.Event()
+    signal the process ignores, as under `nohup` or `&`, stays ignored); the signals after it are the same
+    interruption, which they do not cut short. Where the main thread has not seen the signal `GRACE_SECONDS`
+    after it, or has not ended the block `CLEANUP_SECONDS` after that, `farewell(name)` reports it and the
+    process exits with the code it returns. Main thread only (as `signal.signal`)."""
+    # The signals the main thread saw. A list, which takes no lock: a handler runs inside itself when signals
+    # come in a burst (a parent killed with SIGKILL sends its death signal once for each of its threads), and
+    # an Event's lock, held by the outer run, deadlocked the inner one.
+    seen: list[str] = []
 
     def interrupt(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        if seen:
+            return  # one interruption: its cleanup runs to its end, and the watcher bounds it
         if _stopping() is not None and _stopping().deferred(name):
             return  # taken at a training step's end, or by the watcher
-        seen.set()
+        seen.append(name)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise RunInterrupted(name)
@@ -69,7 +74,7 @@ def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
                 return
             # Asked after the grace, not when the byte came: the watcher reads it before the main thread's
             # handler has run, and a main thread that saw the signal gets its cleanup time.
-            cleaning_up = seen.is_set() or (_stopping() is not None and _stopping().taken())
+            cleaning_up = bool(seen) or (_stopping() is not None and _stopping().taken())
             if cleaning_up and ended.wait(CLEANUP_SECONDS):
                 return
             name = signal.Signals(received[0]).name
