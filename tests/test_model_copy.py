@@ -389,3 +389,18 @@ def test_a_base_frozen_when_copied_trains_once_unfrozen_as_the_users_does():
         each.fit(*data, epochs=1, batch_size=8, verbose=0)
         moved.append(np.abs(each.layers[0].layers[0].kernel.numpy() - before).max())
     assert moved[0] > 0 and moved[1] == pytest.approx(moved[0])
+
+
+def test_the_variables_an_optimizer_excludes_from_weight_decay_are_excluded_as_their_copies():
+    """Keras keeps them as keys of the original variables: the copy's own decayed."""
+    keras.utils.set_random_seed(0)
+    user = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.9)
+    optimizer.exclude_from_weight_decay(var_list=user.layers[0].weights)
+    user.compile(optimizer=optimizer, loss="mse")
+    twin = copy_model(user)
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
+    twin.fit(x, y, epochs=2, verbose=0)
+    user.fit(x, y, epochs=2, verbose=0)
+    for mine, theirs in zip(values(twin), values(user), strict=True):
+        np.testing.assert_array_equal(mine, theirs)

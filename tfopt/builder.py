@@ -17,6 +17,7 @@ nothing, and turning XLA off never costs the examples that static batches would 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -492,19 +493,27 @@ def _carry_optimizer_state(made: Any, new: Any) -> None:
     copy's was built with (a folded bias's, `tfopt.rewrites.conv_bias`). Both are of one class and config and
     built over the same variables in the same order, so their slots pair by position (their names do not tell
     two layers of one name in different models apart). The learning rate is the recipe's; an accumulation cycle
-    starts afresh, at the same count of updates."""
+    starts afresh, at the same count of updates. What `exclude_from_weight_decay()` set, which no config holds,
+    goes over whether or not the copy's was built."""
     import keras
 
-    if made is None or new is None or not made.built:
+    if made is None or new is None:
+        return
+    made_inner, new_inner = (
+        optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+        for optimizer in (made, new)
+    )
+    for excluded in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if excluded in made_inner.__dict__:
+            new_inner.__dict__[excluded] = copy.copy(made_inner.__dict__[excluded])
+            new_inner.__dict__["_exclude_from_weight_decay_cache"] = {}
+    if not made.built:
         return
     new.build(made._trainable_variables)
     if isinstance(made, keras.optimizers.LossScaleOptimizer) and isinstance(new, keras.optimizers.LossScaleOptimizer):
         new.step_counter.assign(made.step_counter)
         new.dynamic_scale.assign(made.dynamic_scale)
-    made, new = (
-        optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
-        for optimizer in (made, new)
-    )
+    made, new = made_inner, new_inner
     slots, fresh = _slots(made), _slots(new)
     if len(slots) != len(fresh) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(slots, fresh)):
         return  # not made alike after all (an optimizer class of the user's): it starts afresh, as a new one does

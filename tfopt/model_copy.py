@@ -136,7 +136,7 @@ def copy_keras_object(obj: Any, *, path: str | None = None) -> Any:
                 continue
             new_cell.cell_contents = _copied(contents, walk, f"{walk.paths[id(original)]}.<closure>")
     shells = [shell for _, shell in walk.shells]
-    _rekey_by_identity(shells, walk.memo)
+    _rekey_by_identity(shells, walk.memo, walk.variables)
     _record_current_strategy(shells)
     return walk.memo[id(obj)]
 
@@ -153,6 +153,7 @@ class _Walk:
         self.paths: dict[int, str] = {id(root): name}
         self.shells: list[tuple[Any, Any]] = []
         self.functions: list[tuple[types.FunctionType, types.FunctionType]] = []
+        self.variables: list[tuple[Any, Any]] = []  # each Keras variable and its copy
         self._callables: list[Any] = []
         self._made: set[int] = set()  # ids of what the copy makes anew: shells and variables
         self._parents: dict[int, list[int]] = collections.defaultdict(list)
@@ -183,6 +184,7 @@ class _Walk:
             twin = _copy_variable(obj)
             self.memo[key], self.memo[id(obj._value)] = twin, twin._value  # the TF variable behind it too
             self._made.add(key)
+            self.variables.append((obj, twin))
         elif isinstance(obj, tf.Variable):
             self.memo[key] = tf.Variable(
                 obj.read_value(),
@@ -378,11 +380,12 @@ def _culprit(value: Any, path: str, memo: dict[int, Any], error: Exception) -> t
     return path, f"{type(error).__name__}: {error}", value
 
 
-def _rekey_by_identity(copies: list[Any], memo: dict[int, Any]) -> None:
+def _rekey_by_identity(copies: list[Any], memo: dict[int, Any], variables: list[tuple[Any, Any]]) -> None:
     """What Keras keys by object identity, keyed by the copies: a functional model's nodes (`make_node_key`,
     read when it is saved), a tracker's stored ids (read when an attribute is assigned or deleted), a built
-    optimizer's slots (found by the identity of their variable). The traced functions of a model belong to
-    the original: made again on first use."""
+    optimizer's slots (found by the identity of their variable), the variables an optimizer excludes from
+    weight decay (`exclude_from_weight_decay(var_list=...)`, kept as their keys: the originals' would leave the
+    copy's decaying). The traced functions of a model belong to the original: made again on first use."""
     import keras
     from keras.src.ops.function import Function, make_node_key
     from keras.src.utils.tracking import Tracker
@@ -402,6 +405,10 @@ def _rekey_by_identity(copies: list[Any], memo: dict[int, Any]) -> None:
         if isinstance(new, keras.optimizers.Optimizer) and new.built:
             indices = {new._var_key(variable): index for index, variable in enumerate(new._trainable_variables)}
             new.__dict__["_trainable_variables_indices"] = indices
+        if isinstance(new, keras.optimizers.Optimizer) and new.__dict__.get("_exclude_from_weight_decay"):
+            keys = {new._var_key(original): new._var_key(twin) for original, twin in variables}
+            new.__dict__["_exclude_from_weight_decay"] = {keys.get(key, key) for key in new._exclude_from_weight_decay}
+            new.__dict__["_exclude_from_weight_decay_cache"] = {}
         if isinstance(new, keras.Model):
             for name in _TRACED_FUNCTIONS:
                 if name in new.__dict__:

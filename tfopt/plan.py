@@ -137,6 +137,14 @@ class Plan:
         return self.batch_size * self.micro_batches
 
     @property
+    def model_to_read(self) -> Any:
+        """A model with the plan's layers, to read and never to train: the user's model the plan copies, or the
+        one its weights come from; None where only `model_fn` can make it."""
+        if isinstance(self.model_fn, functools.partial) and self.model_fn.func is copy_model:
+            return self.model_fn.args[0]
+        return self.weights_from
+
+    @property
     def jit_compile(self) -> bool:
         """Whether the model is compiled with XLA."""
         return bool(self.compile_config.get("jit_compile", False))

@@ -165,3 +165,75 @@ def test_a_train_step_applying_optimizers_of_its_own_is_refused(cpu_hardware):
     user, data = keras_examples.conditional_gan()
     with pytest.raises(RecipeConfigError, match="applies its optimizers d_optimizer, g_optimizer, not the one"):
         tfopt.apply(user, data, [{"grad_accum": {"steps": 2}}], hardware=cpu_hardware, measure_speed=False)
+
+
+def test_an_optimizer_keeping_a_moving_average_is_refused():
+    """Keras moves the average at every micro-batch, and fit writes it into the weights at its end."""
+    with pytest.raises(RecipeConfigError, match=r"moving average of the weights \(use_ema=True\)"):
+        GradAccum().check(plan_for(optimizer=keras.optimizers.Adam(use_ema=True)))
+
+
+def embedding_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4), keras.layers.Flatten(), keras.layers.Dense(1)]
+    )
+
+
+def train_embedding(optimizer, batch_size):
+    model = embedding_model()
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 10, size=(MICRO_BATCH * STEPS * UPDATES, 3)).astype("int32")  # some rows absent per batch
+    targets = rng.normal(size=(len(ids), 1)).astype("float32")
+    model.fit(tf.data.Dataset.from_tensor_slices((ids, targets)).batch(batch_size), epochs=1, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize(
+    "optimizer, same",
+    [(lambda: keras.optimizers.SGD(0.1, momentum=0.9), True), (lambda: keras.optimizers.Adam(0.01), False)],
+    ids=["sgd", "adam"],
+)
+def test_sparse_gradients_accumulate_to_the_large_batchs_update_for_sgd_alone(optimizer, same, ieee_float32):
+    """Keras applies an Embedding's gradient (`tf.IndexedSlices`) to the rows looked up alone, and Adam's moments
+    of the other rows stand still; an accumulated gradient is dense, and moves them all. So the recipe accepts
+    an Embedding beside SGD and refuses it beside an optimizer with moments."""
+    accumulated = train_embedding(with_gradient_accumulation(optimizer(), STEPS), MICRO_BATCH)
+    large = train_embedding(optimizer(), MICRO_BATCH * STEPS)
+    close = [np.allclose(got, expected, rtol=1e-5, atol=1e-6) for got, expected in zip(accumulated, large, strict=True)]
+    assert all(close) if same else not all(close)
+    model = embedding_model()
+    plan = plan_for(model=model, loss="mse", optimizer=optimizer())
+    if same:
+        GradAccum().check(plan)
+    else:
+        with pytest.raises(RecipeConfigError, match=r"Embedding 'embedding.*' get\(s\) sparse gradients .* Adam"):
+            GradAccum().check(plan)
+
+
+def test_what_exclude_from_weight_decay_set_goes_into_the_accumulating_optimizer(cpu_hardware, ieee_float32):
+    """No optimizer config holds the variables or names excluded from weight decay: tfopt's copy of the model
+    kept the original's variables excluded (so its own decayed), and the optimizer the recipe makes again from
+    the config excluded nothing."""
+    import tfopt
+
+    def compiled(model):
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        optimizer.exclude_from_weight_decay(var_list=model.layers[0].weights[:1], var_names=["bias"])
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
+
+    x, y = data()
+    result = tfopt.apply(
+        compiled(dense_model()),
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH),
+        [{"grad_accum": {"steps": STEPS}}],
+        hardware=cpu_hardware,
+        measure_speed=False,
+    )
+    result.model.fit(result.dataset, epochs=1, verbose=0)
+    large = compiled(dense_model())
+    large.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH * STEPS), epochs=1, verbose=0)
+    for got, expected in zip(result.model.weights, large.weights, strict=True):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -75,6 +75,27 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path, steps_per_epoch, ne
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_resumed_mid_epoch_writes_the_moving_average_into_the_weights_once_at_its_end(tmp_path):
+    """Keras ends every fit by writing an EMA optimizer's average into the weights: the resumed run's fit for the
+    rest of its epoch must not, or the run goes on from the average (it did, ending 1e-2 away)."""
+    ema = {"class_name": "Adam", "config": {"learning_rate": 0.01, "use_ema": True, "ema_momentum": 0.5}}
+    reference = make_built(optimizer=ema)
+    train(reference, epochs=2)
+    with pytest.raises(Crash):
+        train(
+            make_built(optimizer=ema),
+            epochs=2,
+            checkpoint_dir=tmp_path,
+            checkpoint_every_steps=3,
+            callbacks=[CrashAt(7)],
+            async_checkpoint=False,
+        )
+    resumed = make_built(seed=5, optimizer=ema)
+    assert train(resumed, epochs=2, checkpoint_dir=tmp_path, checkpoint_every_steps=3).resumed_from_step == 6
+    for expected, actual in zip(weights(reference), weights(resumed), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
 class InterruptAt(CrashAt):
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1

@@ -4,17 +4,19 @@ Keras 3 optimizers take `gradient_accumulation_steps=N`: the first N-1 steps onl
 to accumulators, and step N applies `(sum of the N gradients) / N` (Keras averages) and resets them.
 With the default mean loss reduction ("sum_over_batch_size") each micro-batch gradient is a mean over
 its b examples, so their average is the mean over N*b examples: the same update as one batch N times
-larger, up to float rounding (checked for SGD and Adam in the tests). `optimizer.iterations` counts
-updates, not micro-batches, so Adam's bias correction sees the step numbers the large batch would.
+larger, up to float rounding (checked for SGD and Adam on dense layers in the tests). `optimizer.iterations`
+counts updates, not micro-batches, so Adam's bias correction sees the step numbers the large batch would.
 
 Where the update is *not* the large batch's: a loss with reduction="sum" gives 1/N of the large batch's
-gradient (Keras still divides by N), and a learning-rate schedule is called with the micro-batches counted
-(Keras 3 passes it the optimizer's `_iterations`), so this recipe rejects both; so it does a train_step of
-the model's own that applies optimizers of its own (a GAN's), which would leave the compiled one, which
-accumulates, unused; BatchNormalization computes its
-statistics per micro-batch; and the micro-batches must all have b examples (a short last batch weighs
-as much as a full one). Under MirroredStrategy and MultiWorkerMirroredStrategy Keras 3.15 cannot accumulate at
-all (`tfopt.recipes.distribution.ACCUMULATION_FAILS`): the recipe is refused beside them.
+gradient (Keras still divides by N); a learning-rate schedule is called with the micro-batches counted
+(Keras 3 passes it the optimizer's `_iterations`); an optimizer's moving average of the weights (`use_ema`)
+moves at every micro-batch; and an optimizer with moments (all but SGD) applies a batch's sparse gradient
+(the rows of an `Embedding` it looked up) to those rows alone, an accumulated one to every row. This recipe
+rejects all four, and a train_step of the model's own that applies optimizers of its own (a GAN's), which
+would leave the compiled one, which accumulates, unused. BatchNormalization computes its statistics per
+micro-batch, and the micro-batches must all have b examples (a short last batch weighs as much as a full one).
+Under MirroredStrategy and MultiWorkerMirroredStrategy Keras 3.15 cannot accumulate at all
+(`tfopt.recipes.distribution.ACCUMULATION_FAILS`): the recipe is refused beside them.
 """
 
 from __future__ import annotations
@@ -107,13 +109,13 @@ class GradAccum(Recipe):
                 f"{ACCUMULATION_FAILS}.",
                 setting="steps",
             )
-        accumulated(plan.compile_config, self.steps, who=self.name)
+        accumulated(plan, self.steps, who=self.name)
 
     def __call__(self, plan: Plan) -> Plan:
         # A plan already in micro-batches (its batch did not fit: tfopt.training.micro_batches) accumulates
         # these steps of its whole batches.
         steps = self.accumulation_steps(plan.whole_batch_size)
-        compile_config = accumulated(plan.compile_config, steps, who=self.name)
+        compile_config = accumulated(plan, steps, who=self.name)
         pieces = steps * plan.micro_batches
         effective = pieces * plan.batch_size
         detail = (

@@ -30,10 +30,11 @@ way. `skip()` reads the skipped batches, so resuming late in a long epoch costs 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DataError, NonFiniteLossError, describe_error
@@ -169,7 +170,8 @@ def train(
                 # shuffle=False: a tf.data pipeline shuffles itself; Keras' default only adds a warning.
                 # The rest of a resumed epoch (steps_per_epoch None: to the end of the data) is whole calls too:
                 # Keras numbers a call cut short by the data's end as if it had run all its steps.
-                with steps_per_call(model, whole_calls(model, fit_kwargs["steps_per_epoch"] or steps * pieces)):
+                calls = whole_calls(model, fit_kwargs["steps_per_epoch"] or steps * pieces)
+                with steps_per_call(model, calls), _finalized_at_the_end(model, first_step + steps == total_steps):
                     fitted = model.fit(
                         callbacks=run_callbacks,
                         validation_data=validation_data,
@@ -205,6 +207,26 @@ def train(
         global_step=done,
         last_checkpoint=checkpoint.latest_path if checkpoint else None,
     )
+
+
+@contextlib.contextmanager
+def _finalized_at_the_end(model: Any, last: bool) -> Iterator[None]:
+    """Keras ends every `fit` with `optimizer.finalize_variable_values`, where an optimizer keeping a moving
+    average (`use_ema`) writes it into the weights: once, at the end of the training in one call, so a resumed
+    run's `fit` for the rest of an epoch, which is not `last`, must not."""
+    optimizer = model.optimizer
+    if last or optimizer is None:
+        yield
+        return
+    own = optimizer.__dict__.get("finalize_variable_values")  # the user's own, set on the object
+    optimizer.finalize_variable_values = lambda var_list: None
+    try:
+        yield
+    finally:
+        if own is None:
+            del optimizer.finalize_variable_values
+        else:
+            optimizer.finalize_variable_values = own
 
 
 def _segments(dataset: tf.data.Dataset, start: int, total_steps: int, steps_per_epoch: int, stream: bool, pieces: int):

@@ -21,7 +21,7 @@ schedules and Adam's bias correction see the steps plain training would.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfopt.errors import OutOfMemoryError, RecipeConfigError, describe_error
@@ -111,7 +111,7 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
     whole = plan.whole_batch_size
     reason = describe_error(why) if isinstance(why, BaseException) else why
     try:
-        compile_config = accumulated(plan.compile_config, pieces // plan.micro_batches, who=NAME)
+        compile_config = accumulated(plan, pieces // plan.micro_batches, who=NAME)
     except RecipeConfigError as error:
         raise OutOfMemoryError(
             f"The batch of {whole} does not fit the device ({reason}), and tfopt cannot train it as micro-batches "
@@ -122,7 +122,7 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
         f"the batch of {whole} does not fit the device ({reason}): each batch trains as {pieces} micro-batches of "
         f"{batch_size} whose gradients make one update, the whole batch's (the optimizer accumulates {pieces})"
     )
-    normalizing = _batch_normalization(plan)
+    normalizing = _layers_of_class(plan, "BatchNormalization")
     if normalizing:
         detail += f"; {normalizing} normalize(s) each micro-batch by its own statistics, not the whole batch's"
     _log.warning("%s: %s", NAME, detail)
@@ -180,33 +180,35 @@ def _first_piece(inputs: Any, size: int) -> Any:
     return tf.nest.map_structure(lambda tensor: tensor[:size], inputs)
 
 
-def _batch_normalization(plan: Plan) -> str:
-    """The BatchNormalization layers of the plan's model, named, or "" (built only where the weights show it)."""
+def _layers_of_class(plan: Plan, kind: str, *, trained_only: bool = False) -> str:
+    """The plan's model's layers of class `keras.layers.<kind>` (with `trained_only`, those that train), the first
+    three named, or "" for none (and for a model only `model_fn` makes: unknown)."""
     import keras
 
-    model = plan.weights_from
+    model = plan.model_to_read
     if model is None:
         return ""
     layers = [
         layer.name
         for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, keras.layers.BatchNormalization)
+        if isinstance(layer, getattr(keras.layers, kind)) and (layer.trainable or not trained_only)
     ]
     if not layers:
         return ""
     shown = ", ".join(repr(name) for name in layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
-    return f"BatchNormalization {shown}"
+    return f"{kind} {shown}"
 
 
-def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> dict[str, Any]:
-    """The compile config with its optimizer accumulating `factor` times as many micro-batches per update as it
-    did (an optimizer the user set to accumulate keeps doing so: the steps multiply).
+def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
+    """The plan's compile config with its optimizer accumulating `factor` times as many micro-batches per update
+    as it did (an optimizer the user set to accumulate keeps doing so: the steps multiply).
 
     Raises:
         RecipeConfigError: Accumulating would not give the large batch's update (the loss sums, the learning
-            rate is a schedule), or the optimizer cannot be made again with the setting; the message starts
-            with `who`.
+            rate is a schedule, the optimizer keeps a moving average or updates gathered rows lazily), or the
+            optimizer cannot be made again with the setting; the message starts with `who`.
     """
+    compile_config = plan.compile_config
     if "sum" in _loss_reductions(compile_config.get("loss")):
         raise RecipeConfigError(
             f"{who}: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
@@ -228,6 +230,20 @@ def accumulated(compile_config: Mapping[str, Any], factor: int, *, who: str) -> 
             "micro-batches counted, not the updates (BaseOptimizer._get_current_learning_rate reads _iterations), "
             "so it would run N times faster than for the large batch. Give the schedule the updates' step numbers "
             "yourself, or leave accumulation out."
+        )
+    if optimizer["config"].get("use_ema"):
+        raise RecipeConfigError(
+            f"{who}: the optimizer keeps a moving average of the weights (use_ema=True), which Keras moves at every "
+            "micro-batch, not at every update (BaseOptimizer.apply), and fit ends by writing it into the weights: "
+            "they would not be the large batch's. Leave accumulation out, or the moving average."
+        )
+    gathered = _layers_of_class(plan, "Embedding", trained_only=True)  # a batch reads rows: sparse gradients
+    if gathered and optimizer.get("class_name") != "SGD":
+        raise RecipeConfigError(
+            f"{who}: {gathered} get(s) sparse gradients (only the rows a batch looks up), which "
+            f"{optimizer.get('class_name')} applies lazily, moving the moments of those rows alone; accumulated, "
+            "the gradient is dense and every row's moments move, so the update would not be the large batch's. "
+            "Use SGD, or leave accumulation out."
         )
     steps = (optimizer["config"].get("gradient_accumulation_steps") or 1) * factor
     optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
