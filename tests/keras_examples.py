@@ -602,3 +602,30 @@ def semi_supervised_contrastive(count=16):
     return model, tf.data.Dataset.zip(
         (unlabeled.shuffle(2 * count, seed=3).batch(8), labeled.shuffle(count, seed=4).batch(4))
     )
+
+
+class RecommenderNet(keras.Model):
+    """keras-io collaborative_filtering_movielens: its call() adds what its Embeddings return with `+` (no dtype
+    promotion), the last of them a bias, and applies the sigmoid itself."""
+
+    def __init__(self, users=20, movies=30, size=4, **kwargs):
+        super().__init__(**kwargs)
+        self.user_embedding = layers.Embedding(users, size, embeddings_initializer="he_normal")
+        self.user_bias = layers.Embedding(users, 1)
+        self.movie_embedding = layers.Embedding(movies, size, embeddings_initializer="he_normal")
+        self.movie_bias = layers.Embedding(movies, 1)
+
+    def call(self, inputs):
+        user_vector = self.user_embedding(inputs[:, 0])
+        movie_vector = self.movie_embedding(inputs[:, 1])
+        x = ops.tensordot(user_vector, movie_vector, 2) + self.user_bias(inputs[:, 0]) + self.movie_bias(inputs[:, 1])
+        return ops.nn.sigmoid(x)
+
+
+def recommender(count=32, batch_size=8):
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.integers(0, 20, count), rng.integers(0, 30, count)], 1).astype("int64")
+    ratings = rng.random(count).astype("float32")
+    model = RecommenderNet()
+    model.compile(loss=keras.losses.BinaryCrossentropy(), optimizer=keras.optimizers.Adam(1e-3))
+    return model, tf.data.Dataset.from_tensor_slices((ids, ratings)).batch(batch_size)

@@ -16,6 +16,7 @@ from tfopt.builder import build
 from tfopt.fidelity import TOLERANCE, agreement, outcome
 from tfopt.layer_policies import set_dtype_policy
 from tfopt.plan import make_plan
+from tfopt.policies import dtype_policy_scope
 from tfopt.verdict import built_again, candidates, decided
 
 BUILD_ONLY = dict(measure_speed=False)
@@ -582,6 +583,32 @@ def test_a_model_whose_own_code_fails_in_16_bits_is_named_as_such(cpu_hardware):
     assert "keras.ops.cast" in step.detail and "Give that layer" not in step.detail
     assert result.plan.dtype_policy == "float32"
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
+
+
+def test_a_model_whose_own_code_mixes_its_output_layer_with_16_bit_tensors_trains_as_under_keras_policy(
+    cpu_hardware,
+):
+    """keras-io's recommender adds what its last Embedding returns (kept float32 as producing the outputs) to its
+    other layers' bfloat16 results: plain Keras trains it under the mixed policy, where they are all bfloat16.
+    So does tfopt, and it says so; it said the model's own code failed."""
+    user, data = keras_examples.recommender()
+    ids = next(iter(data))[0]
+    user(ids)  # built: the weights both start from
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
+    assert result.plan.dtype_policy == "mixed_bfloat16" and result.plan.outputs_in_16_bits
+    assert {layer.compute_dtype for layer in result.model.layers} == {"bfloat16"}
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert not step.skipped
+    back = f"then {result.model.movie_bias.name!r} back in mixed_bfloat16, the outputs in 16 bits as under Keras' own"
+    assert back in step.detail
+    assert "cannot compute AddV2" in step.detail
+    with dtype_policy_scope("mixed_bfloat16"):
+        plain, _ = keras_examples.recommender()
+        plain(ids)
+    plain.set_weights(user.get_weights())
+    expected = plain.fit(data, epochs=2, verbose=0, shuffle=False).history["loss"]
+    np.testing.assert_allclose(result.model.fit(result.dataset, epochs=2, verbose=0).history["loss"], expected)
 
 
 def test_a_gan_without_call_keeps_the_outputs_of_its_parts_in_float32(cpu_hardware):

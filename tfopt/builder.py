@@ -97,7 +97,9 @@ def build(plan: Plan) -> Built:
     with dtype_policy_scope(plan.dtype_policy), strategy.scope():
         model = _create_model(plan)
         own_policy = model_dtype_policy(model)  # a copy's is the user's
-        kept_float32 = set_dtype_policy(model, plan.dtype_policy, plan.sample_inputs)
+        kept_float32 = set_dtype_policy(
+            model, plan.dtype_policy, plan.sample_inputs, float32_outputs=not plan.outputs_in_16_bits
+        )
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if layer.name in plan.float32_layers:  # failed in 16 bits on the first batch of an earlier build
                 layer.dtype_policy = "float32"

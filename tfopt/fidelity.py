@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfopt import data_mismatch
 from tfopt.errors import IncompatibleModelError, describe_error
+from tfopt.layer_policies import float32_output_layers
 from tfopt.training.micro_batches import out_of_memory
 
 if TYPE_CHECKING:
@@ -416,6 +417,25 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
             layer = failing_layer(error, model)
+            outputs = (
+                []
+                if layer is not model or plan.outputs_in_16_bits
+                else float32_output_layers(model, plan.sample_inputs)
+            )
+            if outputs:
+                # The model's own call() mixes what the layers kept float32 for the outputs compute with 16-bit
+                # tensors (a recommender's `dot + user_bias + movie_bias`): Keras' own mixed policy leaves them in
+                # 16 bits, and so does the setup, which trains as plain Keras' would under the policy.
+                for each in outputs:
+                    each.dtype_policy = plan.dtype_policy
+                model.train_function = None
+                plan = plan.replace(outputs_in_16_bits=True).amend(
+                    "mixed_precision",
+                    f"then {_named(outputs)} back in {plan.dtype_policy}, the outputs in 16 bits as under Keras' own "
+                    "mixed policy: the model's own code mixes their float32 results with 16-bit ones "
+                    f"({describe_error(error)})",
+                )
+                continue
             # A layer float32 already (it holds an id reader) that fails mixes in what its own layers compute in
             # 16 bits (an Embedding's float32 positions added to a Dense's bfloat16 projection): they go too.
             keeping = [] if layer is None or layer is model else _in_16_bits(layer)

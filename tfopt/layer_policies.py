@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import keras
 
 
-def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> list[str]:
+def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any, *, float32_outputs: bool = True) -> list[str]:
     """Puts a model's layers on `policy` as if it had been the global policy when they were made.
 
     Layers still on the policy the model was made under (its default: float32, or the mixed policy that
@@ -31,6 +31,8 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
         policy: A Keras dtype policy name.
         sample_inputs: One batch of the model's inputs: a model without a functional graph is called on it
             once to find the layers that produce its outputs.
+        float32_outputs: Whether the layers producing the outputs stay float32 (False: they take `policy`, as
+            under Keras' own mixed policy, where the model's own code mixes their results with 16-bit ones).
 
     Returns:
         What stayed float32 and why, one entry per kind; empty under a float32 policy.
@@ -46,33 +48,61 @@ def set_dtype_policy(model: keras.Model, policy: str, sample_inputs: Any) -> lis
         >>> [layer.compute_dtype for layer in model.layers[1:]]  # an Embedding reads its ids exactly in 16 bits
         ['float32', 'bfloat16', 'bfloat16', 'float32']
     """
-    import keras
 
     defaults = {"float32", model_dtype_policy(model)}
-    # The model itself keeps its own: what its call() computes between its layers stays in the user's
-    # precision, and its input signature (which `export` serves) stays what the user feeds it (a model whose
-    # call only runs its layers takes theirs once it is compiled: `tfopt.builder`). Not where it
-    # holds weights of its own that its call() mixes with its layers' outputs (a ViT's class token): those
-    # must come in its layers' dtype.
-    own_weights = bool(model._trainable_variables or model._non_trainable_variables)
-    layers = [
-        layer
-        for layer in model._flatten_layers(include_self=own_weights, recursive=True)
-        if not isinstance(layer, keras.layers.InputLayer) and layer.dtype_policy.name in defaults
-    ]
+    layers = [layer for layer in _policy_layers(model) if layer.dtype_policy.name in defaults]
     kept: dict[str, list[Any]] = {}
     if policy in ("mixed_float16", "mixed_bfloat16"):
-        reading, carrying = reading_and_carrying_ids(model, layers, sample_inputs)
-        outputs = _output_layers(model, sample_inputs) - reading - carrying
-        kept = {
-            "reading ids or raw features": [layer for layer in layers if id(layer) in reading],
-            "carrying them there": [layer for layer in layers if id(layer) in carrying],
-            "producing the outputs": [layer for layer in layers if id(layer) in outputs],
-        }
+        kept = _kept_float32(model, layers, sample_inputs, float32_outputs)
     float32 = {id(layer) for group in kept.values() for layer in group}
     for layer in layers:
         layer.dtype_policy = "float32" if id(layer) in float32 else policy
     return [f"{why}: {', '.join(_describe(layer) for layer in group)}" for why, group in kept.items() if group]
+
+
+def float32_output_layers(model: keras.Model, sample_inputs: Any) -> list[Any]:
+    """The layers `set_dtype_policy` keeps float32 under a mixed policy as producing the outputs, where they
+    still are. Found with every layer in float32, as the user's model runs: a model that fails under the mixed
+    policy fails the forward pass that finds them."""
+    layers = _policy_layers(model)
+    policies = [layer.dtype_policy for layer in layers]
+    for layer in layers:
+        layer.dtype_policy = "float32"
+    try:
+        producing = _kept_float32(model, layers, sample_inputs, float32_outputs=True)["producing the outputs"]
+    finally:
+        for layer, policy in zip(layers, policies, strict=True):
+            layer.dtype_policy = policy
+    return [layer for layer in producing if layer.dtype_policy.name == "float32"]
+
+
+def _policy_layers(model: keras.Model) -> list[Any]:
+    """The layers a policy is set on. The model itself keeps its own: what its call() computes between its
+    layers stays in the user's precision, and its input signature (which `export` serves) stays what the user
+    feeds it (a model whose call only runs its layers takes theirs once it is compiled: `tfopt.builder`). Not
+    where it holds weights of its own that its call() mixes with its layers' outputs (a ViT's class token):
+    those must come in its layers' dtype."""
+    import keras
+
+    own_weights = bool(model._trainable_variables or model._non_trainable_variables)
+    return [
+        layer
+        for layer in model._flatten_layers(include_self=own_weights, recursive=True)
+        if not isinstance(layer, keras.layers.InputLayer)
+    ]
+
+
+def _kept_float32(
+    model: keras.Model, layers: list[Any], sample_inputs: Any, float32_outputs: bool
+) -> dict[str, list[Any]]:
+    """The layers among `layers` a mixed policy keeps float32, by why."""
+    reading, carrying = reading_and_carrying_ids(model, layers, sample_inputs)
+    outputs = _output_layers(model, sample_inputs) - reading - carrying if float32_outputs else set()
+    return {
+        "reading ids or raw features": [layer for layer in layers if id(layer) in reading],
+        "carrying them there": [layer for layer in layers if id(layer) in carrying],
+        "producing the outputs": [layer for layer in layers if id(layer) in outputs],
+    }
 
 
 def _describe(layer: keras.Layer) -> str:

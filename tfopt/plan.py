@@ -89,6 +89,9 @@ class Plan:
         float32_layers: Names of layers `build()` keeps in float32 under a mixed policy because they failed in
             16 bits on the first batch (`tfopt.fidelity.first_batch_checked`), so a setup built again from the
             plan keeps them so too.
+        outputs_in_16_bits: Whether `build()` leaves the layers producing the outputs on a mixed policy, as
+            Keras' own mixed policy does, instead of float32: where the model's own code mixes their results
+            with 16-bit ones and fails with them in float32 (`tfopt.fidelity.first_batch_checked`).
         applied: What every recipe did, in order.
 
     Example:
@@ -123,6 +126,7 @@ class Plan:
     data_service: Any = None
     layer_rewrites: tuple[str, ...] = ()
     float32_layers: tuple[str, ...] = ()
+    outputs_in_16_bits: bool = False
     applied: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:

@@ -80,7 +80,9 @@ def _sequential_cnn():
 
 class _SubclassedCnn(keras.Model):
     def __init__(self):
-        super().__init__()
+        # Named: Keras names it "_subclassed_cnn", no valid root name scope, and a trace of it fails (plain fit's
+        # too), leaving that scope on Keras' stack, in every later variable's path.
+        super().__init__(name="subclassed_cnn")
         self.cnn = make_cnn(compiled=False)
 
     def call(self, inputs):

@@ -293,6 +293,7 @@ def _model_key(plan: Plan) -> str:
             sorted(plan.compile_config.items()),
             plan.layer_rewrites,
             plan.float32_layers,
+            plan.outputs_in_16_bits,
             plan.micro_batches,
         )
     )
