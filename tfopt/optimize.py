@@ -297,12 +297,12 @@ def apply(
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     if profile and logdir is not None:
         _made_directory(logdir)
-    from tfopt.data.read_copy import copies_kept, global_generators_kept
+    from tfopt.data.read_copy import copies_kept, python_generators_kept
 
     # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
     # starts where yours stands, as `fit(dataset)` would have started.
     tf32_in_force = bool(tf.config.experimental.tensor_float_32_execution_enabled())
-    with copies_kept(), global_generators_kept():
+    with copies_kept(), python_generators_kept():
         baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
         if recipe is not None:
             _checked(recipe, baseline, model)  # before anything is built: a recipe that cannot serve it costs nothing
