@@ -366,7 +366,7 @@ def test_an_optimizer_made_again_keeps_the_folded_biases_slots_so_a_saved_copy_r
     x = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, name="conv")(inputs))
     outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x)))
     user = keras.Model(inputs, outputs)
-    user.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    user.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
     data = tf.data.Dataset.from_tensor_slices((tf.ones((8, 8, 8, 3)), tf.ones((8, 2)))).batch(4)
     recipes = [{"fused_layers": {"batch_norm": False, "conv_bias": True}}, {"grad_accum": {"steps": 2}}]
     result = tfopt.apply(user, data, recipes, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)

@@ -91,7 +91,7 @@ def test_a_trained_folded_copy_reloads_with_its_optimizers_state(tmp_path):
     """A variable's `trainable` is not saved: reloaded (without tfopt) the bias trains again, and Keras kept none
     of a saved optimizer's state whose variables differed in number from the reloaded model's."""
     _, folded = model_and_copy()
-    folded.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    folded.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
     fold_conv_biases(folded)
     data = tf.data.Dataset.from_tensor_slices((images(), tf.ones((8, 2)))).batch(4)
     folded.fit(data, epochs=2, verbose=0)
@@ -128,10 +128,25 @@ def test_where_the_bias_does_not_cancel_it_stays(convolution, normalization, why
 
 def test_weight_decay_would_move_a_non_zero_bias():
     _, copy = model_and_copy()
-    copy.compile(optimizer=keras.optimizers.AdamW(weight_decay=0.01), loss="mse")
+    copy.compile(optimizer=keras.optimizers.SGD(weight_decay=0.01), loss="mse")
     assert fold_conv_biases(copy) == ([], ["conv: the optimizer's weight decay (0.01) would move its non-zero bias"])
     copy.get_layer("conv").bias.assign(np.zeros(4, "float32"))  # zero stays zero under decay
     assert fold_conv_biases(copy) == (["conv"], [])
+
+
+def test_under_an_optimizer_scaling_its_updates_plain_keras_trains_the_cancelled_bias_so_it_stays():
+    """Its gradient is zero up to float rounding, which Adam scales to steps of the order of its learning rate."""
+    model, copy = model_and_copy()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    before = model.get_layer("conv").bias.numpy()
+    model.fit(images(), np.random.default_rng(3).normal(size=(8, 2)).astype("float32"), epochs=4, verbose=0)
+    assert np.abs(model.get_layer("conv").bias.numpy() - before).max() > 1e-4
+    copy.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    folded, kept = fold_conv_biases(copy)
+    assert folded == [] and kept == [
+        "1 convolution(s): the optimizer (Adam) scales each update to the gradient's running size, so the rounding "
+        "noise of the bias's zero gradient trains it in plain Keras (folded only under SGD)"
+    ]
 
 
 def test_a_frozen_normalization_keeps_the_bias():
@@ -150,7 +165,7 @@ def test_a_convolution_feeding_more_than_the_normalization_keeps_its_bias():
 
 def test_an_optimizer_holding_the_bias_state_keeps_it():
     model, _ = model_and_copy()
-    model.compile(optimizer="adam", loss="mse")
+    model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
     model.fit(images(), np.zeros((8, 2), "float32"), verbose=0)
     assert fold_conv_biases(model) == ([], ["conv: the optimizer already keeps state for its bias"])
 

@@ -9,11 +9,12 @@ shifted by the constant bias. The layers keep their config and variables (the bi
 not trainable), so the copy saves and loads as the user's model does, and its weights load into it; its
 optimizer keeps (zero) slots for the biases, so a saved copy reloads with its optimizer's state too.
 
-Folded only where that holds: the convolution feeds nothing but the normalization, over its channel axis,
-with no activation between, no regularizer or constraint on the bias and no weight decay on a non-zero bias
-(they would move it), both layers trainable (a frozen normalization runs on its moving statistics, where the
-bias does not cancel and trains), used once in the model, no optimizer state kept for the bias yet, and Keras'
-own train_step (one of the model's own may call it with `training=False`).
+Folded only where that holds: the optimizer is SGD (`_moves_on_noise`), the convolution feeds nothing but the
+normalization, over its channel axis, with no activation between, no regularizer or constraint on the bias
+and no weight decay on a non-zero bias (they would move it), both layers trainable (a frozen normalization
+runs on its moving statistics, where the bias does not cancel and trains), used once in the model, no
+optimizer state kept for the bias yet, and Keras' own train_step (one of the model's own may call it with
+`training=False`).
 
 Decided once, when the copy is built: a normalization the user freezes afterwards, or a new optimizer compiled
 for a second stage, meets a bias that stays zero and has no slot (docs/recipes/fused_layers.md says what to do).
@@ -50,6 +51,7 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         BatchNormalization and was left as it is.
     """
     optimizer = getattr(model, "optimizer", None)
+    moving_noise = _moves_on_noise(optimizer)
     folded, kept = [], []
     for normalization in model._flatten_layers(include_self=False, recursive=True):
         if type(normalization) not in _NORMALIZATIONS or len(normalization._inbound_nodes) != 1:
@@ -58,7 +60,8 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         convolution = parents[0].operation if len(parents) == 1 else None
         if type(convolution) not in _CONVOLUTIONS or not convolution.use_bias or not convolution.bias.trainable:
             continue
-        why_not = _why_not(convolution, normalization, optimizer, type(model).train_step is not keras.Model.train_step)
+        own_train_step = type(model).train_step is not keras.Model.train_step
+        why_not = moving_noise or _why_not(convolution, normalization, optimizer, own_train_step)
         if why_not:
             kept.append(f"{convolution.name}: {why_not}")
             continue
@@ -69,7 +72,23 @@ def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
         folded.append(convolution)
     if folded and optimizer is not None:
         _build_with_slots_for(optimizer, model, [convolution.bias for convolution in folded])
+    if moving_noise and kept:  # one reason for them all
+        kept = [f"{len(kept)} convolution(s): {moving_noise}"]
     return [convolution.name for convolution in folded], kept
+
+
+def _moves_on_noise(optimizer: Any) -> str | None:
+    """Why an optimizer trains a cancelled bias in plain Keras, or None. Its gradient is zero only up to float
+    rounding, and an optimizer scaling each update to the gradient's running size (Adam, RMSprop, Lion, ...)
+    turns that noise into steps of the order of its learning rate, which a folded bias would not take: SGD's
+    update of a rounding-sized gradient is rounding-sized, and only under it is the fold the same training."""
+    inner = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+    if inner is None or isinstance(inner, keras.optimizers.SGD):
+        return None
+    return (
+        f"the optimizer ({type(inner).__name__}) scales each update to the gradient's running size, so the "
+        "rounding noise of the bias's zero gradient trains it in plain Keras (folded only under SGD)"
+    )
 
 
 def _build_with_slots_for(optimizer: Any, model: keras.Model, biases: list[Any]) -> None:
