@@ -585,6 +585,23 @@ def test_a_model_whose_own_code_fails_in_16_bits_is_named_as_such(cpu_hardware):
     assert np.isfinite(result.model.fit(result.dataset, epochs=1, verbose=0).history["loss"][0])
 
 
+def test_a_keras_model_failing_outside_its_layers_is_not_said_to_fail_in_code_of_the_users(cpu_hardware):
+    """An activity regularizer's loss is summed by Keras with the others in 16 bits, which fails under the mixed
+    policy in plain Keras too: Keras' code fails, not a train_step or call() of the user's."""
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu", activity_regularizer=keras.regularizers.l1(1e-3))(inputs)
+    user = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    user.compile(optimizer="adam", loss="mse")
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    result = tfopt.apply(
+        user, keras_examples.regression_data(features=6), forced, hardware=cpu_hardware, measure_speed=False
+    )
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert step.skipped and result.plan.dtype_policy == "float32"
+    assert "Keras' own code around the layers of this Functional model" in step.detail
+    assert "its train_step or call" not in step.detail
+
+
 def test_a_model_whose_own_code_mixes_its_output_layer_with_16_bit_tensors_trains_as_under_keras_policy(
     cpu_hardware,
 ):

@@ -484,8 +484,14 @@ def _named(layers: list[Any], most: int = 4) -> str:
 
 
 def _fails_in_16_bits(layer: Any, model: keras.Model, plan: Plan, error: Exception) -> str:
-    """Why mixed precision is left out: the layer that fails under it, or the model's own code."""
+    """Why mixed precision is left out: the layer that fails under it, the model's own code, or Keras' around its
+    layers (a Functional or Sequential model's)."""
     failure = f"fails under {plan.dtype_policy}: {describe_error(error).rstrip('.')}"
+    if layer is model and type(model).__module__.startswith("keras."):
+        return (
+            f"Keras' own code around the layers of this {type(model).__name__} model (such as where it sums the "
+            f"losses its layers add: add_loss, activity_regularizer) {failure}. Leave mixed_precision out"
+        )
     if layer is model:
         return (
             f"the model's own code ({type(model).__name__}: its train_step or call, not one of its layers) {failure}. "
