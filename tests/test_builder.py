@@ -381,6 +381,25 @@ def test_an_optimizer_made_again_keeps_the_folded_biases_slots_so_a_saved_copy_r
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
 
+def test_the_optimizer_the_build_compiles_with_decides_the_conv_bias_fold():
+    """The build compiles after the rewrites: a model compiled with SGD and given compile= with Adam trains under
+    Adam, which moves a cancelled bias in plain Keras, so it keeps its bias."""
+    import tfopt
+    from tests.conftest import FAKE_HARDWARE
+
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, name="conv")(inputs))
+    user = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(x)))
+    user.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((tf.ones((8, 8, 8, 3)), tf.ones((8, 2)))).batch(4)
+    recipes = [{"fused_layers": {"batch_norm": False, "conv_bias": True}}]
+    compile = {"optimizer": keras.optimizers.Adam(0.01), "loss": "mse"}
+    result = tfopt.apply(user, data, recipes, compile=compile, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
+    assert type(result.model.optimizer) is keras.optimizers.Adam and result.model.get_layer("conv").bias.trainable
+    step = next(step for step in result.plan.applied if step.recipe == "fused_layers")
+    assert step.skipped and "the optimizer (Adam) scales each update" in step.detail
+
+
 def test_a_model_fn_returning_the_users_model_itself_is_refused_and_the_model_left_as_it_was(cpu_hardware):
     import tfopt
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
 from tfopt.data.batches import describe_dropped, static_batches
 from tfopt.errors import IncompatibleModelError, RecipeConfigError, TfoptError, describe_error
 from tfopt.layer_policies import set_dtype_policy
-from tfopt.model_copy import copy_keras_object, copy_model
+from tfopt.model_copy import copy_keras_object
 from tfopt.plan import SET_ON_THE_MODEL, Plan, serialized_setting, users_jit_compile
 from tfopt.policies import dtype_policy_scope, has_call, model_dtype_policy, put_tf32_in_force
 from tfopt.training.held_optimizers import applied_by_its_own_train_step
@@ -190,7 +189,7 @@ def _create_model(plan: Plan) -> keras.Model:
     except TfoptError:
         raise
     except Exception as error:
-        if _copies_the_users_model(plan):
+        if plan.copies_users_model:
             raise IncompatibleModelError(
                 f"tfopt could not copy your model {getattr(plan.model_fn.args[0], 'name', '')!r} "
                 f"({type(error).__name__}: {error}). Pass model_fn=a function that creates it "
@@ -222,11 +221,6 @@ def _create_model(plan: Plan) -> keras.Model:
     return model
 
 
-def _copies_the_users_model(plan: Plan) -> bool:
-    """Whether the plan's model is an in-process copy of the user's (its `model_fn.args[0]`), not model_fn's."""
-    return isinstance(plan.model_fn, functools.partial) and plan.model_fn.func is copy_model
-
-
 def _traced_once(model: keras.Model, element_spec: Any) -> None:
     """Creates the variables of a model without call() whose parts are not all built (a GAN of `Sequential`s
     without `Input`) as `fit` does, by tracing its train_step on the batches' specs, and runs nothing: each
@@ -250,7 +244,8 @@ def _rewritten(model: keras.Model, plan: Plan) -> Plan:
     from tfopt.rewrites import rewrite
 
     said, made = [], []
-    for name, (rewritten, kept) in rewrite(model, plan.layer_rewrites).items():
+    optimizer = plan.compile_objects.get("optimizer")  # compiled after the rewrites; a recipe keeps its class
+    for name, (rewritten, kept) in rewrite(model, plan.layer_rewrites, optimizer).items():
         if not rewritten and not kept:
             continue  # no layer it could apply to
         named = ", ".join(rewritten[:_NAMED]) + (
@@ -478,7 +473,7 @@ def _compile(model: keras.Model, plan: Plan, own_policy: str) -> str | None:
             model.compile(**declared)
         else:
             keras.Model.compile(model, **arguments)
-        users = getattr(plan.model_fn.args[0], "optimizer", None) if _copies_the_users_model(plan) else None
+        users = getattr(plan.model_fn.args[0], "optimizer", None) if plan.copies_users_model else None
         if users is not None and plan.compile_objects.get("optimizer") is users:
             _carry_optimizer_state(made, model.optimizer)  # compile= given the model's own trained optimizer
     model.jit_compile = plan.jit_compile and not model.run_eagerly

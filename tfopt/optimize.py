@@ -297,7 +297,8 @@ def apply(
         source, dataset = dataset, dataset.pipeline(batch_size=batch_size, optimized=False)
     if profile and logdir is not None:
         _made_directory(logdir)
-    from tfopt.data.read_copy import copies_kept, python_generators_kept
+    from tfopt.data.python_generators import python_generators_kept
+    from tfopt.data.read_copy import copies_kept
 
     # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
     # starts where yours stands, as `fit(dataset)` would have started.

@@ -141,12 +141,15 @@ class Plan:
         return self.batch_size * self.micro_batches
 
     @property
+    def copies_users_model(self) -> bool:
+        """Whether the plan's model is an in-process copy of the user's (its `model_fn.args[0]`), not model_fn's."""
+        return isinstance(self.model_fn, functools.partial) and self.model_fn.func is copy_model
+
+    @property
     def model_to_read(self) -> Any:
         """A model with the plan's layers, to read and never to train: the user's model the plan copies, or the
         one its weights come from; None where only `model_fn` can make it."""
-        if isinstance(self.model_fn, functools.partial) and self.model_fn.func is copy_model:
-            return self.model_fn.args[0]
-        return self.weights_from
+        return self.model_fn.args[0] if self.copies_users_model else self.weights_from
 
     @property
     def jit_compile(self) -> bool:

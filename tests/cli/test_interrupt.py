@@ -38,11 +38,11 @@ HELD_IN_TENSORFLOW = textwrap.dedent("""
 """)
 
 
-def _signalled_while_waiting(code: str, *arguments: str, signal_it=None) -> tuple[int, str, str, float]:
-    """Runs `code`, and once it says "waiting", `signal_it(process)` (by default one SIGTERM). Returns its exit
+def _signalled_while_waiting(source: str, *arguments: str, signal_it=None) -> tuple[int, str, str, float]:
+    """Runs `source`, and once it says "waiting", `signal_it(process)` (by default one SIGTERM). Returns its exit
     code, stdout, stderr and the seconds from its (last) signal to its end."""
     process = subprocess.Popen(
-        [sys.executable, "-c", code, *arguments],
+        [sys.executable, "-c", source, *arguments],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -154,6 +154,37 @@ def test_a_burst_of_signals_is_one_interruption_with_its_cleanup():
     code, out, err, seconds = _signalled_while_waiting(BURST, signal_it=burst)
     assert (code, out.strip()) == (143, "cleaned up"), err[-2000:]
     assert seconds < DEADLINE_SECONDS
+
+
+DEFERRED_BURST = textwrap.dedent("""
+    import os, signal, time
+    from tfopt.cli.interrupt import signals_interrupt
+    from tfopt.errors import RunInterrupted
+    from tfopt.training.stopping import stops_at_step_ends
+
+    try:
+        with signals_interrupt(lambda name: 1):
+            try:
+                with stops_at_step_ends():  # training: the first signal is taken at the step's end
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.1)
+            except RunInterrupted:
+                os.kill(os.getpid(), signal.SIGTERM)  # the burst's next, while the checkpoint is written
+                time.sleep(0.5)
+                print("cleaned up", flush=True)
+                raise
+    except RunInterrupted:
+        raise SystemExit(143)
+""")
+
+
+def test_a_burst_of_signals_taken_at_a_training_steps_end_is_one_interruption_too():
+    """The first signal of the burst is deferred to the step's end; the next ones must not cut the cleanup
+    (the checkpoint of the steps trained) short either."""
+    finished = subprocess.run(
+        [sys.executable, "-c", DEFERRED_BURST], capture_output=True, text=True, env=child_environment(), timeout=120
+    )
+    assert (finished.returncode, finished.stdout.strip()) == (143, "cleaned up"), finished.stderr[-2000:]
 
 
 RECIPE = (

@@ -37,19 +37,22 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def signals_interrupt(farewell: Callable[[str], int]) -> Iterator[None]:
     """SIGTERM and SIGHUP raise `RunInterrupted` in the main thread, Ctrl-C's SIGINT KeyboardInterrupt (a
-    signal the process ignores, as under `nohup` or `&`, stays ignored); the signals after it are the same
-    interruption, which they do not cut short. Where the main thread has not seen the signal `GRACE_SECONDS`
-    after it, or has not ended the block `CLEANUP_SECONDS` after that, `farewell(name)` reports it and the
-    process exits with the code it returns. Main thread only (as `signal.signal`)."""
-    # The signals the main thread saw. A list, which takes no lock: a handler runs inside itself when signals
-    # come in a burst (a parent killed with SIGKILL sends its death signal once for each of its threads), and
-    # an Event's lock, held by the outer run, deadlocked the inner one.
+    signal the process ignores, as under `nohup` or `&`, stays ignored); the signals after it (a second Ctrl-C
+    too) are the same interruption, which they do not cut short. Where the main thread has not seen the signal
+    `GRACE_SECONDS` after it, or has not ended the block `CLEANUP_SECONDS` after that, `farewell(name)` reports
+    it and the process exits with the code it returns. Main thread only (as `signal.signal`)."""
+    # Lists, which take no lock: a handler runs inside itself when signals come in a burst (a parent killed with
+    # SIGKILL sends its death signal once for each of its threads), and an Event's lock, held by the outer run,
+    # deadlocked the inner one. `interrupted`: a signal came (one interruption, raised at once or at a step's
+    # end); `seen`: the main thread raised it.
+    interrupted: list[str] = []
     seen: list[str] = []
 
     def interrupt(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if seen:
+        if interrupted:
             return  # one interruption: its cleanup runs to its end, and the watcher bounds it
+        interrupted.append(name)
         if _stopping() is not None and _stopping().deferred(name):
             return  # taken at a training step's end, or by the watcher
         seen.append(name)

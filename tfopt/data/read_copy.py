@@ -12,13 +12,12 @@ generator and each memory cache of its own, starting where a new pipeline starts
 copied with their present values. A pipeline holding none of that state is read as it is; one whose graph
 cannot be read or rebuilt (too large, an op whose round trip no test checks, as the rewrite's) is read as it is
 too, and moves on as before. The random generators a pipeline's Python code draws from (Python's and NumPy's
-global ones, and those its functions hold) are put back after (`python_generators_kept`).
+global ones, and those its functions hold) are put back after (`tfopt.data.python_generators`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -74,118 +73,6 @@ def copies_kept() -> Iterator[None]:
         yield
     finally:
         _kept = outer
-
-
-@contextlib.contextmanager
-def python_generators_kept() -> Iterator[None]:
-    """Puts the random generators Python code run by TensorFlow draws from back as they were before the block
-    (an `apply`): Python's and NumPy's global ones, and those the Python functions TensorFlow calls hold.
-
-    A pipeline's own Python code (a `tf.numpy_function` augmentation, a `from_generator` generator) draws from
-    them each time tfopt reads it, and no copy of the pipeline has generators of its own for them: without
-    this, the user's training draws what plain Keras' would draw later. Held ones are found from every Python
-    function TensorFlow holds to call (its registry of `numpy_function`s, `py_function`s and generators: the
-    pipeline's, and a model's), through their closures, defaults, the globals they name and the attributes of
-    what they hold (keras.io's 3D CT classifier draws from `random`; NumPy recommends a `default_rng()` of
-    one's own). Other state the Python code keeps (a counter, a generator's position) moves on as tfopt reads.
-    """
-    import random
-
-    import numpy as np
-
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    states = [(generator, _state(generator)) for generator in _generators_held()]
-    try:
-        yield
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
-        for generator, state in states:
-            _put_back(generator, state)
-
-
-# How far from a function, and through how many objects, generators are looked for: a closure over a model
-# must not walk all of it.
-_MOST_STEPS, _MOST_OBJECTS = 6, 20_000
-
-
-def _generators_held() -> list[Any]:
-    """The NumPy and Python random generators reachable from the Python functions TensorFlow holds to call."""
-    import random
-
-    import numpy as np
-    from tensorflow.python.ops import script_ops
-
-    frontier = list(getattr(getattr(script_ops, "_py_funcs", None), "_funcs", {}).values())
-    kinds = (np.random.Generator, np.random.RandomState, random.Random)
-    found: list[Any] = []
-    seen: set[int] = set()
-    for _ in range(_MOST_STEPS):
-        following = []
-        for obj in frontier:
-            if id(obj) in seen or len(seen) >= _MOST_OBJECTS:
-                continue
-            seen.add(id(obj))
-            if isinstance(obj, kinds):
-                found.append(obj)
-            else:
-                following.extend(_parts(obj))
-        frontier = following
-    return found
-
-
-def _parts(obj: Any) -> list[Any]:
-    """What a Python object holds that its code may draw from."""
-    if isinstance(obj, types.MethodType):
-        return [obj.__self__, obj.__func__]
-    if isinstance(obj, types.FunctionType):
-        cells = []
-        for cell in obj.__closure__ or ():
-            with contextlib.suppress(ValueError):  # a cell not assigned yet
-                cells.append(cell.cell_contents)
-        named = [obj.__globals__[name] for name in _names(obj.__code__) if name in obj.__globals__]
-        return [*cells, *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values(), *named]
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return list(obj)
-    if isinstance(obj, dict):
-        return list(obj.values())
-    if isinstance(obj, (types.ModuleType, type)):
-        return []
-    return list(getattr(obj, "__dict__", {}).values())
-
-
-def _names(code: types.CodeType) -> set[str]:
-    """The global names a function's code (and the functions it defines) refers to."""
-    names = set(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names |= _names(constant)
-    return names
-
-
-def _state(generator: Any) -> Any:
-    import random
-
-    import numpy as np
-
-    if isinstance(generator, np.random.Generator):
-        return generator.bit_generator.state
-    if isinstance(generator, random.Random):
-        return generator.getstate()
-    return generator.get_state()
-
-
-def _put_back(generator: Any, state: Any) -> None:
-    import random
-
-    import numpy as np
-
-    if isinstance(generator, np.random.Generator):
-        generator.bit_generator.state = state
-    elif isinstance(generator, random.Random):
-        generator.setstate(state)
-    else:
-        generator.set_state(state)
 
 
 def _copied(dataset: tf.data.Dataset) -> Any:

@@ -10,8 +10,8 @@ counts updates, not micro-batches, so Adam's bias correction sees the step numbe
 Where the update is *not* the large batch's: a loss with reduction="sum" gives 1/N of the large batch's
 gradient (Keras still divides by N); a learning-rate schedule is called with the micro-batches counted
 (Keras 3 passes it the optimizer's `_iterations`); an optimizer's moving average of the weights (`use_ema`)
-moves at every micro-batch; and an optimizer with moments (all but SGD) applies a batch's sparse gradient
-(the rows of an `Embedding` it looked up) to those rows alone, an accumulated one to every row. This recipe
+moves at every micro-batch; and Keras' optimizers but SGD apply an `Embedding`'s sparse gradient a slice per
+id looked up, squaring each into the moments before an id's slices add up, an accumulated one summed. This recipe
 rejects all four, and a train_step of the model's own that applies optimizers of its own (a GAN's), which
 would leave the compiled one, which accumulates, unused. BatchNormalization computes its statistics per
 micro-batch, and the micro-batches must all have b examples (a short last batch weighs as much as a full one).

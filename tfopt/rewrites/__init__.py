@@ -9,7 +9,8 @@ why others were not, is said in `plan.applied`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import keras
@@ -19,8 +20,16 @@ if TYPE_CHECKING:
 REWRITES = ("batch_norm", "conv_bias")
 
 
-def rewrite(model: keras.Model, names: tuple[str, ...]) -> dict[str, tuple[list[str], list[str]]]:
+def rewrite(
+    model: keras.Model, names: tuple[str, ...], optimizer: Any = None
+) -> dict[str, tuple[list[str], list[str]]]:
     """Makes the rewrites `names` (of `REWRITES`) on `model`'s layers, in place, once it has its weights.
+
+    Args:
+        model: The model, with its weights.
+        names: The rewrites to make.
+        optimizer: The optimizer the model will train with (an object or a Keras name; None: its own): a build
+            compiles after the rewrites, and a fold is the same training under SGD only.
 
     Returns:
         By rewrite: the layers rewritten, and "layer: why not" for each candidate layer left as it is.
@@ -28,5 +37,5 @@ def rewrite(model: keras.Model, names: tuple[str, ...]) -> dict[str, tuple[list[
     from tfopt.rewrites.batch_norm import fuse_batch_norms
     from tfopt.rewrites.conv_bias import fold_conv_biases
 
-    makers = {"batch_norm": fuse_batch_norms, "conv_bias": fold_conv_biases}
+    makers = {"batch_norm": fuse_batch_norms, "conv_bias": functools.partial(fold_conv_biases, optimizer=optimizer)}
     return {name: makers[name](model) for name in REWRITES if name in names}

@@ -41,17 +41,19 @@ _CONVOLUTIONS = (
 _NORMALIZATIONS = (keras.layers.BatchNormalization, FusedBatchNormalization)
 
 
-def fold_conv_biases(model: keras.Model) -> tuple[list[str], list[str]]:
+def fold_conv_biases(model: keras.Model, optimizer: Any = None) -> tuple[list[str], list[str]]:
     """Folds the bias of each convolution of `model` that a BatchNormalization cancels, in place.
 
-    Call it after the model has its weights (the bias's value moves into the moving mean).
+    Call it after the model has its weights (the bias's value moves into the moving mean). `optimizer` is the one
+    it will train with (an object or a Keras name), where that is not yet its own; with neither, the caller is
+    to train it under SGD.
 
     Returns:
         The names of the convolutions folded, and "name: why not" for each convolution with a bias that feeds a
         BatchNormalization and was left as it is.
     """
+    moving_noise = _moves_on_noise(optimizer if optimizer is not None else getattr(model, "optimizer", None))
     optimizer = getattr(model, "optimizer", None)
-    moving_noise = _moves_on_noise(optimizer)
     folded, kept = [], []
     for normalization in model._flatten_layers(include_self=False, recursive=True):
         if type(normalization) not in _NORMALIZATIONS or len(normalization._inbound_nodes) != 1:
@@ -82,6 +84,8 @@ def _moves_on_noise(optimizer: Any) -> str | None:
     rounding, and an optimizer scaling each update to the gradient's running size (Adam, RMSprop, Lion, ...)
     turns that noise into steps of the order of its learning rate, which a folded bias would not take: SGD's
     update of a rounding-sized gradient is rounding-sized, and only under it is the fold the same training."""
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
     inner = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
     if inner is None or isinstance(inner, keras.optimizers.SGD):
         return None

@@ -108,6 +108,8 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
     Raises:
         OutOfMemoryError: Accumulating cannot give the whole batch's update.
     """
+    import keras
+
     whole = plan.whole_batch_size
     reason = describe_error(why) if isinstance(why, BaseException) else why
     try:
@@ -122,7 +124,7 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
         f"the batch of {whole} does not fit the device ({reason}): each batch trains as {pieces} micro-batches of "
         f"{batch_size} whose gradients make one update, the whole batch's (the optimizer accumulates {pieces})"
     )
-    normalizing = _layers_of_class(plan, "BatchNormalization")
+    normalizing = _layers_of_class(plan, keras.layers.BatchNormalization)
     if normalizing:
         detail += f"; {normalizing} normalize(s) each micro-batch by its own statistics, not the whole batch's"
     _log.warning("%s: %s", NAME, detail)
@@ -180,23 +182,21 @@ def _first_piece(inputs: Any, size: int) -> Any:
     return tf.nest.map_structure(lambda tensor: tensor[:size], inputs)
 
 
-def _layers_of_class(plan: Plan, kind: str, *, trained_only: bool = False) -> str:
-    """The plan's model's layers of class `keras.layers.<kind>` (with `trained_only`, those that train), the first
-    three named, or "" for none (and for a model only `model_fn` makes: unknown)."""
-    import keras
-
+def _layers_of_class(plan: Plan, kind: type, *, trained_only: bool = False) -> str:
+    """The plan's model's layers of class `kind` (with `trained_only`, those that train), the first three named,
+    or "" for none (and for a model only `model_fn` makes: unknown)."""
     model = plan.model_to_read
     if model is None:
         return ""
     layers = [
         layer.name
         for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, getattr(keras.layers, kind)) and (layer.trainable or not trained_only)
+        if isinstance(layer, kind) and (layer.trainable or not trained_only)
     ]
     if not layers:
         return ""
     shown = ", ".join(repr(name) for name in layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
-    return f"{kind} {shown}"
+    return f"{kind.__name__} {shown}"
 
 
 def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
@@ -205,9 +205,11 @@ def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
 
     Raises:
         RecipeConfigError: Accumulating would not give the large batch's update (the loss sums, the learning
-            rate is a schedule, the optimizer keeps a moving average or updates gathered rows lazily), or the
-            optimizer cannot be made again with the setting; the message starts with `who`.
+            rate is a schedule, the optimizer keeps a moving average or applies an Embedding's slices one by
+            one), or the optimizer cannot be made again with the setting; the message starts with `who`.
     """
+    import keras
+
     compile_config = plan.compile_config
     if "sum" in _loss_reductions(compile_config.get("loss")):
         raise RecipeConfigError(
@@ -237,13 +239,14 @@ def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
             "micro-batch, not at every update (BaseOptimizer.apply), and fit ends by writing it into the weights: "
             "they would not be the large batch's. Leave accumulation out, or the moving average."
         )
-    gathered = _layers_of_class(plan, "Embedding", trained_only=True)  # a batch reads rows: sparse gradients
+    gathered = _layers_of_class(plan, keras.layers.Embedding, trained_only=True)  # rows read: sparse gradients
     if gathered and optimizer.get("class_name") != "SGD":
         raise RecipeConfigError(
-            f"{who}: {gathered} get(s) sparse gradients (only the rows a batch looks up), which "
-            f"{optimizer.get('class_name')} applies lazily, moving the moments of those rows alone; accumulated, "
-            "the gradient is dense and every row's moments move, so the update would not be the large batch's. "
-            "Use SGD, or leave accumulation out."
+            f"{who}: {gathered} get(s) sparse gradients, a slice per id a batch looks up, which "
+            f"{optimizer.get('class_name')} applies slice by slice: an id looked up several times in a batch has "
+            "each of its slices squared into the moments before they add up. Accumulated, the gradient is dense, "
+            "each id's slices summed first, so the update would not be the large batch's. Use SGD, or leave "
+            "accumulation out."
         )
     steps = (optimizer["config"].get("gradient_accumulation_steps") or 1) * factor
     optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
