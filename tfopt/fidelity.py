@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt import data_mismatch
 from tfopt.errors import IncompatibleModelError, describe_error
 from tfopt.layer_policies import float32_output_layers
+from tfopt.policies import has_call
 from tfopt.training.micro_batches import out_of_memory
 
 if TYPE_CHECKING:
@@ -117,8 +118,6 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int, compared: boo
     import keras
     import numpy as np
     import tensorflow as tf
-
-    from tfopt.policies import has_call
 
     predictions = loss = None
     parts = _pieces(batch, pieces)
@@ -418,14 +417,15 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
                 raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
             layer = failing_layer(error, model)
             outputs = (
-                []
-                if layer is not model or plan.outputs_in_16_bits
-                else float32_output_layers(model, plan.sample_inputs)
+                float32_output_layers(model, plan.sample_inputs)
+                if layer is model and has_call(model) and not plan.outputs_in_16_bits
+                else []
             )
             if outputs:
                 # The model's own call() mixes what the layers kept float32 for the outputs compute with 16-bit
                 # tensors (a recommender's `dot + user_bias + movie_bias`): Keras' own mixed policy leaves them in
-                # 16 bits, and so does the setup, which trains as plain Keras' would under the policy.
+                # 16 bits, and so does the setup, which trains as plain Keras' would under the policy. Not for a
+                # model without call(), whose train_step reads its parts' outputs (a GAN's, a VAE's losses).
                 for each in outputs:
                     each.dtype_policy = plan.dtype_policy
                 model.train_function = None
@@ -508,8 +508,6 @@ def _fails_in_16_bits(layer: Any, model: keras.Model, plan: Plan, error: Excepti
 
 def _fails_as_it_is(error: Exception, model: keras.Model, plan: Plan) -> str:
     """Why the optimized setup fails on the first batch at the user's precision, and what to do."""
-    from tfopt.policies import has_call
-
     if not has_call(model) and plan.strategy != "default" and "Unable to automatically build" in str(error):
         return (
             f"{type(model).__name__} has no call() of its own, and Keras builds a model under a distribution "
