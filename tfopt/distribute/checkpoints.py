@@ -13,6 +13,8 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
+from tfopt.training.optimizer_build import build_as_fit_does
+
 if TYPE_CHECKING:
     import keras
 
@@ -55,7 +57,7 @@ class WorkerCheckpoint:
         if model.optimizer is not None and not model.optimizer.built:
             # Keras creates optimizer slots on the first step; build them now so a restore fills them
             # instead of being silently deferred.
-            model.optimizer.build(model.trainable_variables)
+            build_as_fit_does(model.optimizer, model)
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=self.epoch)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, self._write_directory, max_to_keep=max_to_keep if is_chief else 1

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tfopt.distribute.checkpoints import WorkerCheckpoint
 from tfopt.errors import DistributionError, RecipeConfigError
 from tfopt.training.calls import steps_per_call, whole_calls
+from tfopt.training.optimizer_build import build_as_fit_does
 
 if TYPE_CHECKING:
     import keras
@@ -222,9 +223,8 @@ class _Loop:
             self.dataset = strategy.experimental_distribute_dataset(dataset)
         if not model.optimizer.built:
             # Optimizer slots created lazily inside the traced step break under MirroredStrategy
-            # ("You must feed a value for placeholder"): create them up front, in the strategy's scope.
-            with strategy.scope():
-                model.optimizer.build(model.trainable_variables)
+            # ("You must feed a value for placeholder"): create them up front.
+            build_as_fit_does(model.optimizer, model)
         self.step = tf.function(self._distributed_step, reduce_retracing=True)
 
     def _horovod_step(self, data: Any) -> dict[str, Any]:

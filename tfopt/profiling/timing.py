@@ -245,12 +245,13 @@ def training_state_snapshot(model: keras.Model) -> Callable[[], None]:
     """
     from tfopt.model_copy import copy_keras_object
     from tfopt.training.held_optimizers import held_optimizers
+    from tfopt.training.optimizer_build import build_as_fit_does
 
     optimizer = model.optimizer
     held = held_optimizers(model)
+    if not optimizer.built:
+        build_as_fit_does(optimizer, model)
     with model.distribute_strategy.scope():
-        if not optimizer.built:
-            optimizer.build(model.trainable_variables)
         unbuilt = [(one.put, copy_keras_object(one.optimizer)) for one in held if not one.optimizer.built and one.put]
         # model.variables, not model.weights: the states of its seed generators too (dropout, a VAE's
         # sampling), so that training after a measurement draws the numbers it would have drawn.

@@ -27,6 +27,7 @@ from typing import Any
 import keras
 
 from tfopt.rewrites.batch_norm import FusedBatchNormalization
+from tfopt.training.optimizer_build import build_as_fit_does
 
 # Keras' own classes only: a subclass may add its bias in a `call` of its own.
 _CONVOLUTIONS = (
@@ -103,7 +104,7 @@ def _build_with_slots_for(optimizer: Any, model: keras.Model, biases: list[Any])
     for bias in biases:
         bias.trainable = True
     try:
-        optimizer.build(model.trainable_variables)
+        build_as_fit_does(optimizer, model)
     finally:
         for bias in biases:
             bias.trainable = False

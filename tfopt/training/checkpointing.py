@@ -30,6 +30,7 @@ import keras
 
 from tfopt.errors import CheckpointWriteError, DataError, IncompatibleModelError, describe_error, released
 from tfopt.training.guards import check_finite_weights
+from tfopt.training.optimizer_build import build_as_fit_does
 
 _log = logging.getLogger("tfopt")
 
@@ -76,10 +77,7 @@ class TrainingCheckpoint:
         self.steps_per_epoch = steps_per_epoch
         optimizer = model.optimizer
         if optimizer is not None and not optimizer.built:
-            # Optimizer slots must be created in the strategy the model's variables live under: outside
-            # it, OneDeviceStrategy and MirroredStrategy refuse ('Need to be inside "with strategy.scope()"').
-            with model.distribute_strategy.scope():
-                optimizer.build(model.trainable_variables)
+            build_as_fit_does(optimizer, model)
         # Plain CPU variables: the position is host bookkeeping, not state to mirror across replicas.
         with tf.device("/cpu:0"):
             self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
