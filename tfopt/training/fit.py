@@ -147,6 +147,9 @@ def train(
                 async_write=async_checkpoint,
             )
             start = checkpoint.restore() or 0
+            if start == total_steps and model.optimizer is not None:
+                # Finished: no fit runs, and the checkpoint was written before the last one's finalizing.
+                model.optimizer.finalize_variable_values(model.trainable_weights)
     if start > total_steps:
         raise DataError(
             f"The checkpoint in {checkpoint_dir} is at step {start}, past the {total_steps} steps "
