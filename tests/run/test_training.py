@@ -103,3 +103,17 @@ def test_only_the_chief_writes_the_monitor_files(tmp_path):
     record = train_model(built(), recipe(2, 6), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard", chief=False)
     assert [window["step"] for window in record["monitor"]] == [4, 7, 10]
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "training.json").exists()
+
+
+def test_a_run_resumed_after_a_failure_writes_each_steps_window_once(tmp_path):
+    """The failed attempt's windows past its last checkpoint (its second epoch's end, step 20) are of steps the
+    resumed one trains again: monitor.jsonl, like training.json, keeps only the new ones."""
+    path = tmp_path / "tensorboard" / "train" / "monitor.jsonl"
+    with pytest.raises(TfoptError, match="the disk went away"):
+        train_model(built(fail_from_batch=27), recipe(3, 10), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
+    assert [window["step"] for window in windows_in(path)][-2:] == [22, 25]
+    resumed = train_model(built(), recipe(3, 10), tmp_path, [], tensorboard_dir=tmp_path / "tensorboard")
+    assert resumed["resumed_from_step"] == 20
+    steps = [window["step"] for window in windows_in(path)]
+    assert steps == [window["step"] for window in resumed["monitor"]] == sorted(set(steps))
+    assert steps[-3:] == [24, 27, 30] and 22 not in steps

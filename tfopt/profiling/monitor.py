@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("tfopt")
 PREFIX = "tfopt/"
+RECORDS_NAME = "monitor.jsonl"  # in the logdir: every record, a JSON object per line
 
 
 class Monitor(keras.callbacks.Callback):
@@ -563,18 +564,19 @@ def _logdir(logdir: str | Path | None, tensorboard: keras.callbacks.TensorBoard 
 class _RecordWriter:
     """Writes every record as a line of `<logdir>/monitor.jsonl`, and windows and captures as TensorBoard
     scalars at their step (under `tfopt/`, captures under `tfopt/profile/`), each flushed at once: TensorBoard
-    shows a window when it closes, and a run that dies keeps it."""
+    shows a window when it closes, and a run that dies keeps it. The file is opened for each record, so one
+    replaced meanwhile (a resumed run's, less the steps it trains again) gets the next."""
 
     def __init__(self, logdir: Path):
         import tensorflow as tf
 
         logdir.mkdir(parents=True, exist_ok=True)
         self._summaries = tf.summary.create_file_writer(str(logdir))
-        self._jsonl = (logdir / "monitor.jsonl").open("a", encoding="utf-8")
+        self._jsonl = logdir / RECORDS_NAME
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._jsonl.write(json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n")
-        self._jsonl.flush()
+        with self._jsonl.open("a", encoding="utf-8") as lines:
+            lines.write(json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n")
         if record["kind"] not in ("window", "profile"):
             return
         prefix = PREFIX if record["kind"] == "window" else PREFIX + "profile/"
@@ -591,7 +593,6 @@ class _RecordWriter:
 
     def close(self) -> None:
         self._summaries.close()
-        self._jsonl.close()
 
 
 def step_counter(model: keras.Model) -> Any | None:

@@ -139,11 +139,13 @@ def _epoch_records(path: pathlib.Path, monitor: Monitor | None) -> keras.callbac
 
         def on_train_begin(self, logs: dict | None = None) -> None:
             if not self.started:  # the first fit() of this attempt starts at the restored step, as numbered
-                from tfopt.profiling.monitor import step_counter  # by the Monitor (micro-batches, if accumulated)
+                from tfopt.profiling.monitor import RECORDS_NAME, step_counter  # as the Monitor counts (micro-batches)
 
                 counter = step_counter(self.model)
                 start = int(counter.numpy()) if counter is not None else 0
                 self.windows = [window for window in self.windows if window["step"] <= start]
+                if monitor is not None and monitor.logdir is not None:
+                    _keep_records_to(monitor.logdir / RECORDS_NAME, start)
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             if not self.started:  # Keras numbers epochs from initial_epoch: the run's own count
@@ -174,6 +176,18 @@ def _epoch_records(path: pathlib.Path, monitor: Monitor | None) -> keras.callbac
     return EpochRecords()
 
 
+def _keep_records_to(path: pathlib.Path, step: int) -> None:
+    """Drops the Monitor's records past `step` from `path`: an earlier attempt's, of the steps this one
+    trains again, so that each step's window is in the file once, as in training.json. A line a kill cut
+    short goes too."""
+    from tfopt._atomic import write_atomic
+
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        write_atomic(path, "".join(kept))
+
+
 def _monitor(built: Built, train: TrainSection, logdir: pathlib.Path | None) -> Monitor:
     """A `tfopt.Monitor` for the run's training: about `WINDOWS_PER_RUN` windows where the run's length is
     known, never under `MIN_WINDOW_STEPS` steps each, else its 30-second windows. It writes to `logdir`
@@ -193,9 +207,11 @@ def _windows_kept(monitor: Monitor | None) -> str:
     windows = monitor.records_of("window") if monitor is not None and monitor.logdir is not None else []
     if not windows:
         return ""
+    from tfopt.profiling.monitor import RECORDS_NAME
+
     return (
         f" The {len(windows)} tfopt.Monitor window(s) recorded before it, to step {windows[-1]['step']}, "
-        f"are in {monitor.logdir / 'monitor.jsonl'}."
+        f"are in {monitor.logdir / RECORDS_NAME}."
     )
 
 

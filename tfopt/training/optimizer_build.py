@@ -17,8 +17,9 @@ def build_as_fit_does(optimizer: Any, model: Any, variables: list[Any] | None = 
     For a model made in a strategy's scope, fit builds it eagerly in that scope (its symbolic build), and so does
     this. For a model made outside any, fit builds it while tracing the first step; `tf.function` runs only a
     second trace of a function that created variables, where `build` has already returned, so what `build`
-    assigned in the first never reaches the variables: they hold their initializers' values. Building inside a
-    `tf.function` here gives the same state."""
+    assigned in the first never reaches the variables: they hold their initializers' values. Tracing `build`
+    in a `tf.function` here gives the same state (and its concrete function, never run, no retracing
+    warnings when many optimizers are built)."""
     import tensorflow as tf
 
     variables = model.trainable_variables if variables is None else variables
@@ -26,4 +27,4 @@ def build_as_fit_does(optimizer: Any, model: Any, variables: list[Any] | None = 
         with model.distribute_strategy.scope():
             optimizer.build(variables)
         return
-    tf.function(lambda: optimizer.build(variables), autograph=False)()
+    tf.function(lambda: optimizer.build(variables), autograph=False).get_concrete_function()
