@@ -750,3 +750,22 @@ def test_a_failure_only_under_several_replicas_says_what_plain_keras_does_there(
         "ValueError: You must feed a value for placeholder. Keras traces the train_step per replica"
     )
     assert "build such state in compile" in message and "report it" not in message
+
+
+def test_a_loss_without_reduction_is_taken_as_plain_keras_takes_it():
+    """One loss per example (reduction=None): Keras sums them into the gradient and logs their mean. tfopt said
+    the model failed on its first batch (it read the loss as one number)."""
+    from tests.conftest import FAKE_HARDWARE
+    from tests.same_training import assert_same_training
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None))
+        rng = np.random.default_rng(0)
+        features, labels = rng.random((32, 4), dtype=np.float32), rng.integers(0, 3, 32)
+        return model, tf.data.Dataset.from_tensor_slices((features, labels)).batch(8)
+
+    user, data = make()
+    result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
+    assert_same_training(result, user, make()[1])

@@ -141,7 +141,7 @@ def _outcome_of_calls(model: keras.Model, batch: Any, pieces: int, compared: boo
             for part, output in zip(parts, outputs):
                 inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(part)
                 value = model._compute_loss(x=inputs, y=targets, y_pred=output, sample_weight=weights, training=False)
-                losses.append(float(value))
+                losses.append(float(np.mean(value)))  # a loss without reduction: one per example, as Keras logs
                 sizes.append(int(tf.shape(tf.nest.flatten(inputs)[0])[0]))
             loss = float(np.average(losses, weights=sizes))
     with model.distribute_strategy.scope():

@@ -116,12 +116,13 @@ def test_effective_batch_must_be_a_multiple():
         GradAccum(effective_batch_size=20).check(plan_for())
 
 
-@pytest.mark.parametrize("reduction", ["sum", "mean_with_sample_weight"])
+@pytest.mark.parametrize("reduction", ["sum", "mean_with_sample_weight", "none", None])
 def test_a_reduction_whose_accumulated_update_is_not_the_large_batchs_is_rejected(reduction):
-    """ "sum": Keras divides the accumulated gradients by N anyway. "mean_with_sample_weight": each micro-batch is
-    divided by its own weights' sum (masked tokens count likewise), not by the large batch's."""
+    """ "sum", and no reduction (one loss per example, summed into the gradient): Keras divides the accumulated
+    gradients by N anyway. "mean_with_sample_weight": each micro-batch is divided by its own weights' sum (masked
+    tokens count likewise), not by the large batch's."""
     plan = plan_for(loss=keras.losses.SparseCategoricalCrossentropy(reduction=reduction))
-    with pytest.raises(RecipeConfigError, match=f"reduction='{reduction}'"):
+    with pytest.raises(RecipeConfigError, match=f"reduction={reduction!r}"):
         GradAccum().check(plan)
 
 

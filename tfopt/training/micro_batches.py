@@ -211,13 +211,16 @@ def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
     import keras
 
     compile_config = plan.compile_config
-    if "sum" in _loss_reductions(compile_config.get("loss")):
+    reductions = _loss_reductions(compile_config.get("loss"))
+    summed = sorted(repr(reduction) for reduction in reductions & {"sum", "none", None})
+    if summed:
         raise RecipeConfigError(
-            f"{who}: the loss uses reduction='sum'. Keras averages the accumulated gradients, so each "
-            "update would be 1/N of the large batch's. Use the default reduction ('sum_over_batch_size'), "
-            "or scale the learning rate by N yourself and drop this recipe."
+            f"{who}: the loss uses reduction={' and '.join(summed)}, so its gradient is the sum over the batch's "
+            "examples (a loss without reduction gives one per example, which Keras sums). Keras averages the "
+            "accumulated gradients, so each update would be 1/N of the large batch's. Use the default reduction "
+            "('sum_over_batch_size'), or scale the learning rate by N yourself and drop this recipe."
         )
-    if "mean_with_sample_weight" in _loss_reductions(compile_config.get("loss")):
+    if "mean_with_sample_weight" in reductions:
         raise RecipeConfigError(
             f"{who}: the loss uses reduction='mean_with_sample_weight', which divides each micro-batch's loss by "
             "the sum of its own weights (sample or class weights): averaged over micro-batches of other weights, "
@@ -284,8 +287,8 @@ def _optimizer_config(optimizer: keras.optimizers.Optimizer, who: str) -> dict[s
 def _loss_reductions(loss: Any) -> set[str]:
     """The reductions of a serialized loss, or of every output's loss in a dict or list of them."""
     if isinstance(loss, dict) and "class_name" in loss:
-        reduction = (loss.get("config") or {}).get("reduction")
-        return {reduction} if reduction else set()
+        config = loss.get("config") or {}
+        return {config["reduction"]} if "reduction" in config else set()
     if isinstance(loss, dict):
         loss = list(loss.values())
     if isinstance(loss, (list, tuple)):
