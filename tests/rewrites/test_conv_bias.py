@@ -198,3 +198,34 @@ def test_a_model_training_in_a_train_step_of_its_own_keeps_the_bias():
     (kept,) = fold_conv_biases(model)[1]
     assert kept.startswith("conv: the model trains in a train_step of its own, which may call it in inference mode")
     assert model.get_layer("conv").bias.trainable
+
+
+class FrozenBlockCall(keras.Model):
+    """Fine-tuning with a block's normalization on its moving statistics: its own call() runs the block with
+    training=False, where the bias does not cancel (plain Keras trains it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = keras.Sequential(
+            [keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3, name="conv"), keras.layers.BatchNormalization()]
+        )
+        self.head = keras.layers.Dense(2)
+
+    def call(self, inputs, training=None):
+        return self.head(keras.layers.Flatten()(self.block(inputs, training=False)))
+
+
+def test_a_graph_called_by_a_call_of_the_models_own_keeps_the_bias():
+    keras.utils.set_random_seed(0)
+    model = FrozenBlockCall()
+    model(images())
+    (kept,) = fold_conv_biases(model)[1]
+    assert kept.startswith("conv: the model trains in a call() of its own, which may call it in inference mode")
+    assert model.block.get_layer("conv").bias.trainable
+    # The same block in a graph of Keras' own is folded: there fit's flag reaches the normalization.
+    inputs = keras.Input((6, 6, 3))
+    block = keras.Sequential(
+        [keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3, name="conv"), keras.layers.BatchNormalization()]
+    )
+    graph = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(block(inputs))))
+    assert fold_conv_biases(graph) == (["conv"], [])

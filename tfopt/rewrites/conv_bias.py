@@ -13,8 +13,8 @@ Folded only where that holds: the optimizer is SGD (`_moves_on_noise`), the conv
 normalization, over its channel axis, with no activation between, no regularizer or constraint on the bias
 and no weight decay on a non-zero bias (they would move it), both layers trainable (a frozen normalization
 runs on its moving statistics, where the bias does not cancel and trains), used once in the model, no
-optimizer state kept for the bias yet, and Keras' own train_step (one of the model's own may call it with
-`training=False`).
+optimizer state kept for the bias yet, and Keras' own train_step and graph (a train_step or call() of the user's
+own, at the top or around a nested model, may call it with `training=False`).
 
 Decided once, when the copy is built: a normalization the user freezes afterwards, or a new optimizer compiled
 for a second stage, meets a bias that stays zero and has no slot (docs/recipes/fused_layers.md says what to do).
@@ -56,6 +56,7 @@ def fold_conv_biases(model: keras.Model, optimizer: Any = None) -> tuple[list[st
     moving_noise = _moves_on_noise(optimizer if optimizer is not None else getattr(model, "optimizer", None))
     optimizer = getattr(model, "optimizer", None)
     folded, kept = [], []
+    run_by_graphs = _run_by_graphs(model)
     for normalization in model._flatten_layers(include_self=False, recursive=True):
         if type(normalization) not in _NORMALIZATIONS or len(normalization._inbound_nodes) != 1:
             continue
@@ -64,7 +65,8 @@ def fold_conv_biases(model: keras.Model, optimizer: Any = None) -> tuple[list[st
         if type(convolution) not in _CONVOLUTIONS or not convolution.use_bias or not convolution.bias.trainable:
             continue
         own_train_step = type(model).train_step is not keras.Model.train_step
-        why_not = moving_noise or _why_not(convolution, normalization, optimizer, own_train_step)
+        own_call = id(normalization) not in run_by_graphs
+        why_not = moving_noise or _why_not(convolution, normalization, optimizer, own_train_step, own_call)
         if why_not:
             kept.append(f"{convolution.name}: {why_not}")
             continue
@@ -78,6 +80,22 @@ def fold_conv_biases(model: keras.Model, optimizer: Any = None) -> tuple[list[st
     if moving_noise and kept:  # one reason for them all
         kept = [f"{len(kept)} convolution(s): {moving_noise}"]
     return [convolution.name for convolution in folded], kept
+
+
+def _run_by_graphs(model: keras.Model) -> set[int]:
+    """The ids of the layers Keras' own graph code calls, passing on fit's `training` flag: those of a Functional
+    or Sequential model and of the graph models in it, recursively. A `call()` of the user's own, at the top or
+    nested, may call its layers with `training=False` (a frozen block while fine-tuning)."""
+    from keras.src.models.functional import Functional
+
+    if type(model).call not in (Functional.call, keras.Sequential.call):
+        return set()
+    run = set()
+    for layer in model.layers:
+        run.add(id(layer))
+        if isinstance(layer, keras.Model):
+            run |= _run_by_graphs(layer)
+    return run
 
 
 def _moves_on_noise(optimizer: Any) -> str | None:
@@ -115,14 +133,15 @@ def _why_not(
     normalization: keras.layers.BatchNormalization,
     optimizer: Any,
     own_train_step: bool,
+    own_call: bool,
 ) -> str | None:
     """Why the bias of `convolution` does not cancel in `normalization`, or None where it does."""
     if optimizer is not None and optimizer.built:
         return "the optimizer already keeps state for its bias"
-    if own_train_step:
+    if own_train_step or own_call:
         return (
-            "the model trains in a train_step of its own, which may call it in inference mode, where the "
-            "normalization runs on its moving statistics and the bias trains"
+            f"the model trains in a {'train_step' if own_train_step else 'call()'} of its own, which may call it in "
+            "inference mode, where the normalization runs on its moving statistics and the bias trains"
         )
     if len(convolution._inbound_nodes) != 1 or len(convolution._outbound_nodes) != 1:
         return "its output is used elsewhere too, or it is called more than once"
