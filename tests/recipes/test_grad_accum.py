@@ -78,6 +78,24 @@ def test_recipe_sets_accumulation_steps_and_records_effective_batch():
     assert result.batch_size == plan.batch_size  # each step still feeds one micro-batch
 
 
+def test_an_optimizer_accumulating_already_counts_in_the_effective_batch_and_the_learning_rate():
+    """The user's SGD accumulates 2 batches of 8: an update stands for 16, and effective_batch_size=32 takes 2 of
+    them (it took 4, and said each update stood for 32 where it stood for 64)."""
+    from tfopt.builder import build
+
+    plan = plan_for(optimizer=keras.optimizers.SGD(0.05, gradient_accumulation_steps=2))
+    result = GradAccum(effective_batch_size=32, scale_learning_rate="linear")(plan)
+    config = result.compile_config["optimizer"]["config"]
+    assert config["gradient_accumulation_steps"] == 4 and config["learning_rate"] == pytest.approx(0.1)
+    assert "accumulates 4 micro-batches of 8: each update stands for a batch of 32" in result.applied[-1].detail
+    assert "accumulates 8 micro-batches of 8" in GradAccum(steps=4)(plan).applied[-1].detail
+    with pytest.raises(RecipeConfigError, match=r"of the batch size 16 \(8 accumulated 2 at a time by your optimizer"):
+        GradAccum(effective_batch_size=24).check(plan)
+    built = build(result)
+    built.model.fit(built.dataset, epochs=1, verbose=0)  # the 4 batches of 8: one update of 32
+    assert int(built.model.optimizer.iterations.numpy()) == 1
+
+
 def test_updates_crossing_passes_are_said():
     """Keras counts micro-batches across epochs: 4 per pass in updates of 3 leaves one to the next pass's update."""
     plan = plan_for()

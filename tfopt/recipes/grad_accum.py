@@ -29,7 +29,7 @@ from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.distribution import ACCUMULATION_FAILS, ACCUMULATION_FAILS_UNDER
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
-from tfopt.training.micro_batches import accumulated
+from tfopt.training.micro_batches import accumulated, accumulating
 
 if TYPE_CHECKING:
     import keras
@@ -75,19 +75,23 @@ class GradAccum(Recipe):
             )
         check_rule(self.name, self.scale_learning_rate)
 
-    def accumulation_steps(self, batch_size: int) -> int:
-        """Micro-batches per update for a plan whose batch is `batch_size`.
+    def accumulation_steps(self, plan: Plan) -> int:
+        """How many of the plan's updates each update of the recipe's takes in.
 
         Raises:
-            RecipeConfigError: `effective_batch_size` is not a multiple (>= 2x) of `batch_size`.
+            RecipeConfigError: `effective_batch_size` is not a multiple (>= 2x) of the batch an update of the
+                plan stands for.
         """
         if self.effective_batch_size is None:
             return self.steps
+        own = accumulating(plan, who=self.name) // plan.micro_batches  # the user's optimizer's own
+        batch_size = plan.whole_batch_size * own
         steps, remainder = divmod(self.effective_batch_size, batch_size)
         if remainder or steps < 2:
+            mine = f" ({plan.whole_batch_size} accumulated {own} at a time by your optimizer)" if own > 1 else ""
             raise RecipeConfigError(
                 f"grad_accum: effective_batch_size={self.effective_batch_size} is not a multiple (at least 2x) "
-                f"of the batch size {batch_size}. Use a multiple such as {max(2, round(steps)) * batch_size}, "
+                f"of the batch size {batch_size}{mine}. Use a multiple such as {max(2, round(steps)) * batch_size}, "
                 "or set steps= instead.",
                 setting="effective_batch_size",
             )
@@ -95,7 +99,7 @@ class GradAccum(Recipe):
 
     def check(self, plan: Plan) -> None:
         self.check_before_trials(plan)
-        self.accumulation_steps(plan.whole_batch_size)
+        self.accumulation_steps(plan)
 
     def check_before_trials(self, plan: Plan) -> None:
         if plan.strategy in ACCUMULATION_FAILS_UNDER and any(step.recipe == "distribution" for step in plan.applied):
@@ -114,9 +118,10 @@ class GradAccum(Recipe):
     def __call__(self, plan: Plan) -> Plan:
         # A plan already in micro-batches (its batch did not fit: tfopt.training.micro_batches) accumulates
         # these steps of its whole batches.
-        steps = self.accumulation_steps(plan.whole_batch_size)
+        steps = self.accumulation_steps(plan)
+        before = accumulating(plan, who=self.name)  # the user's own accumulation, and a batch that did not fit
         compile_config = accumulated(plan, steps, who=self.name)
-        pieces = steps * plan.micro_batches
+        pieces = steps * before
         effective = pieces * plan.batch_size
         detail = (
             f"accumulates {pieces} micro-batches of {plan.batch_size}: each update stands for a batch of "
@@ -124,7 +129,10 @@ class GradAccum(Recipe):
         )
         if self.scale_learning_rate != "none":
             compile_config, lr_detail = scale_learning_rate(
-                compile_config, old_batch_size=plan.batch_size, new_batch_size=effective, rule=self.scale_learning_rate
+                compile_config,
+                old_batch_size=before * plan.batch_size,
+                new_batch_size=effective,
+                rule=self.scale_learning_rate,
             )
             detail += f"; {lr_detail}"
         per_pass = int(plan.dataset.cardinality()) * plan.micro_batches

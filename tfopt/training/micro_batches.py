@@ -199,6 +199,14 @@ def _layers_of_class(plan: Plan, kind: type, *, trained_only: bool = False) -> s
     return f"{kind.__name__} {shown}"
 
 
+def accumulating(plan: Plan, *, who: str) -> int:
+    """The micro-batches the plan's optimizer accumulates per update already: the user's own
+    `gradient_accumulation_steps` times tfopt's split of a batch that did not fit (1 for neither)."""
+    return (
+        _optimizer_config(plan.compile_config.get("optimizer"), who)["config"].get("gradient_accumulation_steps") or 1
+    )
+
+
 def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
     """The plan's compile config with its optimizer accumulating `factor` times as many micro-batches per update
     as it did (an optimizer the user set to accumulate keeps doing so: the steps multiply).
