@@ -210,28 +210,61 @@ def train_embedding(optimizer, batch_size):
 
 
 @pytest.mark.parametrize(
-    "optimizer, same",
-    [(lambda: keras.optimizers.SGD(0.1, momentum=0.9), True), (lambda: keras.optimizers.Adam(0.01), False)],
-    ids=["sgd", "adam"],
+    "optimizer, why",
+    [
+        (lambda: keras.optimizers.SGD(0.1, momentum=0.9), None),
+        (lambda: keras.optimizers.Adam(0.01), "which Adam applies slice by slice"),
+        (lambda: keras.optimizers.SGD(0.1, clipvalue=0.001), r"clipping \(clipvalue=0.001\) measures slice by slice"),
+    ],
+    ids=["sgd", "adam", "sgd_clipped"],
 )
-def test_sparse_gradients_accumulate_to_the_large_batchs_update_for_sgd_alone(optimizer, same, ieee_float32):
-    """Keras applies an Embedding's gradient (`tf.IndexedSlices`) a slice per id looked up, and Adam squares each
-    slice of an id looked up several times before they add up; an accumulated gradient is dense, each id's
-    slices summed first. So the recipe accepts an Embedding beside SGD and refuses it beside the others."""
+def test_sparse_gradients_accumulate_to_the_large_batchs_update_for_sgd_alone(optimizer, why, ieee_float32):
+    """Keras applies an Embedding's gradient (`tf.IndexedSlices`) a slice per id looked up: Adam squares each
+    slice of an id looked up several times before they add up, and clipping measures each; an accumulated
+    gradient is dense, each id's slices summed first. So the recipe accepts an Embedding beside SGD without
+    clipping and refuses it beside the others."""
     accumulated = train_embedding(with_gradient_accumulation(optimizer(), STEPS), MICRO_BATCH)
     large = train_embedding(optimizer(), MICRO_BATCH * STEPS)
     close = [np.allclose(got, expected, rtol=1e-5, atol=1e-6) for got, expected in zip(accumulated, large, strict=True)]
-    assert all(close) if same else not all(close)
+    assert all(close) if why is None else not all(close)
     model = embedding_model()
     plan = plan_for(model=model, loss="mse", optimizer=optimizer())
-    if same:
+    if why is None:
         GradAccum().check(plan)
     else:
-        with pytest.raises(
-            RecipeConfigError,
-            match=r"Embedding 'embedding.*' get\(s\) sparse gradients, .* which Adam applies slice by slice",
-        ):
+        with pytest.raises(RecipeConfigError, match=r"Embedding 'embedding.*' get\(s\) sparse gradients, .* " + why):
             GradAccum().check(plan)
+
+
+def test_weights_breaking_their_own_constraint_are_refused(ieee_float32):
+    """Keras applies constraints after every micro-batch: the first update's later micro-batches are computed at
+    the constrained weights (an update 2e-2 off the large batch's). Weights that keep it accumulate as one batch."""
+
+    def constrained(broken):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((5,))
+        kernel = keras.layers.Dense(2, kernel_constraint=keras.constraints.NonNeg(), name="kept")
+        model = keras.Model(inputs, kernel(inputs))
+        if not broken:
+            kernel.kernel.assign(abs(kernel.kernel))
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        return model
+
+    x, y = data()
+    for broken in (True, False):
+        weights = {}
+        for name, optimizer, batch in (
+            ("accumulated", with_gradient_accumulation(keras.optimizers.SGD(0.5), STEPS), MICRO_BATCH),
+            ("large", keras.optimizers.SGD(0.5), MICRO_BATCH * STEPS),
+        ):
+            model = constrained(broken)
+            model.compile(optimizer=optimizer, loss="mse")
+            model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch), epochs=1, verbose=0)
+            weights[name] = model.get_weights()[0]
+        assert np.allclose(weights["accumulated"], weights["large"], rtol=1e-5, atol=1e-6) is not broken
+    with pytest.raises(RecipeConfigError, match=r"break their own constraint \(kept/kernel: NonNeg\)"):
+        GradAccum().check(plan_for(model=constrained(True), loss="mse"))
+    GradAccum().check(plan_for(model=constrained(False), loss="mse"))
 
 
 def test_what_exclude_from_weight_decay_set_goes_into_the_accumulating_optimizer(cpu_hardware, ieee_float32):

@@ -10,10 +10,12 @@ counts updates, not micro-batches, so Adam's bias correction sees the step numbe
 Where the update is *not* the large batch's: a loss with reduction="sum" gives 1/N of the large batch's
 gradient (Keras still divides by N); a learning-rate schedule is called with the micro-batches counted
 (Keras 3 passes it the optimizer's `_iterations`); an optimizer's moving average of the weights (`use_ema`)
-moves at every micro-batch; and Keras' optimizers but SGD apply an `Embedding`'s sparse gradient a slice per
-id looked up, squaring each into the moments before an id's slices add up, an accumulated one summed. This recipe
-rejects all four, and a train_step of the model's own that applies optimizers of its own (a GAN's), which
-would leave the compiled one, which accumulates, unused. BatchNormalization computes its statistics per
+moves at every micro-batch; Keras' optimizers but SGD apply an `Embedding`'s sparse gradient a slice per
+id looked up, squaring each into the moments before an id's slices add up (clipping measures them one by one
+too), an accumulated one summed; and weights breaking their own constraint are constrained after the first
+micro-batch. This recipe rejects them all (and a loss without reduction, summed like "sum"), and a train_step
+of the model's own that applies optimizers of its own (a GAN's), which would leave the compiled one, which
+accumulates, unused. BatchNormalization computes its statistics per
 micro-batch, and the micro-batches must all have b examples (a short last batch weighs as much as a full one).
 Under MirroredStrategy and MultiWorkerMirroredStrategy Keras 3.15 cannot accumulate at all
 (`tfopt.recipes.distribution.ACCUMULATION_FAILS`): the recipe is refused beside them.

@@ -199,6 +199,19 @@ def _layers_of_class(plan: Plan, kind: type, *, trained_only: bool = False) -> s
     return f"{kind.__name__} {shown}"
 
 
+def _constraints_broken(plan: Plan) -> str:
+    """The first trained variable of the plan's model that its constraint would change, with the constraint's
+    class, or "" (also for a model only `model_fn` makes: unknown)."""
+    import numpy as np
+
+    model = plan.model_to_read
+    for variable in model.trainable_variables if model is not None else ():
+        constraint = getattr(variable, "constraint", None)
+        if constraint is not None and not np.array_equal(np.asarray(constraint(variable.value)), variable.numpy()):
+            return f"{variable.path}: {type(constraint).__name__}"
+    return ""
+
+
 def accumulating(plan: Plan, *, who: str) -> int:
     """The micro-batches the plan's optimizer accumulates per update already: the user's own
     `gradient_accumulation_steps` times tfopt's split of a batch that did not fit (1 for neither)."""
@@ -213,8 +226,9 @@ def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
 
     Raises:
         RecipeConfigError: Accumulating would not give the large batch's update (the loss sums, the learning
-            rate is a schedule, the optimizer keeps a moving average or applies an Embedding's slices one by
-            one), or the optimizer cannot be made again with the setting; the message starts with `who`.
+            rate is a schedule, the optimizer keeps a moving average or applies or clips an Embedding's slices
+            one by one, the weights break their constraint), or the optimizer cannot be made again with the
+            setting; the message starts with `who`.
     """
     import keras
 
@@ -251,13 +265,30 @@ def accumulated(plan: Plan, factor: int, *, who: str) -> dict[str, Any]:
             "they would not be the large batch's. Leave accumulation out, or the moving average."
         )
     gathered = _layers_of_class(plan, keras.layers.Embedding, trained_only=True)  # rows read: sparse gradients
-    if gathered and optimizer.get("class_name") != "SGD":
-        raise RecipeConfigError(
-            f"{who}: {gathered} get(s) sparse gradients, a slice per id a batch looks up, which "
+    clipping = ", ".join(
+        f"{name}={optimizer['config'][name]:g}"
+        for name in ("clipnorm", "global_clipnorm", "clipvalue")
+        if optimizer["config"].get(name) is not None
+    )
+    if gathered and (optimizer.get("class_name") != "SGD" or clipping):
+        how = (
             f"{optimizer.get('class_name')} applies slice by slice: an id looked up several times in a batch has "
-            "each of its slices squared into the moments before they add up. Accumulated, the gradient is dense, "
-            "each id's slices summed first, so the update would not be the large batch's. Use SGD, or leave "
-            "accumulation out."
+            "each of its slices squared into the moments before they add up"
+            if optimizer.get("class_name") != "SGD"
+            else f"the optimizer's clipping ({clipping}) measures slice by slice, before an id's slices add up"
+        )
+        raise RecipeConfigError(
+            f"{who}: {gathered} get(s) sparse gradients, a slice per id a batch looks up, which {how}. Accumulated, "
+            "the gradient is dense, each id's slices summed first, so the update would not be the large batch's. "
+            "Use SGD without clipping, or leave accumulation out."
+        )
+    broken = _constraints_broken(plan)
+    if broken:
+        raise RecipeConfigError(
+            f"{who}: the weights as they are break their own constraint ({broken}). Keras applies constraints "
+            "after every micro-batch, accumulating or not, so the first update's later micro-batches would be "
+            "computed at the constrained weights, where the large batch's are computed at yours. Apply the "
+            "constraint to the weights first (variable.assign(constraint(variable))), or leave accumulation out."
         )
     steps = (optimizer["config"].get("gradient_accumulation_steps") or 1) * factor
     optimizer["config"] = {**optimizer["config"], "gradient_accumulation_steps": steps}
