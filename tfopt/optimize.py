@@ -299,11 +299,12 @@ def apply(
         _made_directory(logdir)
     from tfopt.data.python_generators import python_generators_kept
     from tfopt.data.read_copy import copies_kept
+    from tfopt.keras_seed import keras_seed_kept
 
     # tfopt reads copies of a pipeline that reading moves on (a seeded shuffle's seeds): the one handed back
     # starts where yours stands, as `fit(dataset)` would have started.
     tf32_in_force = bool(tf.config.experimental.tensor_float_32_execution_enabled())
-    with copies_kept(), python_generators_kept():
+    with copies_kept(), keras_seed_kept(), python_generators_kept():  # Python's put back first: Keras' draws from it
         baseline = make_plan(model, dataset, hardware=hardware, model_fn=model_fn, compile=compile, source=source)
         if recipe is not None:
             _checked(recipe, baseline, model)  # before anything is built: a recipe that cannot serve it costs nothing
