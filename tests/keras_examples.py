@@ -629,3 +629,44 @@ def recommender(count=32, batch_size=8):
     model = RecommenderNet()
     model.compile(loss=keras.losses.BinaryCrossentropy(), optimizer=keras.optimizers.Adam(1e-3))
     return model, tf.data.Dataset.from_tensor_slices((ids, ratings)).batch(batch_size)
+
+
+class PatchPositions(layers.Layer):
+    """keras-io masked_image_modeling's PatchEncoder: layers made in build(); returns the patches projected with
+    their positions added, and the positions."""
+
+    def build(self, input_shape):
+        self.projection = layers.Dense(4)
+        self.position_embedding = layers.Embedding(input_shape[1], 4)
+
+    def call(self, patches):
+        positions = self.position_embedding(ops.arange(ops.shape(patches)[1]))[None]
+        return self.projection(patches) + positions, positions
+
+
+class MaskedAutoencoder(keras.Model):
+    """keras-io masked_image_modeling's shape: no call(), parts not built until its train_step runs them, and the
+    train_step adds its encoder's outputs to positions another part embedded (`encoder_outputs +
+    unmasked_positions`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch_encoder = PatchPositions()
+        self.encoder = keras.Sequential([layers.Dense(4), layers.LayerNormalization()])
+        self.decoder = layers.Dense(2)
+
+    def train_step(self, patches):
+        with tf.GradientTape() as tape:
+            embedded, positions = self.patch_encoder(patches)
+            decoded = self.decoder(self.encoder(embedded) + positions)
+            loss = self.compute_loss(y=patches, y_pred=decoded)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss}
+
+
+def masked_autoencoder(count=16):
+    model = MaskedAutoencoder()
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    patches = np.random.default_rng(0).random((count, 3, 2), dtype=np.float32)
+    return model, tf.data.Dataset.from_tensor_slices(patches).batch(8)

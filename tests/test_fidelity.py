@@ -769,3 +769,23 @@ def test_a_loss_without_reduction_is_taken_as_plain_keras_takes_it():
     user, data = make()
     result = tfopt.apply(user, data, hardware=FAKE_HARDWARE["cpu_plain"], measure_speed=False)
     assert_same_training(result, user, make()[1])
+
+
+def test_a_model_without_call_mixing_its_parts_outputs_with_16_bit_tensors_trains_as_under_keras_policy(
+    cpu_hardware,
+):
+    """keras-io's masked autoencoder adds its encoder's outputs (kept float32 as what its train_step reads) to
+    positions another part embedded in bfloat16: plain Keras trains it under the mixed policy. tfopt said its
+    parts could not be built (traced with the copy's layers in float32 and the new ones in bfloat16)."""
+    keras.utils.set_random_seed(0)
+    user, data = keras_examples.masked_autoencoder()
+    forced = [{"mixed_precision": {"policy": "mixed_bfloat16"}}]
+    result = tfopt.apply(user, data, forced, hardware=cpu_hardware, measure_speed=False)
+    assert result.plan.dtype_policy == "mixed_bfloat16" and result.plan.outputs_in_16_bits
+    step = next(step for step in result.plan.applied if step.recipe == "mixed_precision")
+    assert not step.skipped and "the outputs in 16 bits as under Keras' own mixed policy" in step.detail
+    keras.utils.set_random_seed(0)
+    with dtype_policy_scope("mixed_bfloat16"):  # its fit makes the parts' layers: under the policy too
+        plain, _ = keras_examples.masked_autoencoder()
+        expected = plain.fit(data, epochs=2, verbose=0, shuffle=False).history["loss"]
+    np.testing.assert_allclose(result.model.fit(result.dataset, epochs=2, verbose=0).history["loss"], expected)

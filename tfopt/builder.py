@@ -225,12 +225,16 @@ def _traced_once(model: keras.Model, element_spec: Any) -> None:
     """Creates the variables of a model without call() whose parts are not all built (a GAN of `Sequential`s
     without `Input`) as `fit` does, by tracing its train_step on the batches' specs, and runs nothing: each
     variable holds its initializer's value, as in the user's model before its first step (an initializer keeps
-    the seed it drew when it was made, and the copy has it), and no optimizer or seed has moved."""
+    the seed it drew when it was made, and the copy has it), and no optimizer or seed has moved. Traced in the
+    model's own precision, as its fit would: the plan's policy goes on every layer afterwards, and the layers made
+    here under it beside the copied ones in the user's would mix precisions in its train_step."""
     import tensorflow as tf
 
     strategy = tf.distribute.get_strategy()
     try:
-        tf.function(lambda batch: strategy.run(model.train_step, args=(batch,))).get_concrete_function(element_spec)
+        with dtype_policy_scope(model_dtype_policy(model)):
+            concrete = tf.function(lambda batch: strategy.run(model.train_step, args=(batch,)))
+            concrete.get_concrete_function(element_spec)
     except Exception as error:
         raise IncompatibleModelError(
             f"{type(model).__name__} has no call() and parts without weights, which tfopt creates as fit does, by "

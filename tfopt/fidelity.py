@@ -416,16 +416,19 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
             layer = failing_layer(error, model)
+            mixes = has_call(model) or _mixes_precisions(error, plan.dtype_policy)
             outputs = (
                 float32_output_layers(model, plan.sample_inputs)
-                if layer is model and has_call(model) and not plan.outputs_in_16_bits
+                if layer is model and mixes and not plan.outputs_in_16_bits
                 else []
             )
             if outputs:
-                # The model's own call() mixes what the layers kept float32 for the outputs compute with 16-bit
-                # tensors (a recommender's `dot + user_bias + movie_bias`): Keras' own mixed policy leaves them in
-                # 16 bits, and so does the setup, which trains as plain Keras' would under the policy. Not for a
-                # model without call(), whose train_step reads its parts' outputs (a GAN's, a VAE's losses).
+                # The model's own code mixes what the layers kept float32 for the outputs compute with 16-bit
+                # tensors (a recommender's `dot + user_bias + movie_bias`; a masked autoencoder's train_step adding
+                # its encoder's outputs to positions another part embedded): Keras' own mixed policy leaves them in
+                # 16 bits, and so does the setup, which trains as plain Keras' would under the policy. A model
+                # without call() only where the error is such a mix: its train_step may fail otherwise (a VAE's
+                # under a strategy, where plain fit fails too).
                 for each in outputs:
                     each.dtype_policy = plan.dtype_policy
                 model.train_function = None
@@ -465,6 +468,14 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
         elif kept:
             plan = plan.amend("mixed_precision", f"kept float32, failing under {plan.dtype_policy}: {'; '.join(kept)}")
         return Checked(dataclasses.replace(built, plan=plan))
+
+
+def _mixes_precisions(error: Exception, policy: str) -> bool:
+    """Whether `error` is an op refusing a float32 tensor beside one of the policy's 16 bits (TensorFlow's "has
+    type bfloat16 that does not match type float32")."""
+    sixteen = r"\bbfloat16\b" if policy == "mixed_bfloat16" else r"\b(float16|half)\b"
+    text = str(error)
+    return "float32" in text and re.search(sixteen, text) is not None
 
 
 def _in_16_bits(layer: Any) -> list[Any]:
