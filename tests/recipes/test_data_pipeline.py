@@ -136,6 +136,28 @@ def test_lookup_tables_do_not_block_a_cache_and_the_users_own_cache_is_recognise
     assert "no cache added: the pipeline has your own cache()" in detail and "stateful" not in detail
 
 
+def test_an_assert_in_a_map_does_not_block_a_cache_but_a_random_op_under_a_condition_does():
+    """`tf.debugging.assert_*` comes in an `If` (registered stateful): the same elements every epoch, so cached.
+    What runs under a condition is judged by its own ops."""
+
+    def checked(x, y):
+        tf.debugging.assert_less(tf.reduce_max(x), 1e9)
+        return x, y
+
+    rng = np.random.default_rng(0)
+    examples = tf.data.Dataset.from_tensor_slices(
+        (rng.random((16, 12, 12, 3), dtype=np.float32), rng.integers(0, 3, 16).astype("int32"))
+    )
+    plan = recorded(examples.map(checked).batch(8))
+    assert has_cache(plan.dataset) and "cached in memory" in plan.applied[-1].detail
+
+    def sometimes_noisy(x, y):
+        return tf.cond(tf.reduce_max(x) > 0.5, lambda: x + tf.random.truncated_normal(tf.shape(x)), lambda: x), y
+
+    plan = recorded(examples.map(sometimes_noisy).batch(8))
+    assert not has_cache(plan.dataset) and "stateful op TruncatedNormal" in plan.applied[-1].detail
+
+
 def test_refusal_names_the_fix_for_what_it_found():
     detail = recorded(make_images().unbatch().shuffle(16).batch(8)).applied[-1].detail
     assert "put your .cache() before .shuffle()" in detail and "augmentation" not in detail

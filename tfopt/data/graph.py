@@ -93,7 +93,7 @@ _ORDER_FREE_OPS = frozenset(
     }
 )
 # Calls and control flow: their own statefulness is their callees'.
-_CALL_OPS = frozenset(
+CALL_OPS = frozenset(
     {
         "PartitionedCall",
         "StatefulPartitionedCall",
@@ -374,7 +374,7 @@ def function_ops(graph: GraphDef, name: str) -> set[str]:
             if node.op in functions:
                 called.append(node.op)
             pending.extend(called)
-            if node.op not in _CALL_OPS and node.op not in functions:
+            if node.op not in CALL_OPS and node.op not in functions:
                 ops.add(node.op)
     return ops
 

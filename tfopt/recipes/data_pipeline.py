@@ -373,15 +373,19 @@ def _stateful_ops(ops: set[str]) -> set[str]:
     Stricter than `tfopt.data.graph.stateful_kinds`, which asks whether call order matters: a variable
     read gives the same value to parallel calls, yet a cache would freeze a value that later epochs
     should see change. Dataset sources and function plumbing are registered as stateful too, but they
-    replay the same data.
+    replay the same data; calls and control flow (the `If` a `tf.debugging.assert_*` comes in) are as stateful
+    as the ops they run, which are among `ops`.
     """
     from tensorflow.python.framework import op_def_registry
+
+    from tfopt.data.graph import CALL_OPS
 
     return {
         op
         for op in ops
         if "Dataset" not in op
         and op not in ("_Arg", "_Retval")
+        and op not in CALL_OPS
         and op not in _DETERMINISTIC_STATEFUL_OPS
         and not any(fragment in op for fragment in _NOT_CACHEABLE)
         and (definition := op_def_registry.get(op)) is not None
