@@ -323,3 +323,16 @@ def test_an_unbatched_dataset_is_named_so_where_a_recipes_check_meets_it_first(m
     recipes = [{"distribution": {"strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"]}}, "data_pipeline"]
     with pytest.raises(DataError, match=r"The dataset is not batched: its inputs have shape \(8,\) per element"):
         tfopt.apply(model, unbatched, recipes, hardware=cpu_hardware, measure_speed=False)
+
+
+def test_a_pipeline_that_cannot_be_read_twice_is_named_with_its_fix(cpu_hardware):
+    """from_generator handing out one generator object: a pass spends it, and tfopt's measurements read the
+    pipeline again. It said "Reading the first batch failed: StopIteration"."""
+    rng = np.random.default_rng(0)
+    examples = iter([(rng.random(4, dtype=np.float32), np.float32(index)) for index in range(24)])
+    signature = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.float32))
+    data = tf.data.Dataset.from_generator(lambda: examples, output_signature=signature).batch(8)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(DataError, match=r"cannot be read twice .*\(from_generator\(make_examples\)"):
+        tfopt.apply(model, data, hardware=cpu_hardware, steps=2, warmup_steps=1)

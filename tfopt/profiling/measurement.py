@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tfopt.errors import MeasurementError, describe_error, released
+from tfopt.errors import DataError, MeasurementError, describe_error, released
 from tfopt.hardware import Hardware
 from tfopt.profiling.timing import (
     StepTimes,
@@ -127,6 +127,14 @@ def prepare_ceiling(model: keras.Model, dataset: tf.data.Dataset) -> CeilingStep
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     try:
         batch = device_batch(model, dataset)
+    except StopIteration:
+        raise DataError(
+            "Your pipeline gave no batch when tfopt read it again to measure, though its first read gave one: it "
+            "cannot be read twice (from_generator handing out one generator object, which a pass spends). Plain "
+            "fit would train its first epoch only, and tfopt's reads have taken some of its elements: give "
+            "from_generator a function making a new generator at each call (from_generator(make_examples), not "
+            "from_generator(lambda: examples)), make the dataset again, and rerun."
+        ) from None
     except Exception as error:  # noqa: BLE001 - raised again as a tfopt error, in words
         raise MeasurementError(f"Reading the first batch failed: {describe_error(error)}") from released(error)
     return CeilingStep(step=train_step_function(model, steps_per_call=per_call), batch=batch, steps_per_call=per_call)
