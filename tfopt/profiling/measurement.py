@@ -26,6 +26,7 @@ from tfopt.profiling.timing import (
     training_state_restored,
     window_layout,
 )
+from tfopt.training.stopping import take_stop
 
 if TYPE_CHECKING:
     import keras
@@ -180,11 +181,13 @@ def time_ceiling_steps(
         prepared = prepared or prepare_ceiling(model, dataset)
         for _ in range(-(-warmup_steps // per_call)):
             sync(prepared.step(prepared.batch))
+            take_stop()
         seconds = []
         for _ in range(windows):
             start = time.perf_counter()
             for _ in range(window_steps // per_call):
                 sync(prepared.step(prepared.batch))
+                take_stop()  # a stop asked for while a command measures (tfopt.training.stopping)
             seconds.append((time.perf_counter() - start) / window_steps)
     except Exception as error:
         raise MeasurementError(f"The compute-only ceiling failed: {type(error).__name__}: {error}") from error

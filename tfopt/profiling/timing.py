@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from tfopt.errors import MeasurementError, describe_error, released
+from tfopt.training.stopping import take_stop
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -161,6 +162,7 @@ class WindowTimer(keras.callbacks.Callback):
         self.stopped = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        take_stop()  # a stop asked for while a command measures (tfopt.training.stopping)
         # Keras passes the index of the last step the call ran: steps completed = batch + 1.
         if batch + 1 not in self.boundaries:
             return

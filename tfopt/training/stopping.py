@@ -5,9 +5,10 @@ that can be halfway through setting up or tearing down TensorFlow state (an iter
 checkpoint): under load, one SIGTERM raised so was followed by `free(): invalid next size` and an abort.
 While a run measures, profiles or trains, the command line's handler asks here instead (`deferred`): the
 `StopAtStepEnd` callback, last in a training step's callbacks, raises `RunInterrupted` once the step and its
-checkpoint bookkeeping are done (the weights are then exactly at the step counted); in a phase without such
-a point (measuring, compiling, profiling) the command line's watcher ends the process after its grace
-period, with nothing half-written, as tfopt writes its outputs atomically.
+checkpoint bookkeeping are done (the weights are then exactly at the step counted), and the timed and
+profiled steps take it at their ends too (`take_stop`); in a phase without such a point (compiling, building)
+the command line's watcher ends the process after its grace period, with nothing half-written, as tfopt writes
+its outputs atomically.
 """
 
 from __future__ import annotations
@@ -55,11 +56,17 @@ def stops_at_step_ends() -> Iterator[None]:
         raise KeyboardInterrupt if asked == "SIGINT" else RunInterrupted(asked)
 
 
+def take_stop() -> None:
+    """Raises `RunInterrupted` where a stop was asked for: a loop of steps calls it at each step's end (a
+    measurement's, a capture's), where nothing is half-done."""
+    asked = _state["asked"]
+    if asked is not None:
+        _state["asked"], _state["taken"] = None, True
+        raise RunInterrupted(asked)
+
+
 class StopAtStepEnd(keras.callbacks.Callback):
     """Raises `RunInterrupted` at the end of the step during which a stop was asked."""
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        asked = _state["asked"]
-        if asked is not None:
-            _state["asked"], _state["taken"] = None, True
-            raise RunInterrupted(asked)
+        take_stop()
