@@ -595,3 +595,29 @@ def test_every_known_op_survives_the_round_trip_element_by_element(op, files):
     assert top_level_ops(rewritten)["ParallelMapDatasetV2"] >= 1, notes
     assert rewritten.element_spec == build().element_spec
     assert_same_elements(build(), rewritten)
+
+
+def test_a_pipeline_ending_with_repeat_is_prefetched_within_each_pass():
+    """A pass draws its shuffle's seeds when it opens, from a generator every iterator of the pipeline shares: a
+    prefetch after the repeat opened the next pass ahead of training, and the next iterator (a second fit) then
+    started at other seeds than the user's pipeline gives plain Keras."""
+
+    def build():
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False  # no read-ahead of tf.data's own either
+        return tf.data.Dataset.range(10).shuffle(10, seed=1).batch(5).repeat().with_options(options)
+
+    def two_fits(dataset):
+        """Two iterators, each reading one pass (two batches), as two fit calls do."""
+        seen = []
+        for _ in range(2):
+            iterator = iter(dataset)
+            seen += [next(iterator).numpy().tolist() for _ in range(2)]
+            time.sleep(0.2)  # time for any read-ahead
+        return seen
+
+    rewritten, notes = rewrite(build())
+    chain = [node.op for node in pipeline_graph.output_chain(serialize(rewritten)) if node.op != "OptionsDataset"]
+    assert chain[:2] == ["RepeatDataset", "PrefetchDataset"]
+    assert "ends with a prefetch of 2 elements, inside its final repeat(): no pass is read ahead of training" in notes
+    assert two_fits(rewritten) == two_fits(build())

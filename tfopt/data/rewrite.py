@@ -8,7 +8,11 @@ pipeline's graph (`DatasetToGraphV2`), turns each sequential `MapDataset` that i
 parallel into a `ParallelMapDatasetV2` (AUTOTUNE calls) and each `BatchDatasetV2` into a
 `ParallelBatchDataset`, both in the order the pipeline's options keep (`deterministic`), bounds a final
 `prefetch(AUTOTUNE)` like the prefetch it adds where there is none, and rebuilds the dataset in this
-process (`DatasetFromGraph`), with the same element_spec. What is safe (see `tfopt.data.graph`):
+process (`DatasetFromGraph`), with the same element_spec. A pipeline ending with `repeat()` gets its prefetch
+inside the repeat: one after it would read into the next pass before training asks for it, and a pass draws
+its seeds when it opens (a reshuffling seeded shuffle's), from a generator every iterator of the pipeline
+shares, so a later `fit` on it would start at other seeds than plain Keras'. What is safe (see
+`tfopt.data.graph`):
 
 * a map without state: always; its output is identical, element by element, in the same order;
 * a map whose only state is random draws (`parallel_random_maps`, default on): the draws keep their
@@ -105,6 +109,7 @@ KNOWN_DATASET_OPS = frozenset(
 )
 _AUTOTUNE_NODE = "tfopt/num_parallel_calls_autotune"
 _PREFETCH_NODE = "tfopt/final_prefetch_elements"
+_PREFETCH_IN_REPEAT_NODE = "tfopt/prefetch_within_each_pass"
 _NOT_REWRITTEN = "maps and batches left as they were"
 
 
@@ -202,6 +207,9 @@ def _rewritten(
         autotuned_prefetch = ends_with_prefetch and _buffer_size(graph, final) == tf.data.AUTOTUNE
         if autotuned_prefetch and prefetch_batches is not None:
             final.input[1] = pipeline_graph.int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
+        in_repeat = final is not None and final.op == "RepeatDataset"
+        if in_repeat:
+            _prefetch_before(graph, final, prefetch_batches)
     except Exception as error:  # a graph tfopt misreads: never a crash
         logger.debug("graph rewrite failed", exc_info=True)
         return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({describe_error(error)})"]
@@ -216,7 +224,7 @@ def _rewritten(
             if prefetch_batches is None
             else f"its final prefetch(AUTOTUNE) now holds {prefetch_batches} elements"
         )
-    rewritten = any(node.name in (_AUTOTUNE_NODE, _PREFETCH_NODE) for node in graph.node)
+    rewritten = any(node.name in (_AUTOTUNE_NODE, _PREFETCH_NODE, _PREFETCH_IN_REPEAT_NODE) for node in graph.node)
     if not rewritten and ends_with_prefetch:
         return dataset, notes + [
             "nothing left to parallelize: the pipeline's maps and batches already run in "
@@ -225,10 +233,30 @@ def _rewritten(
     result = pipeline_graph.rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
         return None, [f"{_NOT_REWRITTEN}: {result}"]
-    if not ends_with_prefetch:
+    if in_repeat:
+        notes.append(
+            f"{_prefetch_note(prefetch_batches)}, inside its final repeat(): no pass is read ahead of training"
+        )
+    elif not ends_with_prefetch:
         result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
         notes.append(_prefetch_note(prefetch_batches))
     return result, notes
+
+
+def _prefetch_before(graph: GraphDef, repeat: Any, prefetch_batches: int | None) -> None:
+    """Puts a prefetch of `prefetch_batches` elements (AUTOTUNE for None) between `repeat` and its input."""
+    prefetch = graph.node.add(name=_PREFETCH_IN_REPEAT_NODE, op="PrefetchDataset")
+    size = tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches
+    prefetch.input.extend(
+        [repeat.input[0], pipeline_graph.int64_constant(graph, _PREFETCH_IN_REPEAT_NODE + "/size", size)]
+    )
+    for name in ("output_types", "output_shapes"):
+        prefetch.attr[name].CopyFrom(repeat.attr[name])
+    prefetch.attr["slack_period"].i = 0
+    prefetch.attr["buffer_size_min"].i = 0
+    prefetch.attr["legacy_autotune"].b = size == tf.data.AUTOTUNE  # as Dataset.prefetch sets it
+    prefetch.experimental_type.CopyFrom(repeat.experimental_type)
+    repeat.input[0] = prefetch.name
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:
