@@ -109,3 +109,42 @@ def test_probe_sees_the_upstream_keras_fit_bug(tmp_path):
     # When this fails, keras-team/keras#20585 is fixed here: engine="auto" will then use Keras' fit.
     assert works is False, f"Keras fit now works under multi-worker ({cache})"
     assert "PerReplica" in entry["detail"]
+
+
+LAUNCH_JOINED_WORKERS = """
+import sys
+from tfopt.distribute.launcher import launch_local_workers
+WORKER = "import os, time; from tfopt.distribute import make_strategy; make_strategy('multi_worker'); "
+WORKER += "print('joined', os.getpid(), flush=True); time.sleep(600)"
+launch_local_workers([sys.executable, "-c", WORKER], 2, output=lambda line: print(line, flush=True))
+"""
+
+
+def test_workers_that_joined_the_cluster_end_with_their_launcher():
+    """Joining, TensorFlow's coordination service puts a SIGTERM handler of its own in, which swallowed the SIGTERM
+    the kernel sends a worker when its launcher dies: killed outright, the launcher left both training on."""
+    import subprocess
+
+    from tests.processes import child_environment, kill_all, wait_gone
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_JOINED_WORKERS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env=child_environment(TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    pids = []
+    try:
+        for line in launcher.stdout:
+            if "joined" in line:
+                pids.append(int(line.split()[-1]))
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert wait_gone(pids) == [], "a worker outlived its launcher"
+    finally:
+        kill_all(launcher, pids)

@@ -7,6 +7,9 @@ TensorFlow objects (cluster resolvers, communication options).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfopt.errors import DistributionError, RecipeConfigError
@@ -211,16 +214,39 @@ def _new_multi_worker(
             f"cluster_resolver={cluster_resolver!r} is not supported. Expected 'tf_config' or 'slurm'."
         )
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver,
-            communication_options=communication_options(communication_timeout_seconds, implementation),
-        )
+        with _python_sigterm_kept():
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver,
+                communication_options=communication_options(communication_timeout_seconds, implementation),
+            )
     except (RuntimeError, ValueError, tf.errors.OpError) as error:
+        if "must be configured at program startup" in str(error):
+            raise DistributionError(
+                f"MultiWorkerMirroredStrategy could not join the cluster: {error}. TensorFlow ran an op in this "
+                "worker before the strategy existed (making the dataset or the model does): join first, at the "
+                "top of the script, with tfopt.runtime.join_cluster(communication_timeout_seconds=None, "
+                "start_timeout_seconds=300), before anything else touches TensorFlow."
+            ) from error
         raise DistributionError(
             f"MultiWorkerMirroredStrategy could not join the cluster: {error}. Check that every worker "
             "was started with the same cluster in TF_CONFIG and a distinct task index, and that the "
             "addresses are reachable."
         ) from error
+
+
+@contextlib.contextmanager
+def _python_sigterm_kept() -> Iterator[None]:
+    """Puts Python's SIGTERM handling back after the block: joining a cluster, TensorFlow's coordination service
+    installs a SIGTERM handler of its own (its preemption notifier), which swallows the SIGTERM a worker gets
+    when its launcher dies (`PR_SET_PDEATHSIG`) or a scheduler stops it, and replaces the command line's."""
+    import threading
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _tpu(tf: Any, tpu: str) -> Any:
