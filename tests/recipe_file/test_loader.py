@@ -537,3 +537,23 @@ def test_absurdly_deep_nesting_is_a_recipe_error_not_a_crash(tmp_path):
 def test_a_recipe_named_by_something_else_than_a_path_is_refused():
     with pytest.raises(RecipeFileError, match=r"named by a path .*not a NoneType"):
         load_recipe(None)
+
+
+def test_a_shape_from_yaml_reaches_the_model_as_the_tuple_keras_compares_with(tmp_path):
+    """YAML and the data give lists; keras.applications with imagenet weights compares `input_shape` with a tuple
+    and refused [96, 96, 3] ("input_shape should be (96, 96, 3)")."""
+    import dataclasses
+
+    import keras
+
+    from tfopt.run.model import create_model, prepare
+
+    recipe = prepare(load_recipe(write(tmp_path, "model: {name: MobileNetV2}\n" + TINY_DATA)))
+    received = {}
+
+    def builder(**kwargs):
+        received.update(kwargs)
+        return keras.Sequential([keras.Input(kwargs["input_shape"]), keras.layers.Flatten(), keras.layers.Dense(2)])
+
+    create_model(dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, builder=builder)))
+    assert received["input_shape"] == (8, 8, 3) and isinstance(received["input_shape"], tuple)

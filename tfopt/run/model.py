@@ -66,8 +66,14 @@ def create_model(recipe: RecipeFile) -> keras.Model:
     import keras
 
     where = recipe.where("model", "name")
+    # A shape comes from YAML (or the data) as a list; Keras compares shapes with tuples (keras.applications'
+    # `input_shape == (224, 224, 3)` refused [224, 224, 3] with imagenet weights).
+    kwargs = {
+        key: tuple(value) if key == "input_shape" and isinstance(value, list) else value
+        for key, value in recipe.model.kwargs.items()
+    }
     try:
-        model = recipe.model.builder(**recipe.model.kwargs)
+        model = recipe.model.builder(**kwargs)
     except TfoptError:
         raise
     except (ValueError, TypeError) as error:
