@@ -954,17 +954,21 @@ def test_an_interrupted_run_keeps_its_directory_and_says_how_to_resume(
 
     monkeypatch.setattr(runner, "_run_in", measured_then_interrupted)
     (tmp_path / "recipe.yaml").write_text(GOOD)
+    run_dir = tmp_path / "my run"  # the command said is pasted into a shell: quoted where it must be
     exit_code, out, err = run_cli(
-        capsys, "run", tmp_path / "recipe.yaml", "--out", tmp_path / "run", "--quiet", "--set", "train.epochs=2"
+        capsys, "run", tmp_path / "recipe.yaml", "--out", run_dir, "--quiet", "--set", "model.filters=[8, 16]"
     )
     assert exit_code == code and out == ""
     assert err.strip() == (
-        f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {tmp_path / 'run'}; "
-        f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set train.epochs=2 "
-        f"--out {tmp_path / 'run'} "
+        f"tfopt-recipe: interrupted ({signal_name}). The outputs so far are in {run_dir}; "
+        f"`tfopt-recipe run {tmp_path / 'recipe.yaml'} --set 'model.filters=[8, 16]' "
+        f"--out '{run_dir}' "
         "--resume` continues the run."
     )
-    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["recipe.yaml", "report.json"]
+    assert sorted(path.name for path in run_dir.iterdir()) == ["recipe.yaml", "report.json"]
+    assert (
+        f"# Repeat this run with: tfopt-recipe run '{run_dir / 'recipe.yaml'}'" in (run_dir / "recipe.yaml").read_text()
+    )
 
 
 @pytest.mark.parametrize("number, words", [(28, "the disk is full"), (30, "the file system is read-only")])

@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import pathlib
+import shlex
 import signal
 import sys
 import traceback
@@ -118,14 +119,14 @@ def _report_interrupt(
     workers = getattr(args, "workers", None)
     said = f" Its {workers} workers {workers_ended}." if workers and run_dir else ""
     if run_dir:
-        command = " ".join(
+        command = shlex.join(  # pasted into a shell as it is: paths and --set values with spaces stay whole
             [
                 PROGRAM,
                 "run",
                 args.file,
                 *options.worker_arguments(args),
                 "--out",
-                run_dir,
+                os.fspath(run_dir),
                 "--resume",
                 *(["--workers", str(workers)] if workers else []),
             ]

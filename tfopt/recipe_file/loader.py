@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import os
 import pathlib
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -276,7 +277,7 @@ def save_resolved(recipe: RecipeFile, path: str | os.PathLike) -> pathlib.Path:
     header = (
         f"# Resolved by tfopt {__version__} on {datetime.datetime.now().isoformat(timespec='seconds')}"
         f" from {recipe.path or 'text'}: every default is filled in.\n"
-        f"# Repeat this run with: tfopt-recipe run {path}\n"
+        f"# Repeat this run with: tfopt-recipe run {shlex.quote(os.fspath(path))}\n"
     )
     return write_atomic(path, header + yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None))
 
