@@ -147,3 +147,11 @@ def test_a_process_that_inherited_the_lock_does_not_take_it_again(tmp_path, monk
         monkeypatch.setenv(LOCK_HELD_ENV, os.path.realpath(tmp_path))
         with run_dir_lock(tmp_path) as inherited:
             assert inherited is None and descriptor is not None
+
+
+def test_a_path_the_system_refuses_is_said_as_such(tmp_path):
+    """A name longer than the file system takes: `Path.exists` raises, and the user read a bare OSError."""
+    from tfopt.run.directory import check_writable
+
+    with pytest.raises(TfoptError, match=r"--out .*: the system refuses this path \(File name too long\)"):
+        check_writable(tmp_path / ("d" * 300), "--out")

@@ -71,11 +71,14 @@ def check_writable(path: pathlib.Path, what: str) -> None:
     Raises:
         TfoptError: Naming `what` (the option, e.g. "--out"), the directory and the reason.
     """
-    if path.exists() and not path.is_dir():
-        raise TfoptError(f"{what} {path} is a file, not a directory. Give a directory (new or empty) instead.")
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
+    try:
+        if path.exists() and not path.is_dir():
+            raise TfoptError(f"{what} {path} is a file, not a directory. Give a directory (new or empty) instead.")
+        existing = path.absolute()
+        while not existing.exists():
+            existing = existing.parent
+    except OSError as error:  # a name too long, a loop of links: the system refuses the path itself
+        raise TfoptError(f"{what} {path}: the system refuses this path ({error.strerror}). Give another one.") from None
     if not existing.is_dir():
         raise TfoptError(
             f"{what} {path}: {existing} is a file, so no directory can be made there. Give another directory."
