@@ -1052,3 +1052,24 @@ def test_a_run_written_to_a_pipe_prints_one_plain_line_per_epoch(tmp_path):
     assert [line.split(":")[0] for line in epochs] == ["Epoch 1/2", "Epoch 2/2"]
     assert all(": 2 steps, " in line and ", loss: " in line for line in epochs), epochs
     assert "tfopt-recipe: training 2 epoch(s)" in process.stderr.splitlines()  # tfopt's phases: a line each
+
+
+@pytest.mark.parametrize(
+    "arguments, said",
+    [
+        (["dispatcher", "--port", "99999"], "argument --port: '99999': a port is a number from 0 to 65535"),
+        (["worker", "--dispatcher", "localhost:1", "--port", "-1"], "'-1': a port is a number from 0 to 65535"),
+        (["dispatcher", "--port", "5079", "--work-dir", "{file}"], "--work-dir {file} is a file, not a directory"),
+    ],
+    ids=["port_too_high", "negative_port", "work_dir_a_file"],
+)
+def test_data_service_servers_refuse_a_port_or_work_dir_they_cannot_use(tmp_path, capsys, arguments, said):
+    """They said "OverflowError: bind(): port must be 0-65535" and "RuntimeError: ... is not a directory", each
+    "may be a bug in tfopt"."""
+    (tmp_path / "x.npy").write_text("")
+    try:
+        exit_code = main(["data-service", *(argument.format(file=tmp_path / "x.npy") for argument in arguments)])
+    except SystemExit as exit:  # argparse rejects a malformed option value itself
+        exit_code = exit.code
+    err = capsys.readouterr().err
+    assert exit_code == 2 and said.format(file=tmp_path / "x.npy") in err and "bug" not in err

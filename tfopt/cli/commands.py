@@ -256,7 +256,7 @@ def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
     service.set_defaults(handler=lambda args: (service.print_help(sys.stderr), 2)[1])
     servers = service.add_subparsers(title="servers", metavar="SERVER")
     dispatcher = servers.add_parser("dispatcher", parents=[common], help="coordinate the workers")
-    dispatcher.add_argument("--port", type=int, required=True, metavar="P", help="the port to serve on")
+    dispatcher.add_argument("--port", type=options.port, required=True, metavar="P", help="the port to serve on")
     dispatcher.add_argument(
         "--work-dir",
         metavar="DIR",
@@ -272,7 +272,9 @@ def _add_data_service(commands: Any, common: argparse.ArgumentParser) -> None:
     dispatcher.set_defaults(handler=_data_service, server="dispatcher")
     worker = servers.add_parser("worker", parents=[common], help="run pipelines for a dispatcher")
     worker.add_argument("--dispatcher", required=True, metavar="HOST:PORT", help="the dispatcher's address")
-    worker.add_argument("--port", type=int, default=0, metavar="Q", help="the port to serve on (default: a free one)")
+    worker.add_argument(
+        "--port", type=options.port, default=0, metavar="Q", help="the port to serve on (default: a free one)"
+    )
     worker.add_argument(
         "--address",
         metavar="HOST:PORT",
@@ -548,6 +550,13 @@ def _data_service(args: argparse.Namespace) -> int:
 
     try:
         if args.server == "dispatcher":
+            if args.work_dir is not None:  # TensorFlow's own word for a file or a read-only one is a RuntimeError
+                from tfopt.run.directory import check_writable
+
+                try:
+                    check_writable(pathlib.Path(args.work_dir), "--work-dir")
+                except TfoptError as error:
+                    raise _UsageError(str(error)) from error
             serve_dispatcher(
                 args.port,
                 work_dir=args.work_dir,

@@ -33,6 +33,17 @@ def seconds(text: str) -> float:
     return seconds
 
 
+def port(text: str) -> int:
+    """A TCP port number, 0 (a free one) to 65535 (argparse type)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number; expected 0 to 65535") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 0 to 65535")
+    return number
+
+
 def worker_line(line: str) -> None:
     """Shows a worker's output line, except TensorFlow's INFO and WARNING lines (each worker leaves out its
     own start-up noise; these are the lines a worker's libraries log later, below tfopt's default level)."""
