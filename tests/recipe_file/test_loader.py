@@ -172,6 +172,11 @@ def test_parse_override_keeps_strings_with_equals_signs():
 
 ERRORS = [
     # (file text, the key line (1-based) the message must name, a fragment of the message)
+    (  # a recipe file's data is a tfopt.data source: said before anything runs, not once the run measures
+        "model: {name: small_cnn}\n" + TINY_DATA + "recipes:\n  - data_pipeline:\n      cache: sometimes\n",
+        5,
+        "data_pipeline: cache='sometimes' does not apply to a tfopt.data source",
+    ),
     (
         "model: {name: small_cnn}\n" + TINY_DATA + "train:\n  epocs: 3\n",
         4,

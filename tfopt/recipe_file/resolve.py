@@ -274,7 +274,9 @@ def resolve_recipe_item(item: Any, item_path: tuple, locations: Locations) -> An
     from tfopt import registry
 
     try:
-        return registry.from_item(item)
+        recipe = registry.from_item(item)
+        recipe.check_for_source()  # a recipe file's data is a tfopt.data source
+        return recipe
     except registry.RecipeItemError as error:
         path = (*item_path, *error.key_path)
         raise fail(locations, path, f"{dotted(path)}: {error}") from None

@@ -63,6 +63,10 @@ class Recipe(abc.ABC):
     def check(self, plan: Plan) -> None:  # noqa: B027 - optional: most recipes fit every plan
         """Raises a tfopt error if this recipe cannot be applied to `plan`. Has no side effects."""
 
+    def check_for_source(self) -> None:  # noqa: B027 - optional: most recipes fit every data
+        """Raises a tfopt error for a setting that cannot apply to a `tfopt.data` source's pipeline: a recipe
+        file's data is always one, so its check says so at the setting's line before anything runs."""
+
     def check_before_trials(self, plan: Plan) -> None:
         """What `check` raises whatever batch the trials of a recipe before this one pick (a batch-size search,
         which runs when the chain is applied): `Chain.check` asks this where that batch is not known yet, so that

@@ -158,16 +158,20 @@ class DataPipeline(Recipe):
                 setting="ram_budget_fraction",
             )
 
-    def check(self, plan: Plan) -> None:
-        from pathlib import Path
-
-        if plan.source is not None and self.cache not in ("auto", "none"):
+    def check_for_source(self) -> None:
+        if self.cache not in ("auto", "none"):
             raise RecipeConfigError(
                 f"data_pipeline: cache={self.cache!r} does not apply to a tfopt.data source, whose optimized "
                 "pipeline caches the decoded examples where they fit the RAM budget. Use cache: auto (or none "
                 "to never cache), or pass a tf.data.Dataset to have its end cached as asked.",
                 setting="cache",
             )
+
+    def check(self, plan: Plan) -> None:
+        from pathlib import Path
+
+        if plan.source is not None:
+            self.check_for_source()
         if self.cache not in CACHE_CHOICES and not Path(self.cache).parent.is_dir():
             raise RecipeConfigError(
                 f"data_pipeline: cache={self.cache!r} is a file path whose directory "
