@@ -416,10 +416,10 @@ def first_batch_checked(built: Built, reference: Outcome, batch: Any, *, baselin
             if plan.dtype_policy == baseline_policy:
                 raise IncompatibleModelError(_fails_as_it_is(error, model, plan)) from error
             layer = failing_layer(error, model)
-            mixes = has_call(model) or _mixes_precisions(error, plan.dtype_policy)
+            may_mix_outputs = has_call(model) or _mixes_precisions(error, plan.dtype_policy)
             outputs = (
                 float32_output_layers(model, plan.sample_inputs)
-                if layer is model and mixes and not plan.outputs_in_16_bits
+                if layer is model and may_mix_outputs and not plan.outputs_in_16_bits
                 else []
             )
             if outputs:

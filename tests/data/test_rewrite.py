@@ -621,3 +621,5 @@ def test_a_pipeline_ending_with_repeat_is_prefetched_within_each_pass():
     assert chain[:2] == ["RepeatDataset", "PrefetchDataset"]
     assert "ends with a prefetch of 2 elements, inside its final repeat(): no pass is read ahead of training" in notes
     assert two_fits(rewritten) == two_fits(build())
+    again, notes = rewrite(rewritten)  # one prefetch inside: the user's own, or tfopt's
+    assert again is rewritten and "its prefetch inside its final repeat() stays" in " ".join(notes)

@@ -265,6 +265,10 @@ def test_weights_breaking_their_own_constraint_are_refused(ieee_float32):
     with pytest.raises(RecipeConfigError, match=r"break their own constraint \(kept/kernel: NonNeg\)"):
         GradAccum().check(plan_for(model=constrained(True), loss="mse"))
     GradAccum().check(plan_for(model=constrained(False), loss="mse"))
+    # A norm constraint rescales weights that keep it by 1 +- 1e-7: kept, within rounding.
+    inputs = keras.Input((5,))
+    bounded = keras.Model(inputs, keras.layers.Dense(2, kernel_constraint=keras.constraints.MaxNorm(3.0))(inputs))
+    GradAccum().check(plan_for(model=bounded, loss="mse"))
 
 
 def test_what_exclude_from_weight_decay_set_goes_into_the_accumulating_optimizer(cpu_hardware, ieee_float32):

@@ -220,7 +220,7 @@ def test_a_graph_called_by_a_call_of_the_models_own_keeps_the_bias():
     model = FrozenBlockCall()
     model(images())
     (kept,) = fold_conv_biases(model)[1]
-    assert kept.startswith("conv: the model trains in a call() of its own, which may call it in inference mode")
+    assert kept.startswith("conv: a call() of yours runs it (the model's or a nested block's), which may call it")
     assert model.block.get_layer("conv").bias.trainable
     # The same block in a graph of Keras' own is folded: there fit's flag reaches the normalization.
     inputs = keras.Input((6, 6, 3))

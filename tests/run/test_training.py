@@ -117,3 +117,16 @@ def test_a_run_resumed_after_a_failure_writes_each_steps_window_once(tmp_path):
     steps = [window["step"] for window in windows_in(path)]
     assert steps == [window["step"] for window in resumed["monitor"]] == sorted(set(steps))
     assert steps[-3:] == [24, 27, 30] and 22 not in steps
+
+
+def test_a_record_a_kill_cut_short_neither_joins_the_next_nor_stops_the_resume(tmp_path):
+    from tfopt.profiling.monitor import _RecordWriter
+    from tfopt.run.training import _keep_records_to
+
+    path = tmp_path / "monitor.jsonl"
+    path.write_text('{"kind": "window", "step": 4}\n{"kind": "window", "st')
+    writer = _RecordWriter(tmp_path)
+    writer.write({"kind": "start", "step": 6})  # the resumed attempt's first record, before the trim
+    writer.close()
+    _keep_records_to(path, 6)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4, 6]

@@ -550,7 +550,7 @@ def _data_service(args: argparse.Namespace) -> int:
 
     try:
         if args.server == "dispatcher":
-            if args.work_dir is not None:  # TensorFlow's own word for a file or a read-only one is a RuntimeError
+            if args.work_dir is not None and "://" not in args.work_dir:  # TF's own word for a bad one: RuntimeError
                 from tfopt.run.directory import check_writable
 
                 try:

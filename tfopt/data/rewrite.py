@@ -208,8 +208,7 @@ def _rewritten(
         if autotuned_prefetch and prefetch_batches is not None:
             final.input[1] = pipeline_graph.int64_constant(graph, _PREFETCH_NODE, prefetch_batches)
         in_repeat = final is not None and final.op == "RepeatDataset"
-        if in_repeat:
-            _prefetch_before(graph, final, prefetch_batches)
+        prefetched_in_repeat = in_repeat and _prefetch_before(graph, final, prefetch_batches)
     except Exception as error:  # a graph tfopt misreads: never a crash
         logger.debug("graph rewrite failed", exc_info=True)
         return None, [f"{_NOT_REWRITTEN}: tfopt could not rewrite its graph ({describe_error(error)})"]
@@ -233,18 +232,24 @@ def _rewritten(
     result = pipeline_graph.rebuild(dataset, graph) if rewritten else dataset
     if isinstance(result, str):
         return None, [f"{_NOT_REWRITTEN}: {result}"]
-    if in_repeat:
+    if prefetched_in_repeat:
         notes.append(
             f"{_prefetch_note(prefetch_batches)}, inside its final repeat(): no pass is read ahead of training"
         )
+    elif in_repeat:
+        notes.append("its prefetch inside its final repeat() stays: no pass is read ahead of training")
     elif not ends_with_prefetch:
         result = result.prefetch(tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches)
         notes.append(_prefetch_note(prefetch_batches))
     return result, notes
 
 
-def _prefetch_before(graph: GraphDef, repeat: Any, prefetch_batches: int | None) -> None:
-    """Puts a prefetch of `prefetch_batches` elements (AUTOTUNE for None) between `repeat` and its input."""
+def _prefetch_before(graph: GraphDef, repeat: Any, prefetch_batches: int | None) -> bool:
+    """Puts a prefetch of `prefetch_batches` elements (AUTOTUNE for None) between `repeat` and its input, unless
+    one is there (the user's, or one put there before); whether it did."""
+    feeding = next((node for node in graph.node if node.name == repeat.input[0].split(":")[0]), None)
+    if feeding is not None and feeding.op == "PrefetchDataset":
+        return False
     prefetch = graph.node.add(name=_PREFETCH_IN_REPEAT_NODE, op="PrefetchDataset")
     size = tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches
     prefetch.input.extend(
@@ -257,6 +262,7 @@ def _prefetch_before(graph: GraphDef, repeat: Any, prefetch_batches: int | None)
     prefetch.attr["legacy_autotune"].b = size == tf.data.AUTOTUNE  # as Dataset.prefetch sets it
     prefetch.experimental_type.CopyFrom(repeat.experimental_type)
     repeat.input[0] = prefetch.name
+    return True
 
 
 def _prefetch_note(prefetch_batches: int | None) -> str:

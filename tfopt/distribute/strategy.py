@@ -224,8 +224,9 @@ def _new_multi_worker(
             raise DistributionError(
                 f"MultiWorkerMirroredStrategy could not join the cluster: {error}. TensorFlow ran an op in this "
                 "worker before the strategy existed (making the dataset or the model does): join first, at the "
-                "top of the script, with tfopt.runtime.join_cluster(communication_timeout_seconds=300, "
-                "start_timeout_seconds=300), before anything else touches TensorFlow."
+                "top of the script, with tfopt.runtime.join_cluster(communication_timeout_seconds="
+                f"{DEFAULT_COMMUNICATION_TIMEOUT_SECONDS:g}, start_timeout_seconds={DEFAULT_START_TIMEOUT_SECONDS:g}), "
+                "before anything else touches TensorFlow."
             ) from error
         raise DistributionError(
             f"MultiWorkerMirroredStrategy could not join the cluster: {error}. Check that every worker "

@@ -407,9 +407,9 @@ class _ProfiledSteps(WindowTimer):
         self._trace.__enter__()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.completed = batch + 1  # before a stop asked for is taken below (it says how many steps ran)
         super().on_train_batch_end(batch, logs)  # at the window's ends, waits for every step before them
         self._end_trace()
-        self.completed = batch + 1
 
     def close(self) -> None:
         """Ends the open step marker and stops the profiler, whatever state training stopped in."""

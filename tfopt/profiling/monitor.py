@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -575,8 +576,11 @@ class _RecordWriter:
         self._jsonl = logdir / RECORDS_NAME
 
     def write(self, record: Mapping[str, Any]) -> None:
-        with self._jsonl.open("a", encoding="utf-8") as lines:
-            lines.write(json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n")
+        line = json.dumps({key: value for key, value in record.items() if key != "logs"}) + "\n"
+        with self._jsonl.open("a+b") as lines:
+            if lines.seek(0, os.SEEK_END) and (lines.seek(-1, os.SEEK_END), lines.read(1))[1] != b"\n":
+                line = "\n" + line  # after a line a killed run cut short, on a line of its own
+            lines.write(line.encode("utf-8"))
         if record["kind"] not in ("window", "profile"):
             return
         prefix = PREFIX if record["kind"] == "window" else PREFIX + "profile/"

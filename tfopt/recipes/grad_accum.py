@@ -31,7 +31,7 @@ from tfopt.plan import Plan
 from tfopt.recipes.base import Recipe, Stage
 from tfopt.recipes.distribution import ACCUMULATION_FAILS, ACCUMULATION_FAILS_UNDER
 from tfopt.recipes.learning_rate import check_rule, scale_learning_rate
-from tfopt.training.micro_batches import accumulated, accumulating
+from tfopt.training.micro_batches import accumulated, accumulated_already
 
 if TYPE_CHECKING:
     import keras
@@ -86,7 +86,7 @@ class GradAccum(Recipe):
         """
         if self.effective_batch_size is None:
             return self.steps
-        own = accumulating(plan, who=self.name) // plan.micro_batches  # the user's optimizer's own
+        own = accumulated_already(plan, who=self.name) // plan.micro_batches  # the user's optimizer's own
         batch_size = plan.whole_batch_size * own
         steps, remainder = divmod(self.effective_batch_size, batch_size)
         if remainder or steps < 2:
@@ -121,7 +121,7 @@ class GradAccum(Recipe):
         # A plan already in micro-batches (its batch did not fit: tfopt.training.micro_batches) accumulates
         # these steps of its whole batches.
         steps = self.accumulation_steps(plan)
-        before = accumulating(plan, who=self.name)  # the user's own accumulation, and a batch that did not fit
+        before = accumulated_already(plan, who=self.name)  # the user's own accumulation, and a batch that did not fit
         compile_config = accumulated(plan, steps, who=self.name)
         pieces = steps * before
         effective = pieces * plan.batch_size

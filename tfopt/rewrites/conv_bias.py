@@ -140,8 +140,13 @@ def _why_not(
         return "the optimizer already keeps state for its bias"
     if own_train_step or own_call:
         return (
-            f"the model trains in a {'train_step' if own_train_step else 'call()'} of its own, which may call it in "
-            "inference mode, where the normalization runs on its moving statistics and the bias trains"
+            (
+                "the model trains in a train_step of its own"
+                if own_train_step
+                else "a call() of yours runs it (the model's or a nested block's)"
+            )
+            + ", which may call it in inference mode, where the normalization runs on its moving statistics and the "
+            "bias trains"
         )
     if len(convolution._inbound_nodes) != 1 or len(convolution._outbound_nodes) != 1:
         return "its output is used elsewhere too, or it is called more than once"

@@ -72,10 +72,10 @@ def check_writable(path: pathlib.Path, what: str) -> None:
         TfoptError: Naming `what` (the option, e.g. "--out"), the directory and the reason.
     """
     try:
-        if path.exists() and not path.is_dir():
+        if _exists(path) and not path.is_dir():
             raise TfoptError(f"{what} {path} is a file, not a directory. Give a directory (new or empty) instead.")
         existing = path.absolute()
-        while not existing.exists():
+        while not _exists(existing):
             existing = existing.parent
     except OSError as error:  # a name too long, a loop of links: the system refuses the path itself
         raise TfoptError(f"{what} {path}: the system refuses this path ({error.strerror}). Give another one.") from None
@@ -86,6 +86,16 @@ def check_writable(path: pathlib.Path, what: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only(existing) else "is not writable by this user"
         raise TfoptError(f"{what} {path}: {existing} {reason}. Give a directory you can write to.")
+
+
+def _exists(path: pathlib.Path) -> bool:
+    """Whether `path` exists, raising where the system refuses to tell (`Path.exists` says False for a name too
+    long on newer Pythons)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 def _read_only(path: pathlib.Path) -> bool:

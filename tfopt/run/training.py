@@ -183,9 +183,17 @@ def _keep_records_to(path: pathlib.Path, step: int) -> None:
     from tfopt._atomic import write_atomic
 
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
-    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
+    kept = [line for line, at in ((line, _record_step(line)) for line in lines) if at is not None and at <= step]
     if len(kept) < len(lines):
         write_atomic(path, "".join(kept))
+
+
+def _record_step(line: str) -> int | None:
+    """The step of one of the Monitor's records, or None for a line that is none (cut short by a kill)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _monitor(built: Built, train: TrainSection, logdir: pathlib.Path | None) -> Monitor:

@@ -122,7 +122,8 @@ def in_micro_batches(plan: Plan, pieces: int, why: BaseException | str) -> Plan:
     batch_size = whole // pieces
     detail = (
         f"the batch of {whole} does not fit the device ({reason}): each batch trains as {pieces} micro-batches of "
-        f"{batch_size} whose gradients make one update, the whole batch's (the optimizer accumulates {pieces})"
+        f"{batch_size} whose gradients make one update, the whole batch's (the optimizer accumulates "
+        f"{compile_config['optimizer']['config']['gradient_accumulation_steps']})"
     )
     normalizing = _layers_of_class(plan, keras.layers.BatchNormalization)
     if normalizing:
@@ -207,12 +208,15 @@ def _constraints_broken(plan: Plan) -> str:
     model = plan.model_to_read
     for variable in model.trainable_variables if model is not None else ():
         constraint = getattr(variable, "constraint", None)
-        if constraint is not None and not np.array_equal(np.asarray(constraint(variable.value)), variable.numpy()):
+        if constraint is None:
+            continue
+        # Within rounding: a norm constraint (MaxNorm, UnitNorm) rescales weights that keep it by 1 +- 1e-7.
+        if not np.allclose(np.asarray(constraint(variable.value)), variable.numpy(), rtol=1e-5, atol=1e-6):
             return f"{variable.path}: {type(constraint).__name__}"
     return ""
 
 
-def accumulating(plan: Plan, *, who: str) -> int:
+def accumulated_already(plan: Plan, *, who: str) -> int:
     """The micro-batches the plan's optimizer accumulates per update already: the user's own
     `gradient_accumulation_steps` times tfopt's split of a batch that did not fit (1 for neither)."""
     return (

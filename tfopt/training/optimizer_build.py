@@ -27,4 +27,5 @@ def build_as_fit_does(optimizer: Any, model: Any, variables: list[Any] | None = 
         with model.distribute_strategy.scope():
             optimizer.build(variables)
         return
-    tf.function(lambda: optimizer.build(variables), autograph=False).get_concrete_function()
+    # Traced twice (the second time with variable creation off): built in the first, as `apply` checks first.
+    tf.function(lambda: optimizer.built or optimizer.build(variables), autograph=False).get_concrete_function()
