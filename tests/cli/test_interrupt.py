@@ -251,9 +251,10 @@ def test_sigterm_in_each_phase_of_a_run_stops_it_within_seconds_with_nothing_los
     )
     assert not [path for path in run_dir.rglob("*") if ".tmp" in path.name]
     # A stop is taken at the end of a step, timed, profiled or trained (or ends the process after the grace
-    # period): signalled as profiling begins, the run ends in that phase (it went on to train, then stopped).
+    # period): signalled as profiling begins, the run ends at a profiled step (it went on to train, then stopped),
+    # this capture's or, where its steps were done already, the next one's.
     if "profiling" in line:
-        assert "profiling after" not in rest and "training" not in rest, rest[-3000:]
+        assert "tfopt-recipe: training" not in rest, rest[-3000:]
     stopped_at = None
     if (run_dir / "checkpoints" / "checkpoint").exists():
         newest = (run_dir / "checkpoints" / "checkpoint").read_text().split('"')[1]
